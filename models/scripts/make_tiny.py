@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Make tiny random-weight Hugging Face model folders with mlx-lm's own model
+classes, one per model type (and variant) that the dense-decoder family plugin
+claims, in f32, bf16 and 4-bit (plus one 8-bit group-32) flavours.
+
+    python models/scripts/make_tiny.py --out models/tiny \
+        [--tokenizer-from models/smollm2-135m-instruct] [--types llama,qwen3] [--force]
+
+Each folder gets config.json + model.safetensors (+ model.safetensors.index.json),
+written with mlx_lm.utils.save_model / save_config exactly as `mlx_lm.convert`
+writes them. Weights are seeded, so the folders are reproducible. With
+--tokenizer-from the tokenizer files are copied in (also into folders that
+already exist, whose weights are then left alone).
+"""
+
+import argparse
+import contextlib
+import copy
+import io
+import shutil
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import _get_classes, load, load_model, quantize_model, save_config, save_model
+
+TOKENIZER_FILES = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+]
+
+# Fields shared by every tiny config (HF names; ids match the SmolLM2 tokenizer:
+# <|im_start|> = 1, <|im_end|> = 2).
+COMMON = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "vocab_size": 49152,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "use_cache": True,
+    "transformers_version": "4.51.0",
+}
+
+LLAMA = {
+    "head_dim": 16,
+    "rms_norm_eps": 1e-5,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "pretraining_tp": 1,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+}
+
+# name -> config (model_type, architectures and the type-specific fields).
+VARIANTS = {
+    # Llama, untied lm_head, plain RoPE.
+    "llama": {
+        **LLAMA,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 2,
+        "tie_word_embeddings": False,
+    },
+    # Llama 3.x: tied embeddings, llama3 rope_scaling (with head_dim 16 and
+    # theta 5e5 the 8 frequencies fall in all three bands: kept, smoothed, /8).
+    "llama3": {
+        **LLAMA,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 2,
+        "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+    },
+    # Mistral (mlx-lm maps it onto models/llama.py), untied.
+    "mistral": {
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "num_hidden_layers": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+    },
+    # Qwen2: q/k/v bias, head_dim implied (hidden / heads), untied.
+    "qwen2": {
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "num_hidden_layers": 3,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 3,
+        "tie_word_embeddings": False,
+    },
+    # Qwen3: q/k RMSNorm over head_dim, tied.
+    "qwen3": {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 3,
+        "tie_word_embeddings": True,
+    },
+    # SmolLM3: llama + NoPE layers. no_rope_layers[i] == 1 means layer i USES
+    # rope. The explicit list [1, 0, 1] differs from what the interval (4)
+    # would give for 3 layers ([1, 1, 1]), so a reader must honour the list.
+    "smollm3": {
+        **LLAMA,
+        "model_type": "smollm3",
+        "architectures": ["SmolLM3ForCausalLM"],
+        "num_hidden_layers": 3,
+        "rope_theta": 5000000.0,
+        "no_rope_layer_interval": 4,
+        "no_rope_layers": [1, 0, 1],
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+    },
+}
+
+# flavour -> (torch_dtype written in config.json, quantization or None).
+# Quantized folders are made as `mlx_lm.convert -q` makes them from a bf16
+# checkpoint: cast to torch_dtype first, then quantize (scales/biases in bf16).
+FLAVOURS = {
+    "f32": ("float32", None),
+    "bf16": ("bfloat16", None),
+    "q4": ("bfloat16", (64, 4)),
+    "q8g32": ("bfloat16", (32, 8)),
+}
+EXTRA_FLAVOURS = {"llama": ["q8g32"]}
+
+
+def seed_of(name):
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+def random_params(model, seed):
+    """Fresh f32 values for every parameter: linears/embeddings/biases normal,
+    norm weights 1 + small noise. Deterministic given the seed. The linears are
+    deliberately "hot" (std 0.2 on width 64): at std ~0.08 the tied models
+    greedily repeat one token (the current token's own embedding wins)."""
+    mx.random.seed(seed)
+    out = []
+    for name, p in tree_flatten(model.parameters()):
+        if "norm" in name:  # input_layernorm, post_attention_layernorm, q_norm, k_norm, norm
+            v = 1.0 + 0.05 * mx.random.normal(p.shape)
+        elif name.endswith("bias"):
+            v = 0.1 * mx.random.normal(p.shape)
+        elif "embed_tokens" in name or "lm_head" in name:
+            v = 0.1 * mx.random.normal(p.shape)
+        else:
+            v = 0.2 * mx.random.normal(p.shape)
+        out.append((name, v.astype(mx.float32)))
+    model.update(tree_unflatten(out))
+    mx.eval(model.parameters())
+    return model
+
+
+def build(name, flavour):
+    config = {**COMMON, **copy.deepcopy(VARIANTS[name])}
+    dtype_name, quant = FLAVOURS[flavour]
+    config["torch_dtype"] = dtype_name
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    random_params(model, seed_of(name))
+    # As mlx_lm.convert: cast floating parameters to torch_dtype.
+    dtype = getattr(mx, dtype_name)
+    model.update(
+        tree_unflatten(
+            [(k, v.astype(dtype)) for k, v in tree_flatten(model.parameters())]
+        )
+    )
+    if quant is not None:
+        group_size, bits = quant
+        with contextlib.redirect_stdout(io.StringIO()):  # quiet the bpw line
+            model, config = quantize_model(model, config, group_size, bits)
+    mx.eval(model.parameters())
+    return model, config
+
+
+def greedy(model, ids, n):
+    return [t for t, _ in generate_step(mx.array(ids), model, max_tokens=n)]
+
+
+def folder_size(path):
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--tokenizer-from", type=Path)
+    ap.add_argument("--types", help="comma list of " + ",".join(VARIANTS))
+    ap.add_argument("--force", action="store_true", help="rewrite existing folders")
+    ap.add_argument("--no-check", action="store_true", help="skip the load + generate check")
+    args = ap.parse_args()
+
+    names = args.types.split(",") if args.types else list(VARIANTS)
+    for n in names:
+        if n not in VARIANTS:
+            sys.exit(f"unknown type {n!r}; known: {','.join(VARIANTS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    for name in names:
+        for flavour in ["f32", "bf16", "q4"] + EXTRA_FLAVOURS.get(name, []):
+            path = args.out / f"tiny-{name}-{flavour}"
+            t0 = time.perf_counter()
+            exists = (path / "config.json").exists() and (path / "model.safetensors").exists()
+            if exists and not args.force:
+                status = "kept"
+            else:
+                if path.exists():
+                    shutil.rmtree(path)
+                model, config = build(name, flavour)
+                save_model(path, model)
+                save_config(config, path / "config.json")
+                status = "made"
+            if args.tokenizer_from:
+                for f in TOKENIZER_FILES:
+                    if (args.tokenizer_from / f).exists():
+                        shutil.copy(args.tokenizer_from / f, path / f)
+            check = ""
+            if status == "made" and not args.no_check:
+                if (path / "tokenizer.json").exists():
+                    model, _ = load(str(path))
+                else:  # what mlx_lm.load does, minus the tokenizer
+                    model, _ = load_model(path)
+                toks = greedy(model, [1, 2, 3, 4, 5], 64)
+                if len(toks) != 64:
+                    sys.exit(f"{path}: generated {len(toks)} tokens")
+                if len(set(toks)) < 4:
+                    sys.exit(f"{path}: degenerate greedy output {toks}")
+                check = f" distinct={len(set(toks))}/64"
+            print(
+                f"{status} {path} {folder_size(path) / 2**20:.1f}MiB"
+                f"{check} {time.perf_counter() - t0:.1f}s",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

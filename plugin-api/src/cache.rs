@@ -1,0 +1,155 @@
+//! Cache layouts: per-layer storage of keys/values (or recurrent state) in
+//! one scheme, as a plugin.
+//!
+//! Call protocol inside one layer of a forward pass (the model graph's side):
+//! 1. `positions()` gives the RoPE offset (scalar, or per row when batched);
+//! 2. `attention_mask(L)` for the L new queries, asked BEFORE the update;
+//! 3. `update_and_fetch(k, v)` stores the new keys/values (transferred) and
+//!    returns owned handles to everything to attend over.
+//! The host drives everything else: trim, speculative rounds, state
+//! export/import for prefix caching, and row operations for batching.
+
+use crate::error::PResult;
+use crate::model::{Dtype, LayerNeed};
+use crate::tensor::Tensor;
+use abi_stable::sabi_trait;
+use abi_stable::std_types::{RBox, ROption, RSlice, RString, RVec};
+use abi_stable::StableAbi;
+
+/// What to create: one layer's need, in a scheme, for a batch width.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct CacheSpec {
+    pub need: LayerNeed,
+    /// `plain` (the model's dtype), or a quantized scheme (`affine4`, ...).
+    pub scheme: RString,
+    /// Storage dtype for `plain`.
+    pub dtype: Dtype,
+    /// Rows this cache starts with (1 = serial). A batched layout may start
+    /// empty (0) and receive rows through `merge_rows`.
+    pub rows: u32,
+    /// Growth step in tokens (storage grows in steps, written in place).
+    pub step: u32,
+}
+
+/// Everything to attend over after an update; owned by the caller.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct KvPair {
+    pub keys: Tensor,
+    pub values: Tensor,
+}
+
+/// How to mask attention for the next queries.
+#[repr(transparent)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskMode(pub u8);
+
+impl MaskMode {
+    /// No mask (a single query attends to everything stored).
+    pub const NONE: Self = Self(0);
+    /// Causal, aligned to the end of the keys (the fused kernel's mode).
+    pub const CAUSAL: Self = Self(1);
+    /// The explicit boolean mask in `AttentionMask::array` (`[B, 1, L, K]`).
+    pub const ARRAY: Self = Self(2);
+}
+
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct AttentionMask {
+    pub mode: MaskMode,
+    pub array: ROption<Tensor>,
+}
+
+/// Where the next tokens sit, for RoPE.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct Positions {
+    /// The offset shared by all rows (serial: the token count so far).
+    pub offset: u64,
+    /// When rows differ (left-padded batches): int32 `[B]` offsets.
+    pub per_row: ROption<Tensor>,
+}
+
+/// A layout's exported state: opaque to the host except for its signature
+/// and token count. Importing state with another signature is refused.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct CacheState {
+    pub signature: RString,
+    /// Tokens represented (per row, the maximum).
+    pub offset: u64,
+    pub tensors: RVec<Tensor>,
+    /// Layout-defined integers (ring positions, per-row offsets, ...).
+    pub meta: RVec<u64>,
+}
+
+/// One layer's cache.
+#[sabi_trait]
+pub trait CacheLayout: Send + Sync {
+    /// A MANDATORY identity of the layout, scheme and geometry, e.g.
+    /// `kv:plain:float32:h2:d16`. Persistence and reuse key on it.
+    fn signature(&self) -> RString;
+
+    /// Tokens stored (per row, the maximum).
+    fn offset(&self) -> u64;
+
+    /// RoPE positions for the next tokens.
+    fn positions(&self) -> PResult<Positions>;
+
+    /// The mask for `queries` new tokens, asked before `update_and_fetch`.
+    fn attention_mask(&self, queries: u32) -> PResult<AttentionMask>;
+
+    /// Appends keys/values `[B, H, L, D]` (transferred) and returns what to
+    /// attend over (owned).
+    fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair>;
+
+    /// Whether `trim` can remove tokens right now (a wrapped ring cannot).
+    fn is_trimmable(&self) -> bool;
+
+    /// Removes up to `n` trailing tokens; returns how many were removed.
+    fn trim(&mut self, n: u64) -> u64;
+
+    /// Bytes one more token costs across all rows (memory admission).
+    fn bytes_per_token(&self) -> u64;
+
+    /// A snapshot of the stored tokens (for prefix and disk caches).
+    fn export_state(&self) -> PResult<CacheState>;
+
+    /// Replaces the content with a snapshot of the same signature.
+    fn import_state(&mut self, state: CacheState) -> PResult<()>;
+
+    /// Starts a speculative round: remembers the current position of each row.
+    fn spec_begin(&mut self) -> PResult<()>;
+
+    /// Accepts everything appended since `spec_begin`.
+    fn spec_commit(&mut self) -> PResult<()>;
+
+    /// Keeps `keep[row]` of the tokens appended since `spec_begin` (one
+    /// entry, or one per row) and drops the rest: by trim for KV layouts, by
+    /// snapshot and replay for recurrent state.
+    fn spec_rollback(&mut self, keep: RSlice<'_, u64>) -> PResult<()>;
+
+    /// Rows held (1 for a serial cache).
+    fn rows(&self) -> u32;
+
+    /// Keeps only the listed rows, in that order.
+    fn filter_rows(&mut self, keep: RSlice<'_, u32>) -> PResult<()>;
+
+    /// One row as a serial (1-row) state of this layout's scheme.
+    fn extract_row(&self, row: u32) -> PResult<CacheState>;
+
+    /// Appends rows given as serial states; rows of different lengths are
+    /// left-padded to a common length (per-row positions and masks follow).
+    fn merge_rows(&mut self, rows: RVec<CacheState>) -> PResult<()>;
+
+    /// Recurrent layouts: state slot `i` (e.g. 0 = conv, 1 = SSM state).
+    fn get_slot(&self, i: u32) -> PResult<ROption<Tensor>>;
+
+    /// Recurrent layouts: replaces state slot `i`.
+    #[sabi(last_prefix_field)]
+    fn set_slot(&mut self, i: u32, value: Tensor) -> PResult<()>;
+}
+
+/// A cache layout behind the boundary.
+pub type CacheBox = CacheLayout_TO<'static, RBox<()>>;

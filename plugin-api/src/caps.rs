@@ -1,0 +1,46 @@
+//! Capability tags a plugin advertises in its manifest.
+//!
+//! Tags are strings so that v1.x can add new ones without a layout change; a
+//! host ignores tags it does not know (and lists them). The host composes
+//! plugins by these tags, never by plugin or family name.
+
+// --- model families ---
+/// Rows of different requests can share one forward (continuous batching):
+/// the graph accepts per-row RoPE offsets and explicit masks from the caches.
+pub const CONTINUOUS_BATCHING: &str = "continuous-batching";
+/// `grouped:<method>`: that inference method may run inside a batch group.
+pub const GROUPED_PREFIX: &str = "grouped:";
+/// Forward can return hidden-state taps at requested layers.
+pub const HIDDEN_TAPS: &str = "hidden-taps";
+/// `embed` and `lm_head` are available to drafters that share them.
+pub const SHARED_EMBEDDINGS: &str = "shared-embeddings";
+/// Batching works with quantized KV layouts.
+pub const QUANTIZED_KV_BATCH: &str = "quantized-kv-batch";
+/// Generation checkpoints (resumable state) are supported.
+pub const CHECKPOINTS: &str = "checkpoints";
+/// A compiled decode step is available.
+pub const COMPILED_DECODE: &str = "compiled-decode";
+/// Logprobs can be reported inside speculative rounds.
+pub const SPECULATIVE_LOGPROBS: &str = "speculative-logprobs";
+
+// --- cache layouts ---
+/// `trim(n)` removes the last n tokens (rollback by trim).
+pub const TRIM: &str = "trim";
+/// begin/commit/rollback of a speculative round are implemented.
+pub const SPEC_ROUND: &str = "spec-round";
+/// Row operations (merge/filter/extract/left padding) for batching.
+pub const ROWS: &str = "rows";
+/// `export_state` / `import_state` (prefix and disk caches).
+pub const STATE_IO: &str = "state-io";
+/// `need:<kind>`: the layer needs this layout serves (full, sliding, recurrent).
+pub const NEED_PREFIX: &str = "need:";
+/// `scheme:<name>`: a storage scheme this layout implements (bf16, affine4, ...).
+pub const SCHEME_PREFIX: &str = "scheme:";
+
+// --- drafters ---
+/// Drafts come with the drafter's probability rows (rejection sampling).
+pub const DRAFT_PROBABILITIES: &str = "draft-probabilities";
+/// The drafter needs a draft model folder (`--draft-model`).
+pub const NEEDS_DRAFT_MODEL: &str = "needs-draft-model";
+/// The drafter borrows the target's embeddings/LM head/taps.
+pub const NEEDS_TARGET: &str = "needs-target";

@@ -1,0 +1,82 @@
+//! Draft providers for speculative decoding.
+//!
+//! Protocol, per request: `prefill(prompt)` once; then each round
+//! `draft(history, max)` proposes up to `max` tokens continuing `history`
+//! (the whole sequence so far, its last token not yet verified); the host
+//! verifies them in one target forward and calls `commit(accepted)`. The
+//! token the target then emits (correction or bonus) arrives at the end of
+//! the next round's `history`. The returned length is authoritative: 0 means
+//! "take a plain step this round".
+
+use crate::cache::CacheBox;
+use crate::error::PResult;
+use crate::model::ModelBox;
+use crate::tensor::{Tensor, TensorRef};
+use abi_stable::sabi_trait;
+use abi_stable::std_types::{RBox, ROption, RSlice, RStr, RString, RVec, Tuple2};
+use abi_stable::StableAbi;
+
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct DrafterOpenArgs {
+    /// The draft kind the host resolved (`ngram`, `two-model`, ...).
+    pub kind: RString,
+    /// The draft artifact folder, when the kind has one.
+    pub dir: ROption<RString>,
+    /// Its config.json text, when present.
+    pub config_json: ROption<RString>,
+    /// Upper bound on tokens per round.
+    pub max_depth: u32,
+    /// Kind-specific options (`ngram-max=3`, ...).
+    pub options: RVec<Tuple2<RString, RString>>,
+}
+
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct DraftArgs<'a> {
+    pub history: RSlice<'a, u32>,
+    pub max_tokens: u32,
+}
+
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct Draft {
+    pub tokens: RVec<u32>,
+    /// `[n, V]` probability rows the tokens were drawn from, when the
+    /// drafter has them (enables rejection sampling at temperature > 0).
+    pub probabilities: ROption<Tensor>,
+}
+
+#[sabi_trait]
+pub trait Drafter: Send {
+    fn prefill(&mut self, prompt: RSlice<'_, u32>) -> PResult<()>;
+    fn draft(&mut self, args: DraftArgs<'_>) -> PResult<Draft>;
+    #[sabi(last_prefix_field)]
+    fn commit(&mut self, accepted: u32) -> PResult<()>;
+}
+
+pub type DrafterBox = Drafter_TO<'static, RBox<()>>;
+
+/// A model composed by the host (graph + one cache per layer).
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct ModelInstance {
+    pub graph: ModelBox,
+    pub caches: RVec<CacheBox>,
+}
+
+/// What the host lends a drafter: other plugins through the host's
+/// composition, and the target's shared weights.
+#[sabi_trait]
+pub trait HostServices: Send + Sync {
+    /// Opens a model folder with whatever family plugin claims it, with
+    /// fresh serial caches from the cache-layout plugins.
+    fn open_model(&self, dir: RStr<'_>) -> PResult<ModelInstance>;
+    /// The target's embeddings for int32 ids `[B, L]`.
+    fn target_embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor>;
+    /// The target's LM head over hidden states.
+    #[sabi(last_prefix_field)]
+    fn target_lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor>;
+}
+
+pub type HostServicesBox = HostServices_TO<'static, RBox<()>>;

@@ -1,0 +1,164 @@
+//! Model graphs: one family of architectures per plugin.
+
+use crate::cache::CacheBox;
+use crate::error::PResult;
+use crate::tensor::{Tensor, TensorRef};
+use abi_stable::sabi_trait;
+use abi_stable::std_types::{RBox, ROption, RSlice, RSliceMut, RString, RVec, Tuple2};
+use abi_stable::StableAbi;
+
+/// An MLX dtype, numbered as mlx-c's `mlx_dtype`.
+#[repr(transparent)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dtype(pub u32);
+
+impl Dtype {
+    pub const BOOL: Self = Self(mlx_sys::mlx_dtype__MLX_BOOL);
+    pub const INT32: Self = Self(mlx_sys::mlx_dtype__MLX_INT32);
+    pub const UINT32: Self = Self(mlx_sys::mlx_dtype__MLX_UINT32);
+    pub const FLOAT16: Self = Self(mlx_sys::mlx_dtype__MLX_FLOAT16);
+    pub const FLOAT32: Self = Self(mlx_sys::mlx_dtype__MLX_FLOAT32);
+    pub const BFLOAT16: Self = Self(mlx_sys::mlx_dtype__MLX_BFLOAT16);
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FLOAT32 => "float32",
+            Self::FLOAT16 => "float16",
+            Self::BFLOAT16 => "bfloat16",
+            Self::INT32 => "int32",
+            Self::UINT32 => "uint32",
+            Self::BOOL => "bool",
+            _ => "other",
+        }
+    }
+}
+
+/// An open set of per-layer cache kinds (a `u8`).
+#[repr(transparent)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NeedKind(pub u8);
+
+impl NeedKind {
+    /// Full causal attention over every past token.
+    pub const FULL: Self = Self(1);
+    /// Attention over the last `window` tokens only.
+    pub const SLIDING: Self = Self(2);
+    /// A recurrent state (e.g. gated DeltaNet conv + SSM state): not trimmable.
+    pub const RECURRENT: Self = Self(3);
+
+    pub fn as_str(self) -> &'static str {
+        match self.0 {
+            1 => "full",
+            2 => "sliding",
+            3 => "recurrent",
+            _ => "unknown",
+        }
+    }
+}
+
+/// What one layer needs from its cache, declared from config.json alone.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct LayerNeed {
+    pub kind: NeedKind,
+    /// Sliding window length (SLIDING only; 0 otherwise).
+    pub window: u32,
+    pub kv_heads: u32,
+    pub k_head_dim: u32,
+    pub v_head_dim: u32,
+    /// RECURRENT only: the shapes of the state slots, per row.
+    pub state_shapes: RVec<RVec<i64>>,
+}
+
+/// A family's plan for a model folder, computed before any weight is read.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct ModelPlan {
+    /// One entry per layer that holds a cache, in forward order.
+    pub layers: RVec<LayerNeed>,
+    pub vocab_size: u32,
+    pub hidden_size: u32,
+    /// The model's context length from config (0 = unknown).
+    pub max_context: u32,
+    /// The dtype the checkpoint stores its float weights in.
+    pub weights_dtype: Dtype,
+    /// Quantization of the checkpoint (`bits`, `group_size`; 0 when dense).
+    pub quant_bits: u32,
+    pub quant_group_size: u32,
+    /// Capability tags of this model (may depend on the config).
+    pub capabilities: RVec<RString>,
+}
+
+/// Arguments of `open_model`.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct ModelOpenArgs {
+    /// The model folder (config.json + weights).
+    pub dir: RString,
+    /// config.json's text, already read by the host.
+    pub config_json: RString,
+    /// The compute dtype for float weights; RNone keeps the checkpoint's.
+    pub compute_dtype: ROption<Dtype>,
+    /// Extra options (`key=value`), for families that take any.
+    pub options: RVec<Tuple2<RString, RString>>,
+}
+
+/// Which logits a forward pass returns.
+#[repr(transparent)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogitsMode(pub u8);
+
+impl LogitsMode {
+    pub const NONE: Self = Self(0);
+    /// Only the last position of each row: `[B, 1, V]`.
+    pub const LAST: Self = Self(1);
+    /// Every position: `[B, L, V]` (speculative verification).
+    pub const ALL: Self = Self(2);
+}
+
+/// Inputs of one forward pass. All handles are borrowed for the call.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct ForwardArgs<'a> {
+    /// Token ids, int32 `[B, L]`.
+    pub tokens: TensorRef<'a>,
+    pub logits: LogitsMode,
+    /// Return the final (normed) hidden states `[B, L, H]`.
+    pub want_hidden: bool,
+    /// Layer indices whose outputs to return as taps (in this order).
+    pub taps: RSlice<'a, u32>,
+}
+
+/// Outputs of one forward pass; every handle is owned by the caller. The
+/// arrays may be lazy: the caller decides when to evaluate.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct ForwardOutput {
+    pub logits: ROption<Tensor>,
+    pub hidden: ROption<Tensor>,
+    pub taps: RVec<Tensor>,
+}
+
+/// A loaded model graph.
+///
+/// The graph never knows the type of its caches: it calls each layer's
+/// [`crate::CacheLayout`] (positions, mask, update_and_fetch) in forward order.
+#[sabi_trait]
+pub trait ModelGraph: Send + Sync {
+    /// The plan this graph was opened with (same as `plan_model` on its config).
+    fn plan(&self) -> ModelPlan;
+
+    /// Runs the graph over `args.tokens`, appending to `caches` (one per
+    /// entry of `plan().layers`, in order).
+    fn forward(&self, args: ForwardArgs<'_>, caches: RSliceMut<'_, CacheBox>) -> PResult<ForwardOutput>;
+
+    /// Token embeddings `[B, L, H]` for int32 ids `[B, L]`.
+    fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor>;
+
+    /// Logits for final (normed) hidden states.
+    #[sabi(last_prefix_field)]
+    fn lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor>;
+}
+
+/// A model graph behind the boundary.
+pub type ModelBox = ModelGraph_TO<'static, RBox<()>>;
