@@ -86,7 +86,7 @@ pub struct CacheState {
 
 /// One layer's cache.
 #[sabi_trait]
-pub trait CacheLayout: Send + Sync {
+pub trait CacheLayout: Send {
     /// A MANDATORY identity of the layout, scheme and geometry, e.g.
     /// `kv:plain:float32:h2:d16`. Persistence and reuse key on it.
     fn signature(&self) -> RString;

@@ -1,11 +1,15 @@
 //! The `host` binary. Parses the command line and hands each command to the
 //! crate that owns it; holds no logic of its own beyond the runtime switch.
 
+mod generate_cmd;
+mod plugins_cmd;
 mod runtime_switch;
 
-use anyhow::Result;
-use clap::{Parser, Subcommand};
-use host_engine::runtime;
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use host_engine::{runtime, DtypeChoice, Engine, SamplingParams};
+use host_loader::Registry;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(name = "host", about = "An OpenAI-compatible LLM server on MLX, composed from plugins", disable_version_flag = true)]
@@ -19,6 +23,38 @@ struct Cli {
     mlx_lib: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+#[derive(Args)]
+struct PluginsDir {
+    /// The folder scanned for plugins (sub-folders with a plugin.toml).
+    #[arg(long, default_value = "plugins", env = "MLX_ENGINE_PLUGINS")]
+    plugins: PathBuf,
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    #[command(flatten)]
+    dir: PluginsDir,
+    /// The model folder (config.json, weights, tokenizer).
+    #[arg(long)]
+    model: PathBuf,
+    /// Compute dtype: auto (float32 on CPU, the checkpoint's on GPU), native, float32, bfloat16, float16.
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+}
+
+#[derive(Args)]
+struct PromptArgs {
+    /// Raw text prompt.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// A user message, rendered with the model's chat template.
+    #[arg(long)]
+    chat: Option<String>,
+    /// Comma-separated token ids.
+    #[arg(long = "prompt-ids")]
+    prompt_ids: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -37,6 +73,74 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         iters: usize,
     },
+    /// List every plugin found, its claims and capabilities, and refusals.
+    Plugins {
+        #[command(flatten)]
+        dir: PluginsDir,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate from one prompt.
+    Generate {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        prompt: PromptArgs,
+        #[arg(long = "max-tokens", default_value_t = 256)]
+        max_tokens: usize,
+        /// Temperature (0 = greedy).
+        #[arg(long, default_value_t = 0.0)]
+        temp: f32,
+        #[arg(long = "top-p", default_value_t = 1.0)]
+        top_p: f32,
+        #[arg(long = "top-k", default_value_t = 0)]
+        top_k: u32,
+        #[arg(long = "min-p", default_value_t = 0.0)]
+        min_p: f32,
+        #[arg(long = "repetition-penalty", default_value_t = 1.0)]
+        repetition_penalty: f32,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Do not stop at EOS (generate exactly --max-tokens).
+        #[arg(long = "ignore-eos")]
+        ignore_eos: bool,
+        /// Report logprobs with this many alternatives per token.
+        #[arg(long)]
+        logprobs: Option<usize>,
+        /// Print one JSON object instead of streaming text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Debugging aid: last-position logits of one full forward, as JSON.
+    Logits {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long = "prompt-ids")]
+        prompt_ids: String,
+    },
+}
+
+fn host_info() -> plugin_api::HostInfo {
+    plugin_api::HostInfo {
+        abi_version: plugin_api::ABI_VERSION,
+        host_version: env!("CARGO_PKG_VERSION").into(),
+        mlx_version: runtime::mlx_version().into(),
+    }
+}
+
+fn registry(dir: &Path) -> Result<Registry> {
+    Registry::discover(dir, &host_info()).map_err(anyhow::Error::msg)
+}
+
+fn engine(m: &ModelArgs) -> Result<(Registry, Engine)> {
+    let reg = registry(&m.dir.plugins)?;
+    for r in &reg.refused {
+        eprintln!("plugin refused: {} ({}): {}", r.name.as_deref().unwrap_or("?"), r.dir.display(), r.reason);
+    }
+    let choice = DtypeChoice::parse(&m.dtype).map_err(anyhow::Error::msg)?;
+    let engine = Engine::load(&reg, &m.model, choice).with_context(|| format!("loading {}", m.model.display()))?;
+    Ok((reg, engine))
 }
 
 fn main() -> Result<()> {
@@ -46,6 +150,27 @@ fn main() -> Result<()> {
     match cli.command {
         Some(Command::Version) => print_version(),
         Some(Command::Probe { size, dtype, iters }) => probe(size, &dtype, iters)?,
+        Some(Command::Plugins { dir, json }) => {
+            let reg = registry(&dir.plugins)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&plugins_cmd::report(&reg))?);
+            } else {
+                plugins_cmd::print_text(&reg);
+            }
+        }
+        Some(Command::Generate { model, prompt, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, ignore_eos, logprobs, json }) => {
+            let (_reg, engine) = engine(&model)?;
+            let p = generate_cmd::Prompt { text: prompt.prompt, chat: prompt.chat, ids: prompt.prompt_ids };
+            let ids = generate_cmd::prompt_ids(&engine, &p)?;
+            let params = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };
+            generate_cmd::generate(&engine, ids, max_tokens, params, ignore_eos, logprobs, json)?;
+        }
+        Some(Command::Logits { model, prompt_ids }) => {
+            let (_reg, engine) = engine(&model)?;
+            let p = generate_cmd::Prompt { text: None, chat: None, ids: Some(prompt_ids) };
+            let ids = generate_cmd::prompt_ids(&engine, &p)?;
+            generate_cmd::logits(&engine, ids)?;
+        }
         None if cli.version => print_version(),
         None => {
             use clap::CommandFactory;

@@ -1,8 +1,18 @@
 //! The generation core of the host.
 //!
-//! Owns: the process's view of the MLX runtime, and (as the product grows)
-//! sampling, the decode loop, batching and speculation. Does not own: HTTP
-//! (host-server), plugin discovery (host-loader) or any model family.
+//! Owns: the process's view of the MLX runtime, the served model (composed
+//! by host-loader) with its tokenizer and chat template, sampling, and the
+//! decode loop. Does not own: HTTP (host-server), plugin discovery
+//! (host-loader) or any model family.
 
+pub mod chat_template;
+pub mod engine;
+pub mod generate;
 pub mod probe;
 pub mod runtime;
+pub mod sampling;
+pub mod tokenizer;
+
+pub use engine::{DtypeChoice, Engine, EngineError};
+pub use generate::{Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
+pub use sampling::SamplingParams;

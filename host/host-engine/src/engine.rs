@@ -1,0 +1,107 @@
+//! A served model: the composed graph + cache layouts (from host-loader),
+//! its text side, and the compute dtype chosen for this device.
+
+use crate::runtime::{default_device, DeviceKind};
+use crate::tokenizer::TextSide;
+use host_loader::{ComposeError, ComposedModel, Registry};
+use plugin_api::Dtype;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Compose(#[from] ComposeError),
+    #[error("{0}")]
+    Tokenizer(String),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("model: {0}")]
+    Model(String),
+    #[error("mlx: {0}")]
+    Mlx(String),
+}
+
+impl From<mlx_rs::error::ConversionError> for EngineError {
+    fn from(e: mlx_rs::error::ConversionError) -> Self {
+        EngineError::Mlx(e.to_string())
+    }
+}
+
+impl From<mlx_rs::error::Exception> for EngineError {
+    fn from(e: mlx_rs::error::Exception) -> Self {
+        EngineError::Mlx(e.what().to_owned())
+    }
+}
+
+/// What the user asked for: `auto` picks per device, `native` keeps the
+/// checkpoint's dtype (and quantization), or a named float dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypeChoice {
+    Auto,
+    Native,
+    Fixed(Dtype),
+}
+
+impl DtypeChoice {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "auto" => Self::Auto,
+            "native" => Self::Native,
+            "float32" | "f32" => Self::Fixed(Dtype::FLOAT32),
+            "bfloat16" | "bf16" => Self::Fixed(Dtype::BFLOAT16),
+            "float16" | "f16" => Self::Fixed(Dtype::FLOAT16),
+            other => return Err(format!("unknown dtype `{other}` (auto, native, float32, bfloat16, float16)")),
+        })
+    }
+}
+
+pub struct Engine {
+    pub model: ComposedModel,
+    pub text: Option<TextSide>,
+    /// The compute dtype in use, and why it was chosen.
+    pub dtype_name: String,
+    pub dtype_reason: String,
+    /// Prompt tokens per prefill chunk (mlx-lm's default: 2048).
+    pub prefill_step: usize,
+}
+
+impl Engine {
+    pub fn load(registry: &Registry, dir: &Path, choice: DtypeChoice) -> Result<Self, EngineError> {
+        let (_, config) = host_loader::compose::read_config(dir)?;
+        let quantized = config.get("quantization").is_some() || config.get("quantization_config").is_some();
+        let (dtype, reason) = match choice {
+            DtypeChoice::Native => (None, "native: the checkpoint's dtype, as asked".to_owned()),
+            DtypeChoice::Fixed(d) => (Some(d), format!("{}: as asked", d.name())),
+            DtypeChoice::Auto => match default_device() {
+                // MLX's CPU kernels have no fast bf16/f16/quantized path here;
+                // f32 through OpenBLAS is ~10x faster (docs/benchmarks.md).
+                DeviceKind::Cpu => (Some(Dtype::FLOAT32), "float32: fastest on the CPU backend (auto)".to_owned()),
+                DeviceKind::Gpu => (None, format!("native{}: the checkpoint's dtype on the GPU (auto)", if quantized { " (quantized)" } else { "" })),
+            },
+        };
+        let model = registry.open_model(dir, dtype, "plain")?;
+        let dtype_name = match dtype {
+            Some(d) => d.name().to_owned(),
+            None if quantized => format!("{} (quantized {}-bit)", model.plan.weights_dtype.name(), model.plan.quant_bits),
+            None => model.plan.weights_dtype.name().to_owned(),
+        };
+        let text = if dir.join("tokenizer.json").exists() {
+            Some(TextSide::load(dir, &model.config).map_err(|e| EngineError::Tokenizer(e.to_string()))?)
+        } else {
+            None
+        };
+        Ok(Self { model, text, dtype_name, dtype_reason: reason, prefill_step: 2048 })
+    }
+
+    /// EOS ids of the model (generation_config, config, tokenizer).
+    pub fn eos_ids(&self) -> Vec<u32> {
+        match &self.text {
+            Some(t) => t.eos_ids.clone(),
+            None => match self.model.config.get("eos_token_id") {
+                Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+                Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect(),
+                _ => Vec::new(),
+            },
+        }
+    }
+}

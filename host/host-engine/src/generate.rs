@@ -1,0 +1,210 @@
+//! The serial decode loop: chunked prefill, then one step per token with
+//! the next step queued on the device (async eval) before the previous
+//! token is read, so the host builds graphs while the device computes.
+//!
+//! The prompt is processed as mlx-lm's `generate_step` does: all but the
+//! last token as prefill (chunks of `prefill_step`), then the last token
+//! alone produces the first logits. Same graphs, same numbers.
+
+use crate::engine::{Engine, EngineError};
+use crate::sampling::{top_logprobs, Sampler, SamplingParams};
+use mlx_rs::Array;
+use plugin_api::abi_stable::std_types::{ROption, RSlice};
+use plugin_api::{CacheBox, ForwardArgs, LogitsMode, Tensor, TensorRef};
+use std::time::Instant;
+
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub params: SamplingParams,
+    /// Stop at the model's EOS ids (off to measure exactly `max_tokens`).
+    pub stop_on_eos: bool,
+    /// Report the chosen token's logprob and this many alternatives.
+    pub logprobs: Option<usize>,
+}
+
+/// One generated token as the caller sees it.
+pub struct TokenOut {
+    pub id: u32,
+    pub logprob: Option<f32>,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The caller's answer after each token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// Stop now (a stop string matched, or the client went away).
+    Stop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An EOS token (not emitted) or the caller stopped.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+pub struct GenerateResult {
+    pub tokens: Vec<u32>,
+    pub finish: Finish,
+    pub prompt_tokens: usize,
+    /// Seconds from start to the first token (prefill + first step).
+    pub prefill_s: f64,
+    /// Seconds from the first token to the last.
+    pub decode_s: f64,
+}
+
+impl GenerateResult {
+    pub fn prefill_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_s.max(1e-9)
+    }
+    pub fn decode_tps(&self) -> f64 {
+        if self.tokens.len() < 2 {
+            return 0.0;
+        }
+        (self.tokens.len() - 1) as f64 / self.decode_s.max(1e-9)
+    }
+}
+
+fn tensor_ref(a: &Array) -> TensorRef<'_> {
+    unsafe { TensorRef::from_raw(a.as_ptr()) }
+}
+
+fn take(t: ROption<Tensor>, what: &str) -> Result<Array, EngineError> {
+    match t {
+        ROption::RSome(t) => Ok(unsafe { Array::from_ptr(t.into_raw()) }),
+        ROption::RNone => Err(EngineError::Model(format!("forward returned no {what}"))),
+    }
+}
+
+impl Engine {
+    /// Runs the graph over `tokens` `[1, L]`; returns `[1, V]` last logits
+    /// when asked, else the final hidden state (to evaluate the caches).
+    fn forward(&self, tokens: &Array, caches: &mut [CacheBox], logits: bool) -> Result<Array, EngineError> {
+        let args = ForwardArgs { tokens: tensor_ref(tokens), logits: if logits { LogitsMode::LAST } else { LogitsMode::NONE }, want_hidden: !logits, taps: RSlice::from_slice(&[]) };
+        let out = self.model.graph.forward(args, caches.into()).into_result().map_err(|e| EngineError::Model(e.to_string()))?;
+        if logits {
+            let l = take(out.logits, "logits")?;
+            let v = l.shape()[l.ndim() - 1];
+            Ok(l.reshape(&[1, v])?)
+        } else {
+            take(out.hidden, "hidden state")
+        }
+    }
+
+    /// Prefills `tokens` into `caches` in chunks, evaluating each chunk.
+    pub fn prefill(&self, tokens: &[u32], caches: &mut [CacheBox]) -> Result<(), EngineError> {
+        for chunk in tokens.chunks(self.prefill_step.max(1)) {
+            let ids = token_array(chunk);
+            let h = self.forward(&ids, caches, false)?;
+            h.eval()?;
+        }
+        Ok(())
+    }
+
+    /// Fresh serial caches for one request.
+    pub fn new_caches(&self) -> Result<Vec<CacheBox>, EngineError> {
+        Ok(self.model.new_caches(1)?)
+    }
+
+    /// Last-position logits of a full forward over `prompt` with fresh caches
+    /// (float32 copy), for parity checks against the oracle.
+    pub fn prompt_logits(&self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let mut caches = self.new_caches()?;
+        let l = self.forward(&token_array(prompt), &mut caches, true)?.as_dtype(mlx_rs::Dtype::Float32)?;
+        l.eval()?;
+        Ok(l.as_slice::<f32>().to_vec())
+    }
+
+    pub fn generate(&self, req: &GenerateRequest, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<GenerateResult, EngineError> {
+        if req.prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        req.params.validate().map_err(EngineError::InvalidRequest)?;
+        let vocab = self.model.plan.vocab_size;
+        if let Some(bad) = req.prompt.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+        }
+        let start = Instant::now();
+        let mut caches = self.new_caches()?;
+        let (head, last) = req.prompt.split_at(req.prompt.len() - 1);
+        self.prefill(head, &mut caches)?;
+
+        let mut sampler = Sampler::new(req.params.clone())?;
+        let eos = if req.stop_on_eos { self.eos_ids() } else { Vec::new() };
+        // Penalties read the full history, so those steps wait for each token;
+        // everything else keeps one step queued ahead.
+        let pipelined = !req.params.has_penalties();
+        let mut history: Vec<u32> = req.prompt.clone();
+        let mut step = |input: &Array, history: &[u32], caches: &mut [CacheBox]| -> Result<(Array, Array), EngineError> {
+            let logits = self.forward(input, caches, true)?;
+            let logits = sampler.process(logits, history)?;
+            let lp = Sampler::logprobs(&logits)?;
+            let y = sampler.sample(&lp)?;
+            mlx_rs::transforms::async_eval([&y])?;
+            Ok((y, lp))
+        };
+        let (mut y, mut lp) = step(&token_array(last), &history, &mut caches)?;
+        let mut out = Vec::new();
+        let mut first_at = None;
+        let mut finish = Finish::Length;
+        for n in 0..req.max_tokens {
+            let next = if pipelined && n + 1 < req.max_tokens { Some(step(&y.reshape(&[1, 1])?, &history, &mut caches)?) } else { None };
+            let id = y.try_item_cast::<u32>()?;
+            first_at.get_or_insert_with(Instant::now);
+            if eos.contains(&id) {
+                finish = Finish::Stop;
+                break;
+            }
+            let (logprob, top) = match req.logprobs {
+                Some(k) => {
+                    let chosen = lp.index_id(id)?;
+                    (Some(chosen), top_logprobs(&lp, k)?)
+                }
+                None => (None, Vec::new()),
+            };
+            out.push(id);
+            history.push(id);
+            if on_token(&TokenOut { id, logprob, top }) == Flow::Stop {
+                finish = Finish::Stop;
+                break;
+            }
+            if n + 1 == req.max_tokens {
+                break;
+            }
+            (y, lp) = match next {
+                Some(v) => v,
+                None => step(&token_array(&[id]), &history, &mut caches)?,
+            };
+        }
+        let first_at = first_at.unwrap_or_else(Instant::now);
+        Ok(GenerateResult {
+            tokens: out,
+            finish,
+            prompt_tokens: req.prompt.len(),
+            prefill_s: (first_at - start).as_secs_f64(),
+            decode_s: first_at.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// int32 `[1, L]` token ids.
+pub fn token_array(ids: &[u32]) -> Array {
+    let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+    Array::from_slice(&v, &[1, v.len() as i32])
+}
+
+trait IndexId {
+    fn index_id(&self, id: u32) -> Result<f32, EngineError>;
+}
+
+impl IndexId for Array {
+    /// `self[0, id]` as f32.
+    fn index_id(&self, id: u32) -> Result<f32, EngineError> {
+        use mlx_rs::ops::indexing::IndexOp;
+        let v = self.index((0, id as i32)).as_dtype(mlx_rs::Dtype::Float32)?;
+        Ok(v.try_item_cast::<f32>()?)
+    }
+}

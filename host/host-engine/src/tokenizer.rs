@@ -1,0 +1,160 @@
+//! A model folder's text side: `tokenizer.json` (through the `tokenizers`
+//! crate), `tokenizer_config.json` (special tokens, chat template,
+//! add_bos_token) and `generation_config.json` (EOS ids, sampling defaults).
+
+use crate::chat_template::ChatTemplate;
+use serde_json::Value;
+use std::path::Path;
+use tokenizers::Tokenizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("{0}")]
+    Load(String),
+    #[error("tokenizer: {0}")]
+    Encode(String),
+}
+
+/// Defaults a model folder suggests for sampling (generation_config.json).
+#[derive(Debug, Clone, Default)]
+pub struct GenerationDefaults {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+pub struct TextSide {
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub eos_ids: Vec<u32>,
+    pub bos_token: Option<String>,
+    pub add_bos: bool,
+    pub defaults: GenerationDefaults,
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    std::fs::read_to_string(path).ok().and_then(|t| serde_json::from_str(&t).ok())
+}
+
+/// A special-token field: a string, or `{"content": "..."}`.
+fn token_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_owned),
+        _ => None,
+    }
+}
+
+fn ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl TextSide {
+    /// Loads the text side of `dir`; `config` is its config.json.
+    pub fn load(dir: &Path, config: &Value) -> Result<Self, TokenizerError> {
+        let path = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&path).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))?;
+        let tc = read_json(&dir.join("tokenizer_config.json")).unwrap_or(Value::Null);
+        let gc = read_json(&dir.join("generation_config.json")).unwrap_or(Value::Null);
+        let bos_token = token_text(tc.get("bos_token"));
+        let eos_token = token_text(tc.get("eos_token"));
+        // EOS ids: generation_config.json wins over config.json (as mlx-lm's
+        // load_config), and the tokenizer's own EOS token is added.
+        let mut eos_ids = ids(gc.get("eos_token_id"));
+        if eos_ids.is_empty() {
+            eos_ids = ids(config.get("eos_token_id"));
+        }
+        if let Some(id) = eos_token.as_deref().and_then(|t| tokenizer.token_to_id(t)) {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        let template = tc
+            .get("chat_template")
+            .and_then(Value::as_str)
+            .map(|t| ChatTemplate::new(t, bos_token.clone(), eos_token.clone()))
+            .transpose()
+            .map_err(TokenizerError::Load)?;
+        let f = |k: &str| gc.get(k).and_then(Value::as_f64).map(|x| x as f32);
+        let defaults = GenerationDefaults {
+            temperature: f("temperature"),
+            top_p: f("top_p"),
+            top_k: gc.get("top_k").and_then(Value::as_u64).map(|x| x as u32),
+            min_p: f("min_p"),
+            repetition_penalty: f("repetition_penalty"),
+        };
+        Ok(Self { tokenizer, template, eos_ids, add_bos: tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false), bos_token, defaults })
+    }
+
+    /// Encodes raw text the way mlx_lm.generate does for a plain prompt:
+    /// the tokenizer's special-token handling, plus BOS when the config asks
+    /// and the text does not already start with it.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self.tokenizer.encode(text, true).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let mut out = enc.get_ids().to_vec();
+        if self.add_bos {
+            if let Some(bos) = self.bos_token.as_deref().and_then(|t| self.tokenizer.token_to_id(t)) {
+                if out.first() != Some(&bos) {
+                    out.insert(0, bos);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Encodes text that a chat template rendered: special tokens are already
+    /// in the text, so none are added.
+    pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self.tokenizer.encode(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, true).unwrap_or_default()
+    }
+
+    /// Token text for logprob reports (not skipping specials).
+    pub fn token_str(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
+}
+
+/// Incremental detokenizer: text deltas that never split a UTF-8 sequence
+/// (bytes of an incomplete character are held back until it completes).
+pub struct Detokenizer<'a> {
+    tok: &'a Tokenizer,
+    ids: Vec<u32>,
+    emitted: usize,
+}
+
+impl<'a> Detokenizer<'a> {
+    pub fn new(tok: &'a Tokenizer) -> Self {
+        Self { tok, ids: Vec::new(), emitted: 0 }
+    }
+
+    /// Adds a token; returns the new text it completes (possibly empty).
+    pub fn push(&mut self, id: u32) -> String {
+        self.ids.push(id);
+        let text = self.tok.decode(&self.ids, true).unwrap_or_default();
+        if text.ends_with('\u{FFFD}') {
+            return String::new();
+        }
+        let delta = text.get(self.emitted..).unwrap_or("").to_owned();
+        self.emitted = text.len();
+        delta
+    }
+
+    /// Everything still held back.
+    pub fn finish(&mut self) -> String {
+        let text = self.tok.decode(&self.ids, true).unwrap_or_default();
+        let delta = text.get(self.emitted..).unwrap_or("").to_owned();
+        self.emitted = text.len();
+        delta
+    }
+}

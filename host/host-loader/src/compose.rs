@@ -1,0 +1,151 @@
+//! Composition by claim and capability: config.json picks the family plugin
+//! by the strings it claims; each declared layer need picks a cache-layout
+//! plugin that serves that need in the requested scheme. No family or
+//! layout is ever named here.
+
+use crate::registry::{LoadedPlugin, Registry};
+use abi_stable::std_types::{ROption, RStr, RString, RVec};
+use plugin_api::{CacheBox, CacheSpec, Dtype, LayerNeed, ModelBox, ModelOpenArgs, ModelPlan, PResult, PluginError, PluginKind};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ComposeError {
+    #[error("{0}")]
+    Config(String),
+    #[error("no model-family plugin claims model_type `{model_type}` or architectures {architectures:?} (loaded families claim: {available})")]
+    NoFamily { model_type: String, architectures: Vec<String>, available: String },
+    #[error("no cache-layout plugin serves `{need}` layers in scheme `{scheme}`{extra}")]
+    NoLayout { need: String, scheme: String, extra: String },
+    #[error("plugin `{plugin}`: {error}")]
+    Plugin { plugin: String, error: PluginError },
+}
+
+type NewCache = extern "C" fn(&CacheSpec) -> PResult<CacheBox>;
+
+/// A model graph composed with the cache layouts its layers need.
+pub struct ComposedModel {
+    pub family_plugin: String,
+    pub model_type: String,
+    pub dir: PathBuf,
+    pub config: Value,
+    pub graph: ModelBox,
+    pub plan: ModelPlan,
+    /// The plugin chosen for each layer's cache, and why (for reports).
+    pub layouts: Vec<String>,
+    pub cache_dtype: Dtype,
+    pub scheme: String,
+    factories: Vec<(NewCache, LayerNeed)>,
+}
+
+impl ComposedModel {
+    /// Fresh caches for `rows` rows (1 = serial), one per planned layer.
+    pub fn new_caches(&self, rows: u32) -> Result<Vec<CacheBox>, ComposeError> {
+        self.factories
+            .iter()
+            .zip(&self.layouts)
+            .map(|((f, need), plugin)| {
+                let spec = CacheSpec { need: need.clone(), scheme: self.scheme.as_str().into(), dtype: self.cache_dtype, rows, step: 256 };
+                f(&spec).into_result().map_err(|error| ComposeError::Plugin { plugin: plugin.clone(), error })
+            })
+            .collect()
+    }
+}
+
+/// Reads a model folder's config.json.
+pub fn read_config(dir: &Path) -> Result<(String, Value), ComposeError> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ComposeError::Config(format!("cannot read {}: {e}", path.display())))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| ComposeError::Config(format!("{}: {e}", path.display())))?;
+    Ok((text, v))
+}
+
+impl Registry {
+    /// The family plugin claiming this config: `model_type` first, then
+    /// `architectures` entries in order.
+    pub fn family_for(&self, config: &Value) -> Result<&LoadedPlugin, ComposeError> {
+        let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("").to_owned();
+        let archs: Vec<String> = config
+            .get("architectures")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        let families: Vec<&LoadedPlugin> = self.of_kind(PluginKind::MODEL_FAMILY).collect();
+        if let Some(p) = families.iter().find(|p| p.manifest.claims.model_types.iter().any(|t| t.as_str() == model_type)) {
+            return Ok(p);
+        }
+        for a in &archs {
+            if let Some(p) = families.iter().find(|p| p.manifest.claims.architectures.iter().any(|t| t.as_str() == a)) {
+                return Ok(p);
+            }
+        }
+        let available = families
+            .iter()
+            .map(|p| format!("{} ({})", p.name(), p.manifest.claims.model_types.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err(ComposeError::NoFamily { model_type, architectures: archs, available: if available.is_empty() { "none".into() } else { available } })
+    }
+
+    /// A cache-layout plugin serving `need` in `scheme`; with `rows`, one
+    /// that also advertises row operations (batching).
+    pub fn layout_for(&self, need: &LayerNeed, scheme: &str, rows: bool) -> Result<&LoadedPlugin, ComposeError> {
+        let serves = |p: &&LoadedPlugin| {
+            let c = &p.manifest.claims;
+            c.cache_needs.iter().any(|n| n.as_str() == need.kind.as_str()) && c.cache_schemes.iter().any(|s| s.as_str() == scheme)
+        };
+        let mut candidates: Vec<&LoadedPlugin> = self.of_kind(PluginKind::CACHE_LAYOUT).filter(serves).collect();
+        if rows {
+            candidates.retain(|p| p.has_capability(plugin_api::caps::ROWS));
+        }
+        candidates.first().copied().ok_or_else(|| ComposeError::NoLayout {
+            need: need.kind.as_str().to_owned(),
+            scheme: scheme.to_owned(),
+            extra: if rows { " with row operations (batching)".into() } else { String::new() },
+        })
+    }
+
+    /// Plans (without reading weights), picks layouts, then loads the graph.
+    pub fn open_model(&self, dir: &Path, compute_dtype: Option<Dtype>, scheme: &str) -> Result<ComposedModel, ComposeError> {
+        let (text, config) = read_config(dir)?;
+        let family = self.family_for(&config)?;
+        let perr = |error: PluginError| ComposeError::Plugin { plugin: family.name().to_owned(), error };
+        let plan_fn = family.root.plan_model().ok_or_else(|| perr(PluginError::unsupported("no plan_model entry")))?;
+        let open_fn = family.root.open_model().ok_or_else(|| perr(PluginError::unsupported("no open_model entry")))?;
+        let plan = plan_fn(RStr::from_str(&text)).into_result().map_err(perr)?;
+        let mut factories = Vec::new();
+        let mut layouts = Vec::new();
+        for need in plan.layers.iter() {
+            let p = self.layout_for(need, scheme, false)?;
+            let f = p.root.new_cache().ok_or_else(|| ComposeError::Plugin {
+                plugin: p.name().to_owned(),
+                error: PluginError::unsupported("no new_cache entry"),
+            })?;
+            factories.push((f, need.clone()));
+            layouts.push(p.name().to_owned());
+        }
+        let args = ModelOpenArgs {
+            dir: RString::from(dir.to_string_lossy().as_ref()),
+            config_json: RString::from(text),
+            compute_dtype: match compute_dtype {
+                Some(d) => ROption::RSome(d),
+                None => ROption::RNone,
+            },
+            options: RVec::new(),
+        };
+        let graph = open_fn(&args).into_result().map_err(perr)?;
+        let cache_dtype = compute_dtype.unwrap_or(plan.weights_dtype);
+        Ok(ComposedModel {
+            family_plugin: family.name().to_owned(),
+            model_type: config.get("model_type").and_then(Value::as_str).unwrap_or("").to_owned(),
+            dir: dir.to_path_buf(),
+            config,
+            graph,
+            plan,
+            layouts,
+            cache_dtype,
+            scheme: scheme.to_owned(),
+            factories,
+        })
+    }
+}

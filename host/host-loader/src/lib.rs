@@ -1,0 +1,16 @@
+//! The host's side of the plugin boundary.
+//!
+//! Owns: scanning a plugins folder, reading each `plugin.toml` without
+//! running plugin code, loading and checking libraries (abi_stable layout
+//! check, ABI version, identity), the table of what each plugin claims and
+//! can do, and composing a model graph with cache layouts by capability.
+//! Never: HTTP, scheduling, or the name of a model family (a test asserts
+//! that no host source names one).
+
+pub mod compose;
+pub mod draft_kind;
+pub mod registry;
+pub mod toml_manifest;
+
+pub use compose::{ComposeError, ComposedModel};
+pub use registry::{LoadedPlugin, Refusal, Registry};

@@ -1,0 +1,57 @@
+//! Attention through a cache-layout plugin. The graph never knows the
+//! layout's type: it asks for positions and a mask, hands over new keys and
+//! values, and attends over what comes back (see plugin_api::cache).
+
+use crate::rope::Position;
+use crate::{error, Array, Result};
+use mlx_rs::fast::ScaledDotProductAttentionMask;
+use plugin_api::abi_stable::std_types::{ROption, RResult};
+use plugin_api::{CacheBox, MaskMode, PluginError};
+use plugin_sdk::{into_array, into_tensor};
+
+fn boundary<T>(r: RResult<T, PluginError>) -> Result<T> {
+    r.into_result().map_err(|e| error(format!("cache layout: {e}")))
+}
+
+/// The attention mask for the next `queries` tokens of one layer.
+pub enum Mask {
+    None,
+    Causal,
+    Array(Array),
+}
+
+impl Mask {
+    pub fn for_cache(cache: &CacheBox, queries: i32) -> Result<Self> {
+        let m = boundary(cache.attention_mask(queries as u32))?;
+        Ok(match (m.mode, m.array) {
+            (MaskMode::NONE, _) => Mask::None,
+            (MaskMode::CAUSAL, _) => Mask::Causal,
+            (MaskMode::ARRAY, ROption::RSome(a)) => Mask::Array(into_array(a)),
+            (mode, _) => return Err(error(format!("cache layout returned mask mode {} without an array", mode.0))),
+        })
+    }
+}
+
+/// RoPE positions of one layer's next tokens.
+pub fn positions(cache: &CacheBox) -> Result<Position> {
+    let p = boundary(cache.positions())?;
+    Ok(match p.per_row {
+        ROption::RSome(a) => Position::PerRow(into_array(a)),
+        ROption::RNone => Position::Offset(i32::try_from(p.offset).map_err(|_| error("cache offset overflows i32"))?),
+    })
+}
+
+/// Stores `keys`/`values` `[B, H, L, D]` and returns everything to attend over.
+pub fn update(cache: &mut CacheBox, keys: Array, values: Array) -> Result<(Array, Array)> {
+    let kv = boundary(cache.update_and_fetch(into_tensor(keys), into_tensor(values)))?;
+    Ok((into_array(kv.keys), into_array(kv.values)))
+}
+
+/// `mx.fast.scaled_dot_product_attention` with the mask's mode.
+pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
+    match mask {
+        Mask::None => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, None, None),
+        Mask::Causal => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Causal, None),
+        Mask::Array(m) => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Array(m), None),
+    }
+}

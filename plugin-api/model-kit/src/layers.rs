@@ -1,0 +1,202 @@
+//! Layers, each computed exactly as MLX's Python `nn` layers compute them
+//! (mlx-lm builds on those), so that results match op for op.
+
+use crate::config::{QuantParams, Quantization};
+use crate::weights::Weights;
+use crate::{error, Array, Dtype, Result};
+use mlx_rs::ops;
+
+/// What layer constructors read from: the checkpoint, its quantization, and
+/// the compute dtype the host asked for (None = keep the checkpoint's).
+pub struct LoadCtx<'a> {
+    pub weights: &'a mut Weights,
+    pub quant: Option<&'a Quantization>,
+    pub dtype: Option<Dtype>,
+}
+
+impl LoadCtx<'_> {
+    /// Casts a float tensor to the compute dtype, if one was asked for.
+    pub fn cast(&self, a: Array) -> Result<Array> {
+        match self.dtype {
+            Some(dt) if a.dtype() != dt && is_float(a.dtype()) => a.as_dtype(dt),
+            _ => Ok(a),
+        }
+    }
+
+    /// A float tensor by name, cast to the compute dtype.
+    pub fn tensor(&mut self, name: &str) -> Result<Array> {
+        let a = self.weights.take(name)?;
+        self.cast(a)
+    }
+
+    /// The quantized parts of `path`, when the checkpoint has them.
+    fn quantized(&mut self, path: &str, weight: &Array) -> Result<Option<Quantized>> {
+        if !self.weights.contains(&format!("{path}.scales")) {
+            return Ok(None);
+        }
+        let params = self
+            .quant
+            .and_then(|q| q.for_layer(path))
+            .ok_or_else(|| error(format!("{path}: has `.scales` but config.json declares no quantization for it")))?;
+        let scales = self.weights.take(&format!("{path}.scales"))?;
+        let biases = self.weights.take(&format!("{path}.biases"))?;
+        check_quantized_shapes(path, weight, &scales, &biases, params)?;
+        Ok(Some(Quantized { scales, biases, params }))
+    }
+}
+
+fn is_float(d: Dtype) -> bool {
+    matches!(d, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float64)
+}
+
+/// Shape checks that keep malformed checkpoints away from MLX's kernels.
+fn check_quantized_shapes(path: &str, w: &Array, s: &Array, b: &Array, p: QuantParams) -> Result<()> {
+    let (ws, ss) = (w.shape(), s.shape());
+    let bad = |why: &str| error(format!("{path}: quantized tensors do not match group_size {} bits {}: {why}", p.group_size, p.bits));
+    if w.dtype() != Dtype::Uint32 {
+        return Err(bad("packed weight is not uint32"));
+    }
+    if ws.len() < 2 || ss.len() != ws.len() || b.shape() != ss {
+        return Err(bad("ranks or scale/bias shapes differ"));
+    }
+    let packed = ws[ws.len() - 1] as i64;
+    let inputs = packed * 32 / p.bits as i64;
+    if inputs % p.group_size as i64 != 0 || ss[ss.len() - 1] as i64 != inputs / p.group_size as i64 || ss[..ss.len() - 1] != ws[..ws.len() - 1] {
+        return Err(bad(&format!("weight {ws:?}, scales {ss:?}")));
+    }
+    Ok(())
+}
+
+struct Quantized {
+    scales: Array,
+    biases: Array,
+    params: QuantParams,
+}
+
+impl Quantized {
+    fn dequantize(&self, w: &Array) -> Result<Array> {
+        ops::dequantize(w, &self.scales, &self.biases, self.params.group_size, self.params.bits)
+    }
+}
+
+/// `nn.Linear` / `nn.QuantizedLinear`.
+pub struct Linear {
+    weight: Array,
+    bias: Option<Array>,
+    quant: Option<Quantized>,
+}
+
+impl Linear {
+    pub fn load(ctx: &mut LoadCtx, path: &str, bias: bool) -> Result<Self> {
+        let weight = ctx.weights.take(&format!("{path}.weight"))?;
+        let bias = if bias { Some(ctx.tensor(&format!("{path}.bias"))?) } else { None };
+        match ctx.quantized(path, &weight)? {
+            // A compute dtype was asked for: run dense (on CPU, f32 with
+            // OpenBLAS beats MLX's quantized CPU kernels by far).
+            Some(q) if ctx.dtype.is_some() => Ok(Self { weight: ctx.cast(q.dequantize(&weight)?)?, bias, quant: None }),
+            Some(q) => Ok(Self { weight, bias, quant: Some(q) }),
+            None => Ok(Self { weight: ctx.cast(weight)?, bias, quant: None }),
+        }
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match &self.quant {
+            Some(q) => {
+                let y = ops::quantized_matmul(x, &self.weight, &q.scales, &q.biases, true, q.params.group_size, q.params.bits)?;
+                match &self.bias {
+                    Some(b) => y.add(b),
+                    None => Ok(y),
+                }
+            }
+            None => {
+                let wt = self.weight.transpose_axes(&[1, 0])?;
+                match &self.bias {
+                    // MLX's nn.Linear fuses the bias with addmm.
+                    Some(b) => ops::addmm(b, x, &wt, None, None),
+                    None => x.matmul(&wt),
+                }
+            }
+        }
+    }
+}
+
+/// `nn.Embedding` / `nn.QuantizedEmbedding`, also usable as the tied LM head.
+pub struct Embedding {
+    weight: Array,
+    quant: Option<Quantized>,
+}
+
+impl Embedding {
+    pub fn load(ctx: &mut LoadCtx, path: &str) -> Result<Self> {
+        let weight = ctx.weights.take(&format!("{path}.weight"))?;
+        match ctx.quantized(path, &weight)? {
+            Some(q) if ctx.dtype.is_some() => Ok(Self { weight: ctx.cast(q.dequantize(&weight)?)?, quant: None }),
+            Some(q) => Ok(Self { weight, quant: Some(q) }),
+            None => Ok(Self { weight: ctx.cast(weight)?, quant: None }),
+        }
+    }
+
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        match &self.quant {
+            None => self.weight.take_axis(ids, 0),
+            Some(q) => {
+                let w = self.weight.take_axis(ids, 0)?;
+                let s = q.scales.take_axis(ids, 0)?;
+                let b = q.biases.take_axis(ids, 0)?;
+                ops::dequantize(&w, &s, &b, q.params.group_size, q.params.bits)
+            }
+        }
+    }
+
+    /// The tied LM head: `x @ W.T`.
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        match &self.quant {
+            None => x.matmul(self.weight.transpose_axes(&[1, 0])?),
+            Some(q) => ops::quantized_matmul(x, &self.weight, &q.scales, &q.biases, true, q.params.group_size, q.params.bits),
+        }
+    }
+
+    pub fn vocab_size(&self) -> i32 {
+        self.weight.shape()[0]
+    }
+}
+
+/// `nn.RMSNorm` (the fused kernel).
+pub struct RmsNorm {
+    weight: Array,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(ctx: &mut LoadCtx, path: &str, eps: f32) -> Result<Self> {
+        Ok(Self { weight: ctx.tensor(&format!("{path}.weight"))?, eps })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps)
+    }
+}
+
+/// The SwiGLU MLP of the Llama lineage: `down(silu(gate(x)) * up(x))`.
+pub struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    pub fn load(ctx: &mut LoadCtx, path: &str, bias: bool) -> Result<Self> {
+        Ok(Self {
+            gate: Linear::load(ctx, &format!("{path}.gate_proj"), bias)?,
+            up: Linear::load(ctx, &format!("{path}.up_proj"), bias)?,
+            down: Linear::load(ctx, &format!("{path}.down_proj"), bias)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let g = self.gate.forward(x)?;
+        // nn.silu(g) = g * sigmoid(g), then * up(x), in that order.
+        let act = g.multiply(ops::sigmoid(&g)?)?.multiply(self.up.forward(x)?)?;
+        self.down.forward(&act)
+    }
+}

@@ -1,0 +1,27 @@
+//! Shared layers that every model-family plugin reuses, so that a family is
+//! one small file in the shape of mlx-lm's `models/<family>.py`.
+//!
+//! Owns: reading config values and model folders (safetensors, sharded or
+//! not, MLX affine-quantized checkpoints), the layers (linear, embedding,
+//! RMSNorm, RoPE variants, SwiGLU MLP), attention through a cache-layout
+//! plugin, and the few raw MLX ops mlx-rs does not expose. Numerics follow
+//! mlx-lm op for op (same kernels, same order), because greedy parity with
+//! mlx-lm is a tested promise.
+
+pub mod attention;
+pub mod config;
+pub mod layers;
+pub mod ops;
+pub mod rope;
+pub mod weights;
+
+pub use mlx_rs::error::Exception;
+pub use mlx_rs::{Array, Dtype};
+
+/// The error type of the layers: MLX's own, or ours in the same shape.
+pub type Result<T> = std::result::Result<T, Exception>;
+
+/// An error with a message, in MLX's error type.
+pub fn error(msg: impl Into<String>) -> Exception {
+    Exception::custom(msg.into())
+}

@@ -1,0 +1,79 @@
+//! MLX ops that mlx-rs 0.33 keeps crate-private (slice update, dynamic
+//! zeros), called through mlx-c directly. Their error messages reach us
+//! through a handler of our own: the runtime's patched libmlxc delivers each
+//! error to every registered handler (docs/ARCHITECTURE.md).
+
+use crate::{Array, Dtype, Result};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Once;
+
+thread_local! {
+    static LAST_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+extern "C" fn remember_error(msg: *const c_char, _data: *mut c_void) {
+    let text = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
+    LAST_ERROR.with(|e| *e.borrow_mut() = Some(text));
+}
+
+static HANDLER: Once = Once::new();
+
+/// Runs one mlx-c call that writes its result into `res`.
+fn raw(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array) -> i32) -> Result<Array> {
+    HANDLER.call_once(|| unsafe { mlx_sys::mlx_set_error_handler(Some(remember_error), std::ptr::null_mut(), None) });
+    let mut res = unsafe { mlx_sys::mlx_array_new() };
+    let status = f(&mut res);
+    if status != 0 {
+        unsafe { mlx_sys::mlx_array_free(res) };
+        let msg = LAST_ERROR.with(|e| e.borrow_mut().take()).unwrap_or_else(|| format!("{op} failed with status {status}"));
+        return Err(crate::error(msg));
+    }
+    Ok(unsafe { Array::from_ptr(res) })
+}
+
+/// The same stream mlx-rs ops use (thread-local override or the default).
+fn stream() -> mlx_rs::Stream {
+    mlx_rs::Stream::thread_local_or_default()
+}
+
+/// `a[start:stop]` along every axis (strides 1).
+pub fn slice(a: &Array, start: &[i32], stop: &[i32]) -> Result<Array> {
+    let strides = vec![1i32; start.len()];
+    let s = stream();
+    raw("slice", |res| unsafe {
+        mlx_sys::mlx_slice(res, a.as_ptr(), start.as_ptr(), start.len(), stop.as_ptr(), stop.len(), strides.as_ptr(), strides.len(), s.as_ptr())
+    })
+}
+
+/// `src` with `src[start:stop] = update` (MLX reuses `src`'s buffer when
+/// nothing else holds it, so a cache written this way grows in place).
+pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) -> Result<Array> {
+    let strides = vec![1i32; start.len()];
+    let s = stream();
+    raw("slice_update", |res| unsafe {
+        mlx_sys::mlx_slice_update(
+            res,
+            src.as_ptr(),
+            update.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            s.as_ptr(),
+        )
+    })
+}
+
+/// Zeros of a runtime dtype.
+pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
+    let s = stream();
+    raw("zeros", |res| unsafe { mlx_sys::mlx_zeros(res, shape.as_ptr(), shape.len(), dtype.into(), s.as_ptr()) })
+}
+
+/// A Dtype from its mlx-c number (as carried by `plugin_api::Dtype`).
+pub fn dtype_from_raw(raw: u32) -> Result<Dtype> {
+    Dtype::try_from(raw).map_err(|_| crate::error(format!("unknown dtype number {raw}")))
+}

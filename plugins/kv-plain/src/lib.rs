@@ -1,0 +1,430 @@
+//! Cache layout `kv-plain`: keys and values for full-attention layers, in
+//! the model's dtype, as mlx-lm's `KVCache` (serial) and `BatchKVCache`
+//! (rows, left-padded) keep them.
+//!
+//! Storage `[B, H, capacity, D]` grows in steps of `spec.step` tokens and is
+//! written in place with slice updates (never concatenated per token). Rows
+//! of different lengths are left-padded; each row's RoPE position is
+//! `write index - left padding`, and masks hide the padding.
+
+use model_kit::ops::{dtype_from_raw, slice, slice_update, zeros};
+use model_kit::{error, Array, Dtype, Result};
+use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
+use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::*;
+use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_rs, rstrings};
+
+plugin_sdk::export_plugin! {
+    manifest: manifest,
+    new_cache: new_cache,
+}
+
+fn manifest() -> PluginManifest {
+    PluginManifest {
+        name: "kv-plain".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        abi_version: ABI_VERSION,
+        kind: PluginKind::CACHE_LAYOUT,
+        description: "plain K/V in the model dtype, grown in steps, written in place".into(),
+        claims: Claims { cache_needs: rstrings(&["full"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
+        capabilities: rstrings(&[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS]),
+        extra: RVec::new(),
+    }
+}
+
+fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
+    if spec.need.kind != NeedKind::FULL {
+        return Err(PluginError::unsupported(format!("kv-plain serves full attention, not `{}`", spec.need.kind.as_str())));
+    }
+    if spec.scheme.as_str() != "plain" {
+        return Err(PluginError::unsupported(format!("kv-plain has no scheme `{}`", spec.scheme)));
+    }
+    let dtype = dtype_from_raw(spec.dtype.0).map_err(|e| PluginError::invalid_input(e.what()))?;
+    let kv = PlainKv {
+        keys: None,
+        values: None,
+        idx: 0,
+        left_pad: vec![0; spec.rows as usize],
+        step: spec.step.max(1) as usize,
+        heads: spec.need.kv_heads as i32,
+        k_dim: spec.need.k_head_dim as i32,
+        v_dim: spec.need.v_head_dim as i32,
+        dtype,
+        mark: None,
+    };
+    Ok(CacheLayout_TO::from_value(kv, TD_Opaque))
+}
+
+struct PlainKv {
+    keys: Option<Array>,
+    values: Option<Array>,
+    /// Columns written (the same for every row; shorter rows are left-padded).
+    idx: usize,
+    left_pad: Vec<usize>,
+    step: usize,
+    heads: i32,
+    k_dim: i32,
+    v_dim: i32,
+    dtype: Dtype,
+    /// `idx` when the current speculative round began.
+    mark: Option<usize>,
+}
+
+impl PlainKv {
+    fn rows(&self) -> usize {
+        self.left_pad.len()
+    }
+
+    fn padded(&self) -> bool {
+        self.left_pad.iter().any(|&p| p > 0)
+    }
+
+    fn used(&self, a: &Array) -> Result<Array> {
+        let s = a.shape();
+        if s[2] as usize == self.idx {
+            return Ok(a.clone());
+        }
+        slice(a, &[0, 0, 0, 0], &[s[0], s[1], self.idx as i32, s[3]])
+    }
+
+    fn store(&mut self, k: Array, v: Array) -> Result<(Array, Array)> {
+        let (b, l) = (k.shape()[0], k.shape()[2] as usize);
+        let prev = self.idx;
+        let cap = self.keys.as_ref().map_or(0, |a| a.shape()[2] as usize);
+        if self.keys.is_none() || prev + l > cap {
+            let n_steps = (self.step + l - 1) / self.step;
+            let grow = (n_steps * self.step) as i32;
+            let nk = zeros(&[b, self.heads, grow, self.k_dim], k.dtype())?;
+            let nv = zeros(&[b, self.heads, grow, self.v_dim], v.dtype())?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(ok), Some(ov)) => {
+                    let (ok, ov) = if prev % self.step != 0 { (self.used(&ok)?, self.used(&ov)?) } else { (ok, ov) };
+                    self.keys = Some(mlx_rs::ops::concatenate(&[ok, nk], 2)?);
+                    self.values = Some(mlx_rs::ops::concatenate(&[ov, nv], 2)?);
+                }
+                _ => {
+                    self.keys = Some(nk);
+                    self.values = Some(nv);
+                }
+            }
+        }
+        self.idx = prev + l;
+        let (ks, vs) = (self.keys.take().unwrap(), self.values.take().unwrap());
+        let end = self.idx as i32;
+        let ks = slice_update(&ks, &k, &[0, 0, prev as i32, 0], &[b, self.heads, end, self.k_dim])?;
+        let vs = slice_update(&vs, &v, &[0, 0, prev as i32, 0], &[b, self.heads, end, self.v_dim])?;
+        let out = (self.used(&ks)?, self.used(&vs)?);
+        self.keys = Some(ks);
+        self.values = Some(vs);
+        Ok(out)
+    }
+
+    /// mlx-lm's `create_causal_mask` with left padding: `[B, 1, n, idx + n]`.
+    fn mask_array(&self, n: usize) -> Result<Array> {
+        let total = (self.idx + n) as i32;
+        let cols = Array::arange::<_, i32>(0, total, 1)?;
+        let rows = Array::arange::<_, i32>(self.idx as i32, total, 1)?.reshape(&[n as i32, 1])?;
+        let causal = rows.ge(&cols)?;
+        let pads: Vec<i32> = self.left_pad.iter().map(|&p| p as i32).collect();
+        let pads = Array::from_slice(&pads, &[self.rows() as i32, 1, 1, 1]);
+        causal.logical_and(cols.ge(&pads)?)
+    }
+
+    fn state(&self) -> Result<CacheState> {
+        let mut tensors = RVec::new();
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            tensors.push(into_tensor(self.used(k)?));
+            tensors.push(into_tensor(self.used(v)?));
+        }
+        let mut meta: RVec<u64> = RVec::new();
+        meta.push(self.idx as u64);
+        meta.extend(self.left_pad.iter().map(|&p| p as u64));
+        Ok(CacheState { signature: self.signature(), offset: self.idx as u64, tensors, meta })
+    }
+
+    fn load(&mut self, state: CacheState) -> Result<()> {
+        if state.signature != self.signature() {
+            return Err(error(format!("state of `{}` cannot be imported into `{}`", state.signature, self.signature())));
+        }
+        let meta: Vec<usize> = state.meta.iter().map(|&m| m as usize).collect();
+        let mut t = state.tensors.into_iter();
+        match (t.next(), t.next()) {
+            (Some(k), Some(v)) => {
+                let (k, v) = (into_array(k), into_array(v));
+                let rows = k.shape()[0] as usize;
+                if meta.len() != 1 + rows || meta[0] != k.shape()[2] as usize {
+                    return Err(error("kv-plain state: metadata does not match its tensors"));
+                }
+                self.keys = Some(k);
+                self.values = Some(v);
+                self.idx = meta[0];
+                self.left_pad = meta[1..].to_vec();
+            }
+            _ => {
+                self.keys = None;
+                self.values = None;
+                self.idx = 0;
+                self.left_pad = vec![0; meta.len().saturating_sub(1).max(1)];
+            }
+        }
+        self.mark = None;
+        Ok(())
+    }
+
+    fn signature(&self) -> RString {
+        format!("kv:plain:{:?}:h{}:k{}:v{}", self.dtype, self.heads, self.k_dim, self.v_dim).to_lowercase().into()
+    }
+
+    /// Appends 1-row states, left-padding everyone to a common length.
+    fn merge(&mut self, rows: Vec<CacheState>) -> Result<()> {
+        let mut parts: Vec<(Array, Array, usize)> = Vec::new(); // (k, v, left pad before alignment)
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            if self.rows() > 0 && self.idx > 0 {
+                parts.push((self.used(k)?, self.used(v)?, usize::MAX));
+            }
+        }
+        let existing_pad = self.left_pad.clone();
+        let mut new_rows = Vec::new();
+        for st in rows {
+            let mut one = PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0], mark: None, ..*self.geometry() };
+            one.load(st)?;
+            if one.rows() != 1 {
+                return Err(error("merge_rows takes 1-row states"));
+            }
+            new_rows.push(one);
+        }
+        let len = new_rows.iter().map(|r| r.idx).chain(std::iter::once(self.idx)).max().unwrap_or(0);
+        let mut pads = Vec::new();
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        let pad_front = |a: Array, n: usize, dim: i32, b: i32| -> Result<Array> {
+            if n == 0 {
+                return Ok(a);
+            }
+            let z = zeros(&[b, self.heads, n as i32, dim], self.dtype)?;
+            mlx_rs::ops::concatenate(&[z, a], 2)
+        };
+        if let Some((k, v, _)) = parts.pop() {
+            let extra = len - self.idx;
+            let b = k.shape()[0];
+            ks.push(pad_front(k, extra, self.k_dim, b)?);
+            vs.push(pad_front(v, extra, self.v_dim, b)?);
+            pads.extend(existing_pad.iter().map(|p| p + extra));
+        }
+        for r in new_rows {
+            let extra = len - r.idx;
+            match (r.keys, r.values) {
+                (Some(k), Some(v)) => {
+                    ks.push(pad_front(r_used(k, r.idx)?, extra, self.k_dim, 1)?);
+                    vs.push(pad_front(r_used(v, r.idx)?, extra, self.v_dim, 1)?);
+                }
+                _ => {
+                    ks.push(zeros(&[1, self.heads, len as i32, self.k_dim], self.dtype)?);
+                    vs.push(zeros(&[1, self.heads, len as i32, self.v_dim], self.dtype)?);
+                }
+            }
+            pads.push(extra + r.left_pad[0]);
+        }
+        self.keys = Some(mlx_rs::ops::concatenate(&ks, 0)?);
+        self.values = Some(mlx_rs::ops::concatenate(&vs, 0)?);
+        self.idx = len;
+        self.left_pad = pads;
+        Ok(())
+    }
+
+    fn geometry(&self) -> &Self {
+        self
+    }
+
+    fn filter(&mut self, keep: &[u32]) -> Result<()> {
+        if keep.iter().any(|&r| r as usize >= self.rows()) {
+            return Err(error(format!("filter_rows: row out of range (rows = {})", self.rows())));
+        }
+        let idx: Vec<i32> = keep.iter().map(|&r| r as i32).collect();
+        let sel = Array::from_slice(&idx, &[idx.len() as i32]);
+        if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
+            self.keys = Some(k.take_axis(&sel, 0)?);
+            self.values = Some(v.take_axis(&sel, 0)?);
+        }
+        self.left_pad = keep.iter().map(|&r| self.left_pad[r as usize]).collect();
+        // Drop columns that are padding in every remaining row.
+        let common = self.left_pad.iter().copied().min().unwrap_or(0);
+        if common > 0 {
+            if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
+                let (ks, vs) = (k.shape().to_vec(), v.shape().to_vec());
+                self.keys = Some(slice(&k, &[0, 0, common as i32, 0], &[ks[0], ks[1], self.idx as i32, ks[3]])?);
+                self.values = Some(slice(&v, &[0, 0, common as i32, 0], &[vs[0], vs[1], self.idx as i32, vs[3]])?);
+            }
+            self.idx -= common;
+            self.left_pad.iter_mut().for_each(|p| *p -= common);
+        }
+        Ok(())
+    }
+
+    fn extract(&self, row: u32) -> Result<CacheState> {
+        let r = row as usize;
+        if r >= self.rows() {
+            return Err(error(format!("extract_row: row {r} out of range (rows = {})", self.rows())));
+        }
+        let mut one = PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0], mark: None, ..*self.geometry() };
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            let p = self.left_pad[r] as i32;
+            let (ks, vs) = (k.shape(), v.shape());
+            one.keys = Some(slice(k, &[r as i32, 0, p, 0], &[r as i32 + 1, ks[1], self.idx as i32, ks[3]])?);
+            one.values = Some(slice(v, &[r as i32, 0, p, 0], &[r as i32 + 1, vs[1], self.idx as i32, vs[3]])?);
+            one.idx = self.idx - self.left_pad[r];
+        }
+        one.state()
+    }
+}
+
+fn r_used(a: Array, idx: usize) -> Result<Array> {
+    let s = a.shape().to_vec();
+    if s[2] as usize == idx {
+        return Ok(a);
+    }
+    slice(&a, &[0, 0, 0, 0], &[s[0], s[1], idx as i32, s[3]])
+}
+
+impl Clone for PlainKv {
+    fn clone(&self) -> Self {
+        Self {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            idx: self.idx,
+            left_pad: self.left_pad.clone(),
+            step: self.step,
+            heads: self.heads,
+            k_dim: self.k_dim,
+            v_dim: self.v_dim,
+            dtype: self.dtype,
+            mark: self.mark,
+        }
+    }
+}
+
+impl CacheLayout for PlainKv {
+    fn signature(&self) -> RString {
+        PlainKv::signature(self)
+    }
+
+    fn offset(&self) -> u64 {
+        self.idx as u64
+    }
+
+    fn positions(&self) -> PResult<Positions> {
+        guard_mlx(|| {
+            let per_row = if self.padded() {
+                let offs: Vec<i32> = self.left_pad.iter().map(|&p| (self.idx - p) as i32).collect();
+                ROption::RSome(into_tensor(Array::from_slice(&offs, &[offs.len() as i32])))
+            } else {
+                ROption::RNone
+            };
+            Ok(Positions { offset: self.idx as u64, per_row })
+        })
+    }
+
+    fn attention_mask(&self, queries: u32) -> PResult<AttentionMask> {
+        guard_mlx(|| {
+            Ok(if self.padded() {
+                AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(self.mask_array(queries as usize)?)) }
+            } else if queries <= 1 {
+                AttentionMask { mode: MaskMode::NONE, array: ROption::RNone }
+            } else {
+                AttentionMask { mode: MaskMode::CAUSAL, array: ROption::RNone }
+            })
+        })
+    }
+
+    fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
+        guard_mlx(|| {
+            let (k, v) = (into_array(keys), into_array(values));
+            if k.ndim() != 4 || k.shape()[1] != self.heads || k.shape()[3] != self.k_dim || v.shape()[3] != self.v_dim {
+                return Err(error(format!("kv-plain: keys {:?} / values {:?} do not match the declared need", k.shape(), v.shape())));
+            }
+            if k.shape()[0] as usize != self.rows() {
+                return Err(error(format!("kv-plain: {} rows given, cache holds {}", k.shape()[0], self.rows())));
+            }
+            let (k, v) = self.store(k, v)?;
+            Ok(KvPair { keys: into_tensor(k), values: into_tensor(v) })
+        })
+    }
+
+    fn is_trimmable(&self) -> bool {
+        true
+    }
+
+    fn trim(&mut self, n: u64) -> u64 {
+        // Left padding never trims below a row's own start.
+        let floor = self.left_pad.iter().copied().max().unwrap_or(0);
+        let n = (n as usize).min(self.idx.saturating_sub(floor));
+        self.idx -= n;
+        n as u64
+    }
+
+    fn bytes_per_token(&self) -> u64 {
+        let elem = match self.dtype {
+            Dtype::Float32 => 4,
+            _ => 2,
+        };
+        (self.rows().max(1) * self.heads as usize * (self.k_dim + self.v_dim) as usize * elem) as u64
+    }
+
+    fn export_state(&self) -> PResult<CacheState> {
+        guard_mlx(|| self.state())
+    }
+
+    fn import_state(&mut self, state: CacheState) -> PResult<()> {
+        guard_mlx(|| self.load(state))
+    }
+
+    fn spec_begin(&mut self) -> PResult<()> {
+        self.mark = Some(self.idx);
+        PResult::ROk(())
+    }
+
+    fn spec_commit(&mut self) -> PResult<()> {
+        self.mark = None;
+        PResult::ROk(())
+    }
+
+    fn spec_rollback(&mut self, keep: RSlice<'_, u64>) -> PResult<()> {
+        guard(|| {
+            let mark = self.mark.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
+            let first = *keep.first().ok_or_else(|| PluginError::invalid_input("spec_rollback: empty keep"))?;
+            if keep.iter().any(|&k| k != first) {
+                // One write index for all rows: rows keeping different counts
+                // need per-row lengths, which this layout does not track.
+                return Err(PluginError::unsupported("kv-plain: per-row rollback with different keep counts"));
+            }
+            let appended = self.idx - mark;
+            let drop = appended.saturating_sub(first as usize);
+            self.idx -= drop;
+            Ok(())
+        })
+    }
+
+    fn rows(&self) -> u32 {
+        PlainKv::rows(self) as u32
+    }
+
+    fn filter_rows(&mut self, keep: RSlice<'_, u32>) -> PResult<()> {
+        guard_mlx(|| self.filter(keep.as_slice()))
+    }
+
+    fn extract_row(&self, row: u32) -> PResult<CacheState> {
+        guard_mlx(|| self.extract(row))
+    }
+
+    fn merge_rows(&mut self, rows: RVec<CacheState>) -> PResult<()> {
+        guard_mlx(|| self.merge(rows.into_vec()))
+    }
+
+    fn get_slot(&self, _i: u32) -> PResult<ROption<Tensor>> {
+        PResult::RErr(PluginError::unsupported("kv-plain has no recurrent slots"))
+    }
+
+    fn set_slot(&mut self, _i: u32, _value: Tensor) -> PResult<()> {
+        PResult::RErr(PluginError::unsupported("kv-plain has no recurrent slots"))
+    }
+}

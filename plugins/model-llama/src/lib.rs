@@ -1,0 +1,254 @@
+//! Model family `model-llama`: the Llama graph and the HF model types that
+//! share it: `llama` (with Llama-3 RoPE scaling), `mistral`, `qwen2` (q/k/v
+//! bias), `qwen3` (q/k RMSNorm) and `smollm3` (NoPE layers).
+//!
+//! References: mlx-lm `models/llama.py`, `qwen2.py`, `qwen3.py`,
+//! `smollm3.py` (the numerical oracle); HF `LlamaForCausalLM`.
+
+mod args;
+
+use args::Args;
+use model_kit::attention::{positions, sdpa, update, Mask};
+use model_kit::config::Config;
+use model_kit::layers::{Embedding, Linear, LoadCtx, Mlp, RmsNorm};
+use model_kit::ops::dtype_from_raw;
+use model_kit::rope::Rope;
+use model_kit::weights::Weights;
+use model_kit::{error, Array, Result};
+use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::abi_stable::std_types::{ROption, RSliceMut, RVec};
+use plugin_api::*;
+use plugin_sdk::{guard_mlx, into_tensor, rstrings, view};
+use std::path::Path;
+
+plugin_sdk::export_plugin! {
+    manifest: manifest,
+    plan_model: plan_model,
+    open_model: open_model,
+}
+
+fn manifest() -> PluginManifest {
+    PluginManifest {
+        name: "model-llama".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        abi_version: ABI_VERSION,
+        kind: PluginKind::MODEL_FAMILY,
+        description: "Llama lineage: llama, mistral, qwen2, qwen3, smollm3".into(),
+        claims: Claims {
+            model_types: rstrings(args::MODEL_TYPES),
+            architectures: rstrings(&[
+                "LlamaForCausalLM",
+                "MistralForCausalLM",
+                "Qwen2ForCausalLM",
+                "Qwen3ForCausalLM",
+                "SmolLM3ForCausalLM",
+            ]),
+            ..Default::default()
+        },
+        capabilities: rstrings(&[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, "grouped:speculative"]),
+        extra: RVec::new(),
+    }
+}
+
+fn plan_model(config: &str) -> std::result::Result<ModelPlan, PluginError> {
+    let cfg = Config::parse(config).map_err(|e| PluginError::invalid_config(e.what()))?;
+    let args = Args::from_config(&cfg).map_err(|e| PluginError::invalid_config(e.what()))?;
+    Ok(args.plan(&cfg))
+}
+
+fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
+    let cfg = Config::parse(&a.config_json).map_err(|e| PluginError::invalid_config(e.what()))?;
+    let args = Args::from_config(&cfg).map_err(|e| PluginError::invalid_config(e.what()))?;
+    let quant = cfg.quantization().map_err(|e| PluginError::invalid_config(e.what()))?;
+    let dtype = match a.compute_dtype {
+        ROption::RSome(d) => Some(dtype_from_raw(d.0).map_err(|e| PluginError::invalid_input(e.what()))?),
+        ROption::RNone => None,
+    };
+    let mut weights = Weights::load(Path::new(a.dir.as_str())).map_err(|e| PluginError::io(e.what()))?;
+    // mlx-lm's sanitize: precomputed rotary frequencies are not weights, and a
+    // tied model's lm_head duplicates the embedding.
+    weights.drop_matching(|k| k.contains("self_attn.rotary_emb.inv_freq"));
+    if args.tie_word_embeddings {
+        weights.drop_matching(|k| k == "lm_head.weight");
+    }
+    let mut ctx = LoadCtx { weights: &mut weights, quant: quant.as_ref(), dtype };
+    let model = Model::load(&mut ctx, args, &cfg).map_err(|e| PluginError::invalid_config(e.what()))?;
+    let left = weights.remaining();
+    if !left.is_empty() {
+        return Err(PluginError::invalid_config(format!(
+            "{} unexpected tensors in the checkpoint (first: {})",
+            left.len(),
+            left[..left.len().min(3)].join(", ")
+        )));
+    }
+    Ok(ModelGraph_TO::from_value(model, TD_Opaque))
+}
+
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    /// None on NoPE layers (smollm3).
+    rope: Option<Rope>,
+    heads: i32,
+    kv_heads: i32,
+    scale: f32,
+}
+
+impl Attention {
+    fn load(ctx: &mut LoadCtx, p: &str, a: &Args, use_rope: bool) -> Result<Self> {
+        let norm = |ctx: &mut LoadCtx, n: &str| -> Result<Option<RmsNorm>> {
+            if a.qk_norm { Ok(Some(RmsNorm::load(ctx, &format!("{p}.{n}"), a.rms_norm_eps)?)) } else { Ok(None) }
+        };
+        Ok(Self {
+            q: Linear::load(ctx, &format!("{p}.q_proj"), a.qkv_bias)?,
+            k: Linear::load(ctx, &format!("{p}.k_proj"), a.qkv_bias)?,
+            v: Linear::load(ctx, &format!("{p}.v_proj"), a.qkv_bias)?,
+            o: Linear::load(ctx, &format!("{p}.o_proj"), a.o_bias)?,
+            q_norm: norm(ctx, "q_norm")?,
+            k_norm: norm(ctx, "k_norm")?,
+            rope: if use_rope { Some(Rope::new(a.head_dim as i32, a.rope_theta, a.rope_traditional, a.rope_scaling.as_ref())?) } else { None },
+            heads: a.heads as i32,
+            kv_heads: a.kv_heads as i32,
+            scale: (a.head_dim as f64).powf(-0.5) as f32,
+        })
+    }
+
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let split = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let t = t.reshape(&[b, l, n, -1])?;
+            let t = match norm {
+                Some(nm) => nm.forward(&t)?,
+                None => t,
+            };
+            t.transpose_axes(&[0, 2, 1, 3])
+        };
+        let mut q = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
+        let mut k = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
+        let v = split(self.v.forward(x)?, self.kv_heads, &None)?;
+        if let Some(rope) = &self.rope {
+            let pos = positions(cache)?;
+            q = rope.apply(&q, &pos)?;
+            k = rope.apply(&k, &pos)?;
+        }
+        let (k, v) = update(cache, k, v)?;
+        let out = sdpa(&q, &k, &v, self.scale, mask)?;
+        self.o.forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+}
+
+struct Block {
+    attn: Attention,
+    mlp: Mlp,
+    input_norm: RmsNorm,
+    post_norm: RmsNorm,
+    sliding: bool,
+}
+
+struct Model {
+    plan: ModelPlan,
+    embed: Embedding,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+// The weights are immutable MLX arrays (atomically reference-counted), read
+// but never mutated after load, so sharing the graph across threads is sound.
+unsafe impl Sync for Model {}
+
+impl Model {
+    fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config) -> Result<Self> {
+        let embed = Embedding::load(ctx, "model.embed_tokens")?;
+        let mut layers = Vec::with_capacity(args.layers);
+        for i in 0..args.layers {
+            let p = format!("model.layers.{i}");
+            layers.push(Block {
+                attn: Attention::load(ctx, &format!("{p}.self_attn"), &args, args.use_rope[i])?,
+                mlp: Mlp::load(ctx, &format!("{p}.mlp"), args.mlp_bias)?,
+                input_norm: RmsNorm::load(ctx, &format!("{p}.input_layernorm"), args.rms_norm_eps)?,
+                post_norm: RmsNorm::load(ctx, &format!("{p}.post_attention_layernorm"), args.rms_norm_eps)?,
+                sliding: args.sliding[i],
+            });
+        }
+        let norm = RmsNorm::load(ctx, "model.norm", args.rms_norm_eps)?;
+        let lm_head = if args.tie_word_embeddings { None } else { Some(Linear::load(ctx, "lm_head", false)?) };
+        if embed.vocab_size() as usize != args.vocab_size {
+            return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
+        }
+        let plan = args.plan(cfg);
+        Ok(Self { plan, embed, layers, norm, lm_head })
+    }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(l) => l.forward(h),
+            None => self.embed.as_linear(h),
+        }
+    }
+
+    fn run(&self, args: &ForwardArgs<'_>, caches: &mut [CacheBox]) -> Result<ForwardOutput> {
+        if caches.len() != self.layers.len() {
+            return Err(error(format!("forward: {} caches given for {} layers", caches.len(), self.layers.len())));
+        }
+        let tokens = view(args.tokens);
+        if tokens.ndim() != 2 {
+            return Err(error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
+        }
+        let l = tokens.shape()[1];
+        let mut h = self.embed.forward(&tokens)?;
+        // One mask per attention kind, from the first layer of that kind (as mlx-lm).
+        let mask_of = |sliding: bool| -> Result<Option<Mask>> {
+            match self.layers.iter().position(|b| b.sliding == sliding) {
+                Some(i) => Ok(Some(Mask::for_cache(&caches[i], l)?)),
+                None => Ok(None),
+            }
+        };
+        let (full_mask, swa_mask) = (mask_of(false)?, mask_of(true)?);
+        let mut taps = RVec::new();
+        for (i, (block, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+            let mask = if block.sliding { swa_mask.as_ref() } else { full_mask.as_ref() }.expect("mask of this kind");
+            let r = block.attn.forward(&block.input_norm.forward(&h)?, mask, cache)?;
+            let hh = h.add(&r)?;
+            let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
+            h = hh.add(&r)?;
+            if args.taps.contains(&(i as u32)) {
+                taps.push(into_tensor(h.clone()));
+            }
+        }
+        let h = self.norm.forward(&h)?;
+        let logits = match args.logits {
+            LogitsMode::ALL => ROption::RSome(into_tensor(self.head(&h)?)),
+            LogitsMode::LAST => {
+                let s = h.shape();
+                let last = model_kit::ops::slice(&h, &[0, s[1] - 1, 0], &[s[0], s[1], s[2]])?;
+                ROption::RSome(into_tensor(self.head(&last)?))
+            }
+            _ => ROption::RNone,
+        };
+        let hidden = if args.want_hidden { ROption::RSome(into_tensor(h)) } else { ROption::RNone };
+        Ok(ForwardOutput { logits, hidden, taps })
+    }
+}
+
+impl ModelGraph for Model {
+    fn plan(&self) -> ModelPlan {
+        self.plan.clone()
+    }
+
+    fn forward(&self, args: ForwardArgs<'_>, mut caches: RSliceMut<'_, CacheBox>) -> PResult<ForwardOutput> {
+        guard_mlx(|| self.run(&args, caches.as_mut_slice()))
+    }
+
+    fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
+        guard_mlx(|| Ok(into_tensor(self.embed.forward(&view(tokens))?)))
+    }
+
+    fn lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
+        guard_mlx(|| Ok(into_tensor(self.head(&view(hidden))?)))
+    }
+}
