@@ -39,7 +39,7 @@ pub fn prompt_ids(engine: &Engine, p: &Prompt) -> Result<Vec<u32>> {
 
 pub fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, params: SamplingParams, ignore_eos: bool, logprobs: Option<usize>, as_json: bool) -> Result<()> {
     let req = GenerateRequest { prompt: prompt.clone(), max_tokens, params, stop_on_eos: !ignore_eos, logprobs };
-    let mut detok = engine.text.as_ref().map(|t| host_engine::tokenizer::Detokenizer::new(&t.tokenizer));
+    let mut detok = engine.text.clone().map(host_engine::tokenizer::Detokenizer::new);
     let mut lps = Vec::new();
     let mut stdout = std::io::stdout();
     let result = engine.generate(&req, |t| {

@@ -4,6 +4,7 @@
 mod generate_cmd;
 mod plugins_cmd;
 mod runtime_switch;
+mod serve_cmd;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -112,6 +113,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(serve_cmd::ServeArgs),
     /// Debugging aid: last-position logits of one full forward, as JSON.
     Logits {
         #[command(flatten)]
@@ -129,7 +132,7 @@ fn host_info() -> plugin_api::HostInfo {
     }
 }
 
-fn registry(dir: &Path) -> Result<Registry> {
+pub(crate) fn registry(dir: &Path) -> Result<Registry> {
     Registry::discover(dir, &host_info()).map_err(anyhow::Error::msg)
 }
 
@@ -149,6 +152,13 @@ fn main() -> Result<()> {
     let _ = &cli.mlx_lib; // consumed by runtime_switch before parsing
     match cli.command {
         Some(Command::Version) => print_version(),
+        Some(Command::Serve(args)) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+                .with_writer(std::io::stderr)
+                .init();
+            serve_cmd::run(args)?
+        }
         Some(Command::Probe { size, dtype, iters }) => probe(size, &dtype, iters)?,
         Some(Command::Plugins { dir, json }) => {
             let reg = registry(&dir.plugins)?;

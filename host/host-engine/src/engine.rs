@@ -6,6 +6,7 @@ use crate::tokenizer::TextSide;
 use host_loader::{ComposeError, ComposedModel, Registry};
 use plugin_api::Dtype;
 use std::path::Path;
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -57,7 +58,8 @@ impl DtypeChoice {
 
 pub struct Engine {
     pub model: ComposedModel,
-    pub text: Option<TextSide>,
+    /// Shared with the HTTP layer (prompt building, detokenizing).
+    pub text: Option<Arc<TextSide>>,
     /// The compute dtype in use, and why it was chosen.
     pub dtype_name: String,
     pub dtype_reason: String,
@@ -86,7 +88,7 @@ impl Engine {
             None => model.plan.weights_dtype.name().to_owned(),
         };
         let text = if dir.join("tokenizer.json").exists() {
-            Some(TextSide::load(dir, &model.config).map_err(|e| EngineError::Tokenizer(e.to_string()))?)
+            Some(Arc::new(TextSide::load(dir, &model.config).map_err(|e| EngineError::Tokenizer(e.to_string()))?))
         } else {
             None
         };

@@ -8,10 +8,12 @@
 pub mod chat_template;
 pub mod engine;
 pub mod generate;
+pub mod plan;
 pub mod probe;
 pub mod runtime;
 pub mod sampling;
 pub mod tokenizer;
+pub mod worker;
 
 pub use engine::{DtypeChoice, Engine, EngineError};
 pub use generate::{Finish, Flow, GenerateRequest, GenerateResult, TokenOut};

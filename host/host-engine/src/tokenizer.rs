@@ -127,21 +127,21 @@ impl TextSide {
 
 /// Incremental detokenizer: text deltas that never split a UTF-8 sequence
 /// (bytes of an incomplete character are held back until it completes).
-pub struct Detokenizer<'a> {
-    tok: &'a Tokenizer,
+pub struct Detokenizer {
+    text: std::sync::Arc<TextSide>,
     ids: Vec<u32>,
     emitted: usize,
 }
 
-impl<'a> Detokenizer<'a> {
-    pub fn new(tok: &'a Tokenizer) -> Self {
-        Self { tok, ids: Vec::new(), emitted: 0 }
+impl Detokenizer {
+    pub fn new(text: std::sync::Arc<TextSide>) -> Self {
+        Self { text, ids: Vec::new(), emitted: 0 }
     }
 
     /// Adds a token; returns the new text it completes (possibly empty).
     pub fn push(&mut self, id: u32) -> String {
         self.ids.push(id);
-        let text = self.tok.decode(&self.ids, true).unwrap_or_default();
+        let text = self.text.tokenizer.decode(&self.ids, true).unwrap_or_default();
         if text.ends_with('\u{FFFD}') {
             return String::new();
         }
@@ -152,7 +152,7 @@ impl<'a> Detokenizer<'a> {
 
     /// Everything still held back.
     pub fn finish(&mut self) -> String {
-        let text = self.tok.decode(&self.ids, true).unwrap_or_default();
+        let text = self.text.tokenizer.decode(&self.ids, true).unwrap_or_default();
         let delta = text.get(self.emitted..).unwrap_or("").to_owned();
         self.emitted = text.len();
         delta

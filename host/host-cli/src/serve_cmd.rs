@@ -1,0 +1,156 @@
+//! `host serve`: flags (optionally from a TOML file; flags win), loading
+//! the model with a progress line per stage, then the HTTP server.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use host_engine::worker::Worker;
+use host_engine::{DtypeChoice, Engine, Flow, GenerateRequest, SamplingParams};
+use host_server::state::{ModelInfo, ServerConfig};
+use host_server::SamplingDefaults;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug, Default)]
+pub struct ServeArgs {
+    /// A TOML file with any of these options (keys as the flags, with `_`); flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub plugins: Option<PathBuf>,
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The id `/v1/models` reports (default: the model folder's name).
+    #[arg(long = "model-id")]
+    pub model_id: Option<String>,
+    /// auto (float32 on CPU, the checkpoint's on GPU), native, float32, bfloat16, float16.
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Address to bind (default 127.0.0.1: local only).
+    #[arg(long)]
+    pub host: Option<String>,
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Require `Authorization: Bearer <key>` on /v1/*.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Largest request body in bytes (default 4 MiB).
+    #[arg(long = "body-limit")]
+    pub body_limit: Option<usize>,
+    /// Requests that may wait for the engine; beyond that, 503 + Retry-After (default 64).
+    #[arg(long)]
+    pub queue: Option<usize>,
+    /// max_tokens for requests that give none (default 512).
+    #[arg(long = "max-tokens")]
+    pub max_tokens: Option<usize>,
+    #[arg(long)]
+    pub temp: Option<f32>,
+    #[arg(long = "top-p")]
+    pub top_p: Option<f32>,
+    #[arg(long = "top-k")]
+    pub top_k: Option<u32>,
+    #[arg(long = "min-p")]
+    pub min_p: Option<f32>,
+    #[arg(long = "repetition-penalty")]
+    pub repetition_penalty: Option<f32>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileArgs {
+    plugins: Option<PathBuf>,
+    model: Option<PathBuf>,
+    model_id: Option<String>,
+    dtype: Option<String>,
+    host: Option<String>,
+    port: Option<u16>,
+    api_key: Option<String>,
+    body_limit: Option<usize>,
+    queue: Option<usize>,
+    max_tokens: Option<usize>,
+    temp: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u32>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+}
+
+/// Flags over the file.
+fn merge(a: ServeArgs) -> Result<ServeArgs> {
+    let f: FileArgs = match &a.config {
+        Some(p) => toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+            .with_context(|| format!("{}: invalid config", p.display()))?,
+        None => FileArgs::default(),
+    };
+    Ok(ServeArgs {
+        config: a.config,
+        plugins: a.plugins.or(f.plugins),
+        model: a.model.or(f.model),
+        model_id: a.model_id.or(f.model_id),
+        dtype: a.dtype.or(f.dtype),
+        host: a.host.or(f.host),
+        port: a.port.or(f.port),
+        api_key: a.api_key.or(f.api_key),
+        body_limit: a.body_limit.or(f.body_limit),
+        queue: a.queue.or(f.queue),
+        max_tokens: a.max_tokens.or(f.max_tokens),
+        temp: a.temp.or(f.temp),
+        top_p: a.top_p.or(f.top_p),
+        top_k: a.top_k.or(f.top_k),
+        min_p: a.min_p.or(f.min_p),
+        repetition_penalty: a.repetition_penalty.or(f.repetition_penalty),
+    })
+}
+
+fn stage(n: usize, total: usize, what: &str, t0: Instant) {
+    let done = "#".repeat(n * 20 / total);
+    eprintln!("[{done:<20}] {n}/{total} {what} ({:.1}s)", t0.elapsed().as_secs_f64());
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let a = merge(args)?;
+    let t0 = Instant::now();
+    let Some(model_dir) = a.model.clone() else { bail!("--model DIR is required (or `model` in the --config file)") };
+    let plugins = a.plugins.clone().unwrap_or_else(|| PathBuf::from("plugins"));
+    stage(0, 4, "discovering plugins", t0);
+    let reg = crate::registry(&plugins)?;
+    for r in &reg.refused {
+        eprintln!("plugin refused: {} ({}): {}", r.name.as_deref().unwrap_or("?"), r.dir.display(), r.reason);
+    }
+    stage(1, 4, &format!("{} plugins loaded; composing {}", reg.plugins.len(), model_dir.display()), t0);
+    let choice = DtypeChoice::parse(a.dtype.as_deref().unwrap_or("auto")).map_err(anyhow::Error::msg)?;
+    let engine = Engine::load(&reg, &model_dir, choice).with_context(|| format!("loading {}", model_dir.display()))?;
+    stage(2, 4, &format!("{} via {} with {:?}; dtype {} ({})", engine.model.model_type, engine.model.family_plugin, dedup(&engine.model.layouts), engine.dtype_name, engine.dtype_reason), t0);
+    // MLX maps weights lazily: one tiny generation reads them all now rather
+    // than on the first request.
+    let warm = GenerateRequest { prompt: vec![0], max_tokens: 1, params: SamplingParams::default(), stop_on_eos: false, logprobs: None };
+    engine.generate(&warm, |_| Flow::Continue).context("warm-up generation")?;
+    stage(3, 4, "weights read (warm-up step done)", t0);
+    let info = ModelInfo { max_context: engine.model.plan.max_context as usize, vocab_size: engine.model.plan.vocab_size };
+    let text = engine.text.clone();
+    let model_id = a.model_id.clone().unwrap_or_else(|| model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let cfg = ServerConfig {
+        host: a.host.clone().unwrap_or_else(|| "127.0.0.1".into()),
+        port: a.port.unwrap_or(8080),
+        api_key: a.api_key.clone(),
+        body_limit: a.body_limit.unwrap_or(4 << 20),
+        queue: a.queue.unwrap_or(64),
+        default_max_tokens: a.max_tokens.unwrap_or(512),
+        defaults: SamplingDefaults { temperature: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, repetition_penalty: a.repetition_penalty },
+        model_id,
+    };
+    let worker = Worker::start(engine, cfg.queue);
+    stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(host_server::serve(cfg, worker, text, info))?;
+    Ok(())
+}
+
+fn dedup(v: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in v {
+        if !out.contains(s) {
+            out.push(s.clone());
+        }
+    }
+    out
+}

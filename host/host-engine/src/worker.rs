@@ -1,0 +1,143 @@
+//! One thread owns the engine and runs requests in arrival order; callers
+//! submit jobs to a bounded queue and hear back through a callback. MLX
+//! work for the served model therefore never runs on two threads at once.
+//!
+//! Cancellation: the callback returns `Flow::Stop` (client gone, stop string
+//! matched, shutdown), which the decode loop honours after the current step:
+//! a cancelled request stops within one decode step and its caches are freed
+//! with the job.
+
+use crate::engine::{Engine, EngineError};
+use crate::generate::{Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// What a job reports, in order: tokens, then exactly one `Done` or `Failed`.
+pub enum Event {
+    Token(TokenOut),
+    Done(GenerateResult),
+    Failed(EngineError),
+}
+
+pub struct Job {
+    pub request: GenerateRequest,
+    /// Called for every event; returning `Flow::Stop` cancels the job.
+    pub on_event: Box<dyn FnMut(Event) -> Flow + Send>,
+}
+
+/// Counters for observability (and for tests that watch cancellation).
+#[derive(Default)]
+pub struct Stats {
+    pub queued: AtomicU64,
+    pub active: AtomicU64,
+    pub requests: AtomicU64,
+    pub completed: AtomicU64,
+    /// Jobs stopped by their caller (client gone, stop string, shutdown).
+    pub cancelled: AtomicU64,
+    pub failed: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// Tokens the most recently cancelled job had produced when it stopped.
+    pub last_cancelled_tokens: AtomicU64,
+}
+
+pub struct Worker {
+    tx: Option<SyncSender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    pub stats: Arc<Stats>,
+    shutdown: Arc<AtomicBool>,
+}
+
+#[derive(Debug)]
+pub enum SubmitError {
+    /// The queue is full: try again later.
+    Full,
+    /// The worker has stopped (shutdown).
+    Closed,
+}
+
+impl Worker {
+    pub fn start(engine: Engine, queue: usize) -> Self {
+        let (tx, rx) = sync_channel::<Job>(queue.max(1));
+        let stats = Arc::new(Stats::default());
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let (s, stop) = (stats.clone(), shutdown.clone());
+        let thread = std::thread::Builder::new().name("engine".into()).spawn(move || run(engine, rx, s, stop)).expect("engine thread");
+        Self { tx: Some(tx), thread: Some(thread), stats, shutdown }
+    }
+
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        let tx = self.tx.as_ref().ok_or(SubmitError::Closed)?;
+        self.stats.queued.fetch_add(1, Ordering::SeqCst);
+        tx.try_send(job).map_err(|e| {
+            self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+            match e {
+                TrySendError::Full(_) => SubmitError::Full,
+                TrySendError::Disconnected(_) => SubmitError::Closed,
+            }
+        })
+    }
+
+    /// Asks running and queued work to stop (each job ends within a step).
+    pub fn cancel_all(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+    }
+
+    /// Cancels running and queued work, then waits for the thread to end.
+    pub fn shutdown(&mut self) {
+        self.cancel_all();
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn run(engine: Engine, rx: Receiver<Job>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>) {
+    while let Ok(mut job) = rx.recv() {
+        stats.queued.fetch_sub(1, Ordering::SeqCst);
+        if shutdown.load(Ordering::SeqCst) {
+            let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest("the server is shutting down".into())));
+            continue;
+        }
+        stats.requests.fetch_add(1, Ordering::SeqCst);
+        stats.active.fetch_add(1, Ordering::SeqCst);
+        stats.prompt_tokens.fetch_add(job.request.prompt.len() as u64, Ordering::SeqCst);
+        let mut produced = 0u64;
+        let mut stopped_by_caller = false;
+        let result = engine.generate(&job.request, |t| {
+            produced += 1;
+            stats.generated_tokens.fetch_add(1, Ordering::SeqCst);
+            let flow = (job.on_event)(Event::Token(TokenOut { id: t.id, logprob: t.logprob, top: t.top.clone() }));
+            if flow == Flow::Stop || shutdown.load(Ordering::SeqCst) {
+                stopped_by_caller = true;
+                return Flow::Stop;
+            }
+            Flow::Continue
+        });
+        stats.active.fetch_sub(1, Ordering::SeqCst);
+        match result {
+            Ok(r) => {
+                if stopped_by_caller && r.finish == Finish::Stop {
+                    stats.cancelled.fetch_add(1, Ordering::SeqCst);
+                    stats.last_cancelled_tokens.store(produced, Ordering::SeqCst);
+                } else {
+                    stats.completed.fetch_add(1, Ordering::SeqCst);
+                }
+                let _ = (job.on_event)(Event::Done(r));
+            }
+            Err(e) => {
+                stats.failed.fetch_add(1, Ordering::SeqCst);
+                let _ = (job.on_event)(Event::Failed(e));
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! From a parsed request to a job on the engine worker, and back as a
+//! stream of events. Sampling precedence: request > server flag >
+//! generation_config.json > built-in (temperature 1.0, as OpenAI).
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::wire::Common;
+use host_engine::worker::{Event, Job, SubmitError};
+use host_engine::{Flow, GenerateRequest, SamplingParams};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// A submitted job: its events, and a flag that stops it (stop string hit).
+pub struct Running {
+    pub events: UnboundedReceiver<Event>,
+    pub stop: Arc<AtomicBool>,
+    pub prompt_tokens: usize,
+    pub started: std::time::Instant,
+}
+
+/// Validates the request's numbers against the model and builds the engine request.
+pub fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usize>) -> Result<GenerateRequest, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::param("prompt", "the prompt is empty"));
+    }
+    let ctx = st.info.max_context;
+    if ctx > 0 && prompt.len() >= ctx {
+        return Err(ApiError::context_length(format!(
+            "this model's maximum context length is {ctx} tokens, but the prompt has {} tokens",
+            prompt.len()
+        )));
+    }
+    let room = if ctx > 0 { ctx - prompt.len() } else { usize::MAX };
+    let max_tokens = match c.max_tokens {
+        Some(n) if n <= 0 => return Err(ApiError::param("max_tokens", format!("`max_tokens` must be at least 1, got {n}"))),
+        Some(n) if n as u64 > room as u64 => {
+            return Err(ApiError::context_length(format!(
+                "this model's maximum context length is {ctx} tokens; the prompt has {} tokens and max_tokens asks for {n} more",
+                prompt.len()
+            )))
+        }
+        Some(n) => n as usize,
+        None => st.cfg.default_max_tokens.min(room),
+    };
+    if let Some(bad) = prompt.iter().find(|&&t| t >= st.info.vocab_size) {
+        return Err(ApiError::param("prompt", format!("token id {bad} is outside the vocabulary (size {})", st.info.vocab_size)));
+    }
+    let gen = st.text.as_ref().map(|t| t.defaults.clone()).unwrap_or_default();
+    let d = &st.cfg.defaults;
+    let pick = |req: Option<f64>, flag: Option<f32>, file: Option<f32>, builtin: f32| req.map(|v| v as f32).or(flag).or(file).unwrap_or(builtin);
+    let top_k = match c.top_k {
+        Some(k) if k < 0 => return Err(ApiError::param("top_k", "`top_k` must be 0 (off) or positive")),
+        Some(k) => k as u32,
+        None => d.top_k.or(gen.top_k).unwrap_or(0),
+    };
+    let seed = match c.seed {
+        Some(s) if s < 0 => return Err(ApiError::param("seed", "`seed` must be a non-negative integer")),
+        s => s.map(|s| s as u64),
+    };
+    let params = SamplingParams {
+        temperature: pick(c.temperature, d.temperature, gen.temperature, 1.0),
+        top_p: pick(c.top_p, d.top_p, gen.top_p, 1.0),
+        top_k,
+        min_p: pick(c.min_p, d.min_p, gen.min_p, 0.0),
+        repetition_penalty: pick(c.repetition_penalty, d.repetition_penalty, gen.repetition_penalty, 1.0),
+        presence_penalty: c.presence_penalty.unwrap_or(0.0) as f32,
+        frequency_penalty: c.frequency_penalty.unwrap_or(0.0) as f32,
+        seed,
+        ..Default::default()
+    };
+    params.validate().map_err(|m| {
+        let p = m.split('`').nth(1).unwrap_or("sampling").to_owned();
+        ApiError::param(&p, m)
+    })?;
+    Ok(GenerateRequest { prompt, max_tokens, params, stop_on_eos: true, logprobs })
+}
+
+/// Queues the request; the job stops when `stop` is set or the receiver is gone.
+pub fn submit(st: &AppState, req: GenerateRequest) -> Result<Running, ApiError> {
+    let (tx, rx) = unbounded_channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let stats = st.stats.clone();
+    let prompt_tokens = req.prompt.len();
+    let on_event = Box::new(move |ev: Event| {
+        if tx.send(ev).is_err() {
+            // The handler (and so the client connection) is gone.
+            if !flag.swap(true, Ordering::SeqCst) {
+                crate::state::ServerStats::bump(&stats.client_disconnects);
+            }
+            return Flow::Stop;
+        }
+        if flag.load(Ordering::SeqCst) {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    });
+    st.worker.submit(Job { request: req, on_event }).map_err(|e| match e {
+        SubmitError::Full => ApiError::busy(),
+        SubmitError::Closed => ApiError::internal("the engine has stopped"),
+    })?;
+    Ok(Running { events: rx, stop, prompt_tokens, started: std::time::Instant::now() })
+}

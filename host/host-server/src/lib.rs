@@ -1,0 +1,105 @@
+//! The OpenAI-compatible HTTP API.
+//!
+//! Owns: routes, OpenAI wire formats (parsed by hand into engine types),
+//! SSE streaming, errors as OpenAI JSON with the right status, API-key
+//! auth, body limits, the bounded queue's 503, graceful shutdown. Never
+//! imports plugin-api or names a model family: it talks to the engine
+//! worker only.
+
+mod assemble;
+pub mod error;
+mod gen;
+mod respond;
+mod routes;
+pub mod state;
+mod wire;
+
+use crate::error::ApiError;
+use crate::state::{AppState, ModelInfo, ServerConfig, ServerStats};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use host_engine::tokenizer::TextSide;
+use host_engine::worker::Worker;
+use std::sync::Arc;
+
+pub use state::SamplingDefaults;
+
+pub fn router(st: AppState) -> Router {
+    let limit = st.cfg.body_limit;
+    Router::new()
+        .route("/v1/chat/completions", post(routes::chat::handler))
+        .route("/v1/completions", post(routes::completions::handler))
+        .route("/v1/models", get(routes::info::models))
+        .route("/health", get(routes::info::health))
+        .route("/stats", get(routes::info::stats))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(middleware::from_fn_with_state(st.clone(), guard))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(st)
+}
+
+/// Auth, body-size errors in our JSON shape, and counters, around every route.
+async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    ServerStats::bump(&st.stats.http_requests);
+    if let Some(key) = &st.cfg.api_key {
+        if req.uri().path().starts_with("/v1/") {
+            let ok = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|k| k.trim() == key);
+            if !ok {
+                ServerStats::bump(&st.stats.client_errors);
+                return ApiError::unauthorized().into_response();
+            }
+        }
+    }
+    let declared = req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > st.cfg.body_limit) {
+        ServerStats::bump(&st.stats.client_errors);
+        return ApiError::too_large(st.cfg.body_limit).into_response();
+    }
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE && resp.headers().get("content-type").is_some_and(|v| v != "application/json") {
+        // A chunked body that outgrew the limit: axum's plain-text rejection.
+        ServerStats::bump(&st.stats.client_errors);
+        return ApiError::too_large(st.cfg.body_limit).into_response();
+    }
+    if status.is_client_error() {
+        ServerStats::bump(&st.stats.client_errors);
+    }
+    resp
+}
+
+/// Serves until SIGINT/SIGTERM; then stops accepting, cancels in-flight
+/// generation (each job ends within a decode step) and returns.
+pub async fn serve(cfg: ServerConfig, worker: Worker, text: Option<Arc<TextSide>>, info: ModelInfo) -> std::io::Result<()> {
+    let addr = format!("{}:{}", cfg.host, cfg.port);
+    let worker = Arc::new(worker);
+    let st = AppState { worker: worker.clone(), text, info, cfg: Arc::new(cfg), stats: Arc::new(ServerStats::default()), ids: Arc::new(Default::default()) };
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    tracing::info!("listening on http://{}", listener.local_addr()?);
+    let w = worker.clone();
+    axum::serve(listener, router(st))
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: cancelling in-flight generation");
+            w.cancel_all();
+        })
+        .await
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}

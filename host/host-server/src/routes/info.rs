@@ -1,0 +1,39 @@
+//! `GET /v1/models`, `GET /health`, `GET /stats`.
+
+use crate::state::{unix_now, AppState};
+use axum::extract::State;
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering::Relaxed;
+
+pub async fn models(State(st): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{ "id": st.cfg.model_id, "object": "model", "created": unix_now(), "owned_by": "mlx-engine" }],
+    }))
+}
+
+pub async fn health() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// Counters for operators and tests (e.g. that a disconnect cancelled work).
+pub async fn stats(State(st): State<AppState>) -> Json<Value> {
+    let w = &st.worker.stats;
+    let s = &st.stats;
+    Json(json!({
+        "queued": w.queued.load(Relaxed),
+        "active": w.active.load(Relaxed),
+        "requests": w.requests.load(Relaxed),
+        "completed": w.completed.load(Relaxed),
+        "cancelled": w.cancelled.load(Relaxed),
+        "failed": w.failed.load(Relaxed),
+        "prompt_tokens": w.prompt_tokens.load(Relaxed),
+        "generated_tokens": w.generated_tokens.load(Relaxed),
+        "last_cancelled_tokens": w.last_cancelled_tokens.load(Relaxed),
+        "http_requests": s.http_requests.load(Relaxed),
+        "client_errors": s.client_errors.load(Relaxed),
+        "client_disconnects": s.client_disconnects.load(Relaxed),
+        "stop_string_hits": s.stop_string_hits.load(Relaxed),
+    }))
+}

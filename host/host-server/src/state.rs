@@ -1,0 +1,74 @@
+//! What every handler shares: the engine worker, the model's text side and
+//! limits, the server's configuration and counters.
+
+use host_engine::tokenizer::TextSide;
+use host_engine::worker::Worker;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Sampling defaults given on the command line (they override
+/// generation_config.json; a request overrides them).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct SamplingDefaults {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    pub api_key: Option<String>,
+    /// Largest accepted request body in bytes.
+    pub body_limit: usize,
+    /// Requests waiting for the engine before new ones get 503.
+    pub queue: usize,
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: usize,
+    pub defaults: SamplingDefaults,
+    pub model_id: String,
+}
+
+/// Facts about the served model the HTTP layer needs.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub max_context: usize,
+    pub vocab_size: u32,
+}
+
+#[derive(Default)]
+pub struct ServerStats {
+    pub http_requests: AtomicU64,
+    pub client_errors: AtomicU64,
+    pub client_disconnects: AtomicU64,
+    pub stop_string_hits: AtomicU64,
+}
+
+impl ServerStats {
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub worker: Arc<Worker>,
+    pub text: Option<Arc<TextSide>>,
+    pub info: ModelInfo,
+    pub cfg: Arc<ServerConfig>,
+    pub stats: Arc<ServerStats>,
+    pub ids: Arc<AtomicU64>,
+}
+
+impl AppState {
+    pub fn next_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{}", self.ids.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

@@ -1,0 +1,146 @@
+//! OpenAI request bodies as the server reads them. Everything is parsed
+//! from a `serde_json::Value` by hand so that each wrong type gets a 400
+//! naming its parameter (serde's messages are not client-friendly), unknown
+//! fields are ignored, and recognised-but-unsupported ones are refused.
+
+use crate::error::ApiError;
+use serde_json::{Map, Value};
+
+/// Sampling and output fields shared by chat and completions.
+#[derive(Debug, Clone, Default)]
+pub struct Common {
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+pub struct Fields<'a>(pub &'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+
+    pub fn number(&self, k: &str) -> Result<Option<f64>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v.as_f64().filter(|f| f.is_finite()).map(Some).ok_or_else(|| ApiError::param(k, format!("`{k}` must be a number"))),
+        }
+    }
+
+    pub fn integer(&self, k: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v.as_i64().map(Some).ok_or_else(|| ApiError::param(k, format!("`{k}` must be an integer"))),
+        }
+    }
+
+    pub fn boolean(&self, k: &str) -> Result<bool, ApiError> {
+        match self.get(k) {
+            None => Ok(false),
+            Some(v) => v.as_bool().ok_or_else(|| ApiError::param(k, format!("`{k}` must be true or false"))),
+        }
+    }
+
+    pub fn value(&self, k: &str) -> Option<&'a Value> {
+        self.get(k)
+    }
+}
+
+impl Common {
+    pub fn parse(f: &Fields, max_tokens_field: &str) -> Result<Self, ApiError> {
+        // `max_completion_tokens` is the newer name and wins when both are given.
+        let max_tokens = match f.integer("max_completion_tokens")? {
+            Some(n) => Some(n),
+            None => f.integer(max_tokens_field)?,
+        };
+        let n = f.integer("n")?;
+        if n.is_some_and(|n| n != 1) {
+            return Err(ApiError::unsupported("n", "only n=1 is supported"));
+        }
+        if f.integer("best_of")?.is_some_and(|n| n != 1) {
+            return Err(ApiError::unsupported("best_of", "best_of is not supported"));
+        }
+        if f.value("logit_bias").is_some_and(|v| v.as_object().is_some_and(|o| !o.is_empty())) {
+            return Err(ApiError::unsupported("logit_bias", "logit_bias is not supported yet"));
+        }
+        if let Some(rf) = f.value("response_format") {
+            let t = rf.get("type").and_then(Value::as_str).unwrap_or("");
+            if t != "text" {
+                return Err(ApiError::unsupported("response_format", format!("response_format `{t}` (structured output) is not supported yet")));
+            }
+        }
+        if f.value("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
+            return Err(ApiError::unsupported("tools", "tool calls are not supported yet"));
+        }
+        let stop = match f.value("stop") {
+            None => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) => {
+                let v: Option<Vec<String>> = a.iter().map(|x| x.as_str().map(str::to_owned)).collect();
+                let v = v.ok_or_else(|| ApiError::param("stop", "`stop` must be a string or an array of strings"))?;
+                if v.len() > 4 {
+                    return Err(ApiError::param("stop", "`stop` takes at most 4 sequences"));
+                }
+                v
+            }
+            Some(_) => return Err(ApiError::param("stop", "`stop` must be a string or an array of strings")),
+        };
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::param("stop", "stop sequences must not be empty"));
+        }
+        let include_usage = match f.value("stream_options") {
+            None => false,
+            Some(Value::Object(o)) => match o.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(ApiError::param("stream_options", "`stream_options.include_usage` must be true or false")),
+            },
+            Some(_) => return Err(ApiError::param("stream_options", "`stream_options` must be an object")),
+        };
+        Ok(Self {
+            max_tokens,
+            temperature: f.number("temperature")?,
+            top_p: f.number("top_p")?,
+            top_k: f.integer("top_k")?,
+            min_p: f.number("min_p")?,
+            repetition_penalty: f.number("repetition_penalty")?,
+            presence_penalty: f.number("presence_penalty")?,
+            frequency_penalty: f.number("frequency_penalty")?,
+            seed: f.integer("seed")?,
+            stop,
+            stream: f.boolean("stream")?,
+            include_usage,
+        })
+    }
+}
+
+/// Message content: a string, or an array of `{"type":"text","text":...}`.
+pub fn message_text(v: &Value, i: usize) -> Result<String, ApiError> {
+    let p = || format!("messages[{i}].content");
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for part in parts {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") => out.push_str(part.get("text").and_then(Value::as_str).ok_or_else(|| ApiError::param(&p(), "a text part needs a string `text`"))?),
+                    Some(other) => return Err(ApiError::unsupported(&p(), format!("content parts of type `{other}` are not supported (text only)"))),
+                    None => return Err(ApiError::param(&p(), "each content part needs a `type`")),
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(ApiError::param(&p(), "content must be a string or an array of content parts")),
+    }
+}
