@@ -41,7 +41,7 @@ fn a_lazy_array_made_in_one_plugin_evaluates_in_the_host_and_feeds_another() {
         // Borrowed by the second plugin; its result is transferred back.
         let s = Array::from_ptr(sum(x.as_ptr()));
         let n: i64 = 1 << 20;
-        assert_eq!(s.item::<i32>() as i64, (n * (n - 1)) as i32 as i64);
+        assert_eq!(s.item_cast::<i32>() as i64, (n * (n - 1)) as i32 as i64);
     }
 }
 

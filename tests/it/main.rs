@@ -2,4 +2,6 @@
 //! module is one area of the product.
 
 mod foundation;
+mod http;
 mod parity;
+mod plugins;

@@ -108,8 +108,10 @@ fn finish_reason(stopped_by_string: bool, finish: Finish) -> &'static str {
 }
 
 fn log_done(ctx: &Ctx, run: &Running, completion: usize, first_token_ms: Option<u128>, finish: &str) {
-    let secs = run.started.elapsed().as_secs_f64();
-    let tps = completion as f64 / secs.max(1e-9);
+    // Decode rate: tokens after the first, over the time after the first.
+    let ttft = first_token_ms.unwrap_or(0) as f64 / 1e3;
+    let secs = run.started.elapsed().as_secs_f64() - ttft;
+    let tps = completion.saturating_sub(1) as f64 / secs.max(1e-9);
     tracing::info!(id = %ctx.id, prompt_tokens = run.prompt_tokens, completion_tokens = completion, ttft_ms = first_token_ms.unwrap_or(0) as u64, tokens_per_s = format!("{tps:.1}"), finish, "request done");
 }
 

@@ -68,3 +68,140 @@ impl Drop for Scratch {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A `host serve` child process on a free port, killed (SIGTERM) on drop.
+pub struct Server {
+    pub child: std::process::Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Server {
+    /// Starts `host serve --model <model> <extra>` and waits for /health.
+    pub fn start(model: &std::path::Path, extra: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = profile_dir().join(format!("serve-{port}.log"));
+        let child = std::process::Command::new(host_bin())
+            .current_dir(repo_root())
+            .args(["serve", "--model"])
+            .arg(model)
+            .args(["--port", &port.to_string()])
+            .args(extra)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+            .spawn()
+            .expect("spawn host serve");
+        let s = Self { child, port, log };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while std::time::Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", s.port)).is_ok() && s.request("GET", "/health", &[], b"").status == 200 {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        panic!("server did not come up:\n{}", std::fs::read_to_string(&s.log).unwrap_or_default());
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// One raw HTTP/1.1 request (Connection: close); the whole response.
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+        let mut has_len = false;
+        for (k, v) in headers {
+            has_len |= k.eq_ignore_ascii_case("content-length") || k.eq_ignore_ascii_case("transfer-encoding");
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if !has_len {
+            req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        req.push_str("\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+        HttpResponse::parse(&raw)
+    }
+
+    /// POSTs JSON.
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> HttpResponse {
+        self.request("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        self.request("GET", "/stats", &[], b"").json()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    fn parse(raw: &[u8]) -> Self {
+        let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(raw.len());
+        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+        let mut lines = head.lines();
+        let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let headers: Vec<(String, String)> = lines.filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))).collect();
+        let mut body = raw.get(split + 4..).unwrap_or(&[]).to_vec();
+        if headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked")) {
+            body = dechunk(&body);
+        }
+        Self { status, headers, body }
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else { break };
+        let n = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        let start = eol + 2;
+        out.extend_from_slice(&b[start..(start + n).min(b.len())]);
+        b = b.get(start + n + 2..).unwrap_or(&[]);
+    }
+    out
+}

@@ -1,0 +1,601 @@
+//! The plugin ABI from a third party's side: plugins built OUTSIDE this
+//! workspace (tests/out-of-tree/toy-plugins, against plugin-api, plugin-sdk
+//! and model-kit only) load into the release `host`, compose with the
+//! in-tree `kv-plain` layout by claims, generate exactly the tokens their
+//! weights predict, and draft; and every way a plugin can be broken is
+//! refused with a one-line reason while the other plugins keep loading.
+//!
+//! The out-of-tree project is built once per test binary (debug profile,
+//! into `target/out-of-tree`), one variant after the other, and each
+//! variant's library is kept under `target/out-of-tree/variants/<variant>/`.
+
+use host_loader::Registry;
+use it::{host_bin, repo_root};
+use mlx_rs::Array;
+use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::abi_stable::std_types::{ROption, RSlice, RStr, RString, RVec};
+use plugin_api::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+// ---------------------------------------------------------------------------
+// Building the out-of-tree project
+
+/// The feature variants of toy-family built besides the plain one (`good`).
+const VARIANTS: [&str; 5] = ["skew-abi-version", "panic-in-init", "forward-error", "skew-layout", "twin"];
+
+fn project() -> PathBuf {
+    repo_root().join("tests/out-of-tree/toy-plugins")
+}
+
+fn cargo_build(target: &Path, extra: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(&cargo)
+        .current_dir(project())
+        .args(["build", "--target-dir"])
+        .arg(target)
+        .args(extra)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(40).collect();
+        return Err(format!("`cargo build {}` in {} failed:\n{}", extra.join(" "), project().display(), tail.into_iter().rev().collect::<Vec<_>>().join("\n")));
+    }
+    Ok(())
+}
+
+/// Keeps a copy of a freshly built library (a new file: the next build
+/// rewrites the one in `debug/`).
+fn keep(from: &Path, to_dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(to_dir).map_err(|e| e.to_string())?;
+    let to = to_dir.join(from.file_name().unwrap());
+    let _ = std::fs::remove_file(&to);
+    std::fs::copy(from, &to).map(|_| ()).map_err(|e| format!("copying {}: {e}", from.display()))
+}
+
+fn build_all() -> Result<PathBuf, String> {
+    let target = repo_root().join("target/out-of-tree");
+    let variants = target.join("variants");
+    let debug = target.join("debug");
+    cargo_build(&target, &[])?;
+    keep(&debug.join("libtoy_family.so"), &variants.join("good"))?;
+    keep(&debug.join("libtoy_drafter.so"), &variants.join("good"))?;
+    for v in VARIANTS {
+        cargo_build(&target, &["-p", "toy-family", "--features", v])?;
+        keep(&debug.join("libtoy_family.so"), &variants.join(v))?;
+    }
+    Ok(variants)
+}
+
+/// `target/out-of-tree/variants`, built once for all tests (serialised).
+fn variants() -> &'static Path {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match BUILT.get_or_init(build_all) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A built library: `variant` is `good` or one of [`VARIANTS`].
+fn lib(variant: &str, file: &str) -> PathBuf {
+    let p = variants().join(variant).join(file);
+    assert!(p.exists(), "{} was not built", p.display());
+    p
+}
+
+// ---------------------------------------------------------------------------
+// Plugin folders
+
+/// A fresh scratch folder under cargo's target tmp dir (`name` may be a path).
+fn scratch(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugins-it").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn plugin_toml(name: &str, kind: &str, abi: u32, library: &str) -> String {
+    format!("name = \"{name}\"\nversion = \"0.1.0\"\nkind = \"{kind}\"\nabi_version = {abi}\nlibrary = \"{library}\"\n")
+}
+
+/// A hard link where possible (the libraries are ~10 MB), else a copy.
+fn place(lib: &Path, folder: &Path) {
+    let to = folder.join(lib.file_name().unwrap());
+    if std::fs::hard_link(lib, &to).is_err() {
+        std::fs::copy(lib, &to).unwrap();
+    }
+}
+
+struct Plugins(PathBuf);
+
+impl Plugins {
+    fn new(test: &str) -> Self {
+        Plugins(scratch(&format!("{test}/plugins")))
+    }
+
+    /// A plugin folder with the given plugin.toml text and library.
+    fn add(self, folder: &str, toml: &str, lib: Option<&Path>) -> Self {
+        let d = self.0.join(folder);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("plugin.toml"), toml).unwrap();
+        if let Some(l) = lib {
+            place(l, &d);
+        }
+        self
+    }
+
+    /// The in-tree `kv-plain` folder as `cargo xtask build` left it.
+    fn kv_plain(self) -> Self {
+        let src = repo_root().join("plugins/kv-plain");
+        let so = src.join("libkv_plain.so");
+        assert!(so.exists(), "{} is missing: run `cargo xtask build`", so.display());
+        let toml = std::fs::read_to_string(src.join("plugin.toml")).unwrap();
+        self.add("kv-plain", &toml, Some(&so))
+    }
+
+    /// toy-family built with `variant`, in folder `folder`, named as that variant names itself.
+    fn family(self, folder: &str, variant: &str) -> Self {
+        let name = if variant == "twin" { "toy-family-twin" } else { "toy-family" };
+        let abi = if variant == "skew-abi-version" { 2 } else { 1 };
+        let toml = plugin_toml(name, "model-family", abi, "libtoy_family.so");
+        self.add(folder, &toml, Some(&lib(variant, "libtoy_family.so")))
+    }
+
+    fn drafter(self) -> Self {
+        let toml = plugin_toml("toy-drafter", "drafter", 1, "libtoy_drafter.so");
+        self.add("toy-drafter", &toml, Some(&lib("good", "libtoy_drafter.so")))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The toy model: a bigram chain t -> (5t + 3) mod 32
+
+const V: usize = 32;
+const H: usize = 16;
+
+fn next(t: u32) -> u32 {
+    (5 * t + 3) % V as u32
+}
+
+/// The greedy continuation of `prompt` for `n` tokens.
+fn chain(prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut t = *prompt.last().unwrap();
+    (0..n).map(|_| {
+        t = next(t);
+        t
+    })
+    .collect()
+}
+
+/// Row `t` of the embedding: the 32 rows are the 16 rows of a Sylvester
+/// Hadamard matrix and their negatives, scaled to unit length, so
+/// `e_t . e_s` is exactly 1 (s = t), -1 (s = -t) or 0: no near ties.
+fn embedding_row(t: usize) -> Vec<f32> {
+    let sign = if t < H { 1.0 } else { -1.0 };
+    (0..H).map(|j| sign * if ((t % H) & j).count_ones() % 2 == 0 { 0.25 } else { -0.25 }).collect()
+}
+
+/// safetensors by hand: u64 header length, JSON header, little-endian data.
+fn write_safetensors(path: &Path, tensors: &[(&str, [usize; 2], Vec<f32>)]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, shape, values) in tensors {
+        assert_eq!(values.len(), shape[0] * shape[1]);
+        let start = data.len();
+        data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        header.insert(name.to_string(), json!({ "dtype": "F32", "shape": shape, "data_offsets": [start, data.len()] }));
+    }
+    let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(h);
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A model folder of the toy family (config.json + model.safetensors).
+fn toy_model(test: &str) -> PathBuf {
+    let d = scratch(&format!("{test}/toy-model"));
+    let config = json!({
+        "model_type": "toy-bigram",
+        "architectures": ["ToyBigramForCausalLM"],
+        "vocab_size": V,
+        "hidden_size": H,
+        "torch_dtype": "float32",
+    });
+    std::fs::write(d.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    let embed: Vec<f32> = (0..V).flat_map(embedding_row).collect();
+    // head[next(t)] = e_t, so logits(t)[j] = e_t . head[j] peaks (at 1) at j = next(t).
+    let mut head = vec![0.0f32; V * H];
+    for t in 0..V {
+        let j = next(t as u32) as usize;
+        head[j * H..(j + 1) * H].copy_from_slice(&embedding_row(t));
+    }
+    write_safetensors(&d.join("model.safetensors"), &[("embed.weight", [V, H], embed), ("head.weight", [V, H], head)]);
+    d
+}
+
+// ---------------------------------------------------------------------------
+// Running the host
+
+fn host(args: &[&str]) -> Output {
+    Command::new(host_bin()).args(args).output().expect("run host")
+}
+
+/// `host plugins --plugins DIR --json`, which must succeed whatever it refuses.
+fn list(p: &Plugins) -> Value {
+    let out = host(&["plugins", "--plugins", p.0.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "host plugins failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("host plugins --json prints JSON")
+}
+
+fn loaded_names(report: &Value) -> Vec<String> {
+    report["plugins"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap().to_owned()).collect()
+}
+
+fn plugin<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["plugins"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("`{name}` is not loaded: {report:#}"))
+}
+
+/// The one refusal of folder `folder`; its reason must be one line.
+fn refusal(report: &Value, folder: &str) -> (Option<String>, String) {
+    let refused = report["refused"].as_array().unwrap();
+    let r = refused
+        .iter()
+        .find(|r| Path::new(r["dir"].as_str().unwrap()).file_name().unwrap() == folder)
+        .unwrap_or_else(|| panic!("folder `{folder}` was not refused: {report:#}"));
+    let reason = r["reason"].as_str().unwrap().to_owned();
+    assert!(!reason.contains('\n') && !reason.is_empty(), "a refusal reason is one line: {reason:?}");
+    (r["name"].as_str().map(str::to_owned), reason)
+}
+
+fn generate(p: &Plugins, model: &Path, prompt: &[u32], n: usize, dtype: &str) -> Output {
+    let ids = prompt.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    host(&[
+        "generate",
+        "--plugins",
+        p.0.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--max-tokens",
+        &n.to_string(),
+        "--json",
+        "--ignore-eos",
+        "--dtype",
+        dtype,
+    ])
+}
+
+fn generated(out: &Output) -> Value {
+    assert!(out.status.success(), "host generate failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("host generate --json prints JSON")
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect()
+}
+
+fn host_info() -> HostInfo {
+    HostInfo { abi_version: ABI_VERSION, host_version: "it".into(), mlx_version: "test".into() }
+}
+
+// ---------------------------------------------------------------------------
+// The third-party plugins work
+
+#[test]
+fn out_of_tree_plugins_are_listed_with_kind_version_abi_claims_and_capabilities() {
+    let p = Plugins::new("listed").kv_plain().family("toy-family", "good").drafter();
+    let r = list(&p);
+    assert_eq!(r["refused"], json!([]), "{r:#}");
+    let mut names = loaded_names(&r);
+    names.sort();
+    assert_eq!(names, ["kv-plain", "toy-drafter", "toy-family"]);
+
+    let f = plugin(&r, "toy-family");
+    assert_eq!(f["kind"], "model-family");
+    assert_eq!(f["version"], "0.1.0");
+    assert_eq!(f["abi_version"], ABI_VERSION);
+    assert_eq!(strings(&f["claims"]["model_types"]), ["toy-bigram"]);
+    assert_eq!(strings(&f["claims"]["architectures"]), ["ToyBigramForCausalLM"]);
+    assert_eq!(strings(&f["claims"]["draft_kinds"]), Vec::<&str>::new());
+    assert_eq!(strings(&f["capabilities"]), [caps::SHARED_EMBEDDINGS]);
+
+    let d = plugin(&r, "toy-drafter");
+    assert_eq!(d["kind"], "drafter");
+    assert_eq!(d["version"], "0.1.0");
+    assert_eq!(d["abi_version"], ABI_VERSION);
+    assert_eq!(strings(&d["claims"]["draft_kinds"]), ["toy-repeat"]);
+    assert_eq!(strings(&d["claims"]["model_types"]), Vec::<&str>::new());
+    assert_eq!(strings(&d["capabilities"]), [caps::NEEDS_DRAFT_MODEL]);
+}
+
+#[test]
+fn out_of_tree_family_composed_with_kv_plain_generates_the_predicted_chain() {
+    let p = Plugins::new("generate").kv_plain().family("toy-family", "good").drafter();
+    let model = toy_model("generate");
+
+    let prompt = [1, 2, 3];
+    let out = generated(&generate(&p, &model, &prompt, 8, "native"));
+    assert_eq!(out["family_plugin"], "toy-family");
+    assert_eq!(out["cache_layouts"], json!(["kv-plain"]));
+    assert_eq!(out["compute_dtype"], "float32");
+    assert_eq!(out["finish_reason"], "length");
+    assert_eq!(out["tokens"], json!(chain(&prompt, 8)));
+
+    // A prompt longer than one cache growth step (256): prefill of L > 1
+    // (causal mask), growth of the layout's storage, then decode steps; the
+    // hidden state the graph projects is read back from the cache each time.
+    let long: Vec<u32> = (0..300u32).map(|i| (i * 7 + 1) % V as u32).collect();
+    let out = generated(&generate(&p, &model, &long, 20, "native"));
+    assert_eq!(out["tokens"], json!(chain(&long, 20)));
+
+    // A compute dtype other than the checkpoint's (the weights are exact in bf16).
+    let out = generated(&generate(&p, &model, &prompt, 5, "bfloat16"));
+    assert_eq!(out["compute_dtype"], "bfloat16");
+    assert_eq!(out["tokens"], json!(chain(&prompt, 5)));
+}
+
+fn tensor_ref(a: &Array) -> TensorRef<'_> {
+    unsafe { TensorRef::from_raw(a.as_ptr()) }
+}
+
+fn owned(t: Tensor) -> Array {
+    unsafe { Array::from_ptr(t.into_raw()) }
+}
+
+fn argmax_rows(logits: &Array) -> Vec<u32> {
+    let v = *logits.shape().last().unwrap();
+    let flat = logits.reshape(&[-1, v]).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    flat.eval().unwrap();
+    let rows = flat.as_slice::<f32>().chunks(v as usize).map(|r| r.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32);
+    rows.collect()
+}
+
+#[test]
+fn out_of_tree_family_honours_logits_modes_hidden_and_its_cache_in_process() {
+    let p = Plugins::new("modes").kv_plain().family("toy-family", "good");
+    let model = toy_model("modes");
+    let reg = Registry::discover(&p.0, &host_info()).unwrap();
+    assert!(reg.refused.is_empty(), "{:?}", reg.refused);
+    let m = reg.open_model(&model, None, "plain").unwrap();
+    assert_eq!((m.family_plugin.as_str(), m.layouts.as_slice()), ("toy-family", ["kv-plain".to_owned()].as_slice()));
+    assert_eq!((m.plan.vocab_size, m.plan.hidden_size, m.plan.layers.len()), (V as u32, H as u32, 1));
+    let need = &m.plan.layers[0];
+    assert_eq!((need.kind, need.kv_heads, need.k_head_dim, need.v_head_dim), (NeedKind::FULL, 1, H as u32, H as u32));
+    let mut caches = m.new_caches(1).unwrap();
+
+    let run = |ids: &[i32], logits: LogitsMode, want_hidden: bool, taps: &[u32], caches: &mut Vec<CacheBox>| {
+        let tokens = Array::from_slice(ids, &[1, ids.len() as i32]);
+        let args = ForwardArgs { tokens: tensor_ref(&tokens), logits, want_hidden, taps: RSlice::from_slice(taps) };
+        m.graph.forward(args, caches.as_mut_slice().into()).into_result()
+    };
+
+    // Prefill as the host does it: no logits, the hidden state.
+    let out = run(&[4, 9, 30], LogitsMode::NONE, true, &[], &mut caches).unwrap();
+    assert!(out.logits.is_none() && out.taps.is_empty());
+    let h = owned(out.hidden.unwrap());
+    assert_eq!(h.shape(), [1, 3, H as i32]);
+    let e4 = Array::from_slice(&embedding_row(4), &[H as i32]);
+    let first = {
+        use mlx_rs::ops::indexing::IndexOp;
+        h.index((0, 0))
+    };
+    assert!(first.all_close(&e4, None, None, None).unwrap(), "the hidden state read back from the cache is the embedding");
+    assert_eq!(caches[0].offset(), 3);
+
+    // Every position's logits (speculative verification), no hidden.
+    let out = run(&[10, 11], LogitsMode::ALL, false, &[], &mut caches).unwrap();
+    assert!(out.hidden.is_none());
+    let l = owned(out.logits.unwrap());
+    assert_eq!(l.shape(), [1, 2, V as i32]);
+    assert_eq!(argmax_rows(&l), [next(10), next(11)]);
+
+    // The last position only (decode).
+    let out = run(&[12, 13, 14], LogitsMode::LAST, false, &[], &mut caches).unwrap();
+    let l = owned(out.logits.unwrap());
+    assert_eq!(l.shape(), [1, 1, V as i32]);
+    assert_eq!(argmax_rows(&l), [next(14)]);
+    assert_eq!(caches[0].offset(), 8, "every forward appended through the layout");
+
+    // What the family does not advertise is refused, not faked.
+    let err = run(&[1], LogitsMode::LAST, false, &[0], &mut caches).err().expect("taps are refused");
+    assert!(err.message.contains("hidden-taps"), "{err}");
+    let err = run(&[1], LogitsMode(7), false, &[], &mut caches).err().expect("an unknown mode is refused");
+    assert!(err.message.contains("logits mode 7"), "{err}");
+    // A wrong number of caches is an error value, not a crash.
+    let mut none: Vec<CacheBox> = Vec::new();
+    let err = run(&[1], LogitsMode::LAST, false, &[], &mut none).err().expect("no caches is refused");
+    assert!(err.message.contains("0 caches given for 1 layer"), "{err}");
+
+    // embed and lm_head (shared-embeddings) agree with forward.
+    let ids = Array::from_slice(&[0i32, 17, 31], &[1, 3]);
+    let e = owned(m.graph.embed(tensor_ref(&ids)).into_result().unwrap());
+    assert_eq!(e.shape(), [1, 3, H as i32]);
+    let l = owned(m.graph.lm_head(tensor_ref(&e)).into_result().unwrap());
+    assert_eq!(argmax_rows(&l), [next(0), next(17), next(31)]);
+}
+
+/// The target services a drafter is lent; toy-repeat needs none of them.
+struct NoTarget;
+
+impl HostServices for NoTarget {
+    fn open_model(&self, _dir: RStr<'_>) -> PResult<ModelInstance> {
+        PResult::RErr(PluginError::unsupported("not lent in this test"))
+    }
+    fn target_embed(&self, _tokens: TensorRef<'_>) -> PResult<Tensor> {
+        PResult::RErr(PluginError::unsupported("not lent in this test"))
+    }
+    fn target_lm_head(&self, _hidden: TensorRef<'_>) -> PResult<Tensor> {
+        PResult::RErr(PluginError::unsupported("not lent in this test"))
+    }
+}
+
+fn open_args(kind: &str, config: Option<&str>, max_depth: u32) -> DrafterOpenArgs {
+    DrafterOpenArgs {
+        kind: kind.into(),
+        dir: ROption::RNone,
+        config_json: match config {
+            Some(c) => ROption::RSome(RString::from(c)),
+            None => ROption::RNone,
+        },
+        max_depth,
+        options: RVec::new(),
+    }
+}
+
+#[test]
+fn out_of_tree_drafter_detects_opens_and_drafts_through_the_registry() {
+    let p = Plugins::new("drafter").kv_plain().drafter();
+    let reg = Registry::discover(&p.0, &host_info()).unwrap();
+    assert!(reg.refused.is_empty(), "{:?}", reg.refused);
+    assert_eq!(reg.claims().get(&("draft kind".to_owned(), "toy-repeat".to_owned())).map(String::as_str), Some("toy-drafter"));
+    let d = reg.by_name("toy-drafter").expect("toy-drafter loaded");
+    assert_eq!(d.kind(), PluginKind::DRAFTER);
+    assert!(d.root.plan_model().is_none() && d.root.open_model().is_none() && d.root.new_cache().is_none());
+
+    let detect = d.root.detect_draft().expect("detect_draft entry");
+    let mine = r#"{"model_type": "toy-repeat-draft"}"#;
+    let dir = RStr::from_str("/some/draft");
+    assert!(detect(dir, RStr::from_str(mine)) > 0);
+    assert_eq!(detect(dir, RStr::from_str(r#"{"model_type": "llama"}"#)), 0);
+    assert_eq!(detect(dir, RStr::from_str("not json")), 0);
+    assert_eq!(detect(dir, RStr::from_str("")), 0);
+
+    let open = d.root.open_drafter().expect("open_drafter entry");
+    let lend = || HostServices_TO::from_value(NoTarget, TD_Opaque);
+    let mut drafter = open(&open_args("toy-repeat", Some(mine), 8), lend()).into_result().unwrap();
+    drafter.prefill(RSlice::from_slice(&[5, 6, 7])).into_result().unwrap();
+    let draft = |drafter: &mut DrafterBox, history: &[u32], max_tokens: u32| {
+        let r = drafter.draft(DraftArgs { history: RSlice::from_slice(history), max_tokens }).into_result().unwrap();
+        assert!(r.probabilities.is_none(), "toy-repeat has no probability rows");
+        r.tokens.into_vec()
+    };
+    assert_eq!(draft(&mut drafter, &[5, 6, 7], 4), [7, 7, 7, 7]);
+    drafter.commit(2).into_result().unwrap();
+    // The token the target emitted arrives at the end of the next history.
+    assert_eq!(draft(&mut drafter, &[5, 6, 7, 7, 7, 19], 3), [19, 19, 19]);
+    assert!(drafter.commit(4).into_result().unwrap_err().message.contains("commit(4) after drafting 3"));
+    assert_eq!(draft(&mut drafter, &[5, 6, 7, 7, 7, 19, 2], 50).len(), 8, "max_depth bounds a round");
+    assert_eq!(draft(&mut drafter, &[], 4), Vec::<u32>::new(), "nothing to repeat: 0 = a plain step");
+
+    let err = open(&open_args("ngram", None, 8), lend()).into_result().err().expect("another kind is refused");
+    assert_eq!(err.code, ErrorCode::UNSUPPORTED);
+    let err = open(&open_args("toy-repeat", Some(r#"{"model_type":"llama"}"#), 8), lend()).into_result().err().expect("another artifact is refused");
+    assert_eq!(err.code, ErrorCode::INVALID_CONFIG);
+    let err = open(&open_args("toy-repeat", None, 0), lend()).into_result().err().expect("max_depth 0 is refused");
+    assert_eq!(err.code, ErrorCode::INVALID_INPUT);
+}
+
+// ---------------------------------------------------------------------------
+// Broken plugins are refused; the others keep loading
+
+/// The good plugins every negative folder also holds.
+fn with_good(test: &str) -> Plugins {
+    Plugins::new(test).kv_plain().drafter()
+}
+
+fn assert_good_still_load(r: &Value) {
+    let names = loaded_names(r);
+    assert!(names.contains(&"kv-plain".to_owned()) && names.contains(&"toy-drafter".to_owned()), "{r:#}");
+}
+
+#[test]
+fn a_plugin_built_for_another_abi_version_is_refused_naming_both() {
+    // Honest plugin.toml (abi_version = 2): refused before the library is opened.
+    // A plugin.toml that says 1 over the same library: refused from its manifest.
+    let lying = plugin_toml("toy-family", "model-family", 1, "libtoy_family.so");
+    let p = with_good("abi-version").family("toy-family", "skew-abi-version").add("toy-family-lying", &lying, Some(&lib("skew-abi-version", "libtoy_family.so")));
+    let r = list(&p);
+    assert_good_still_load(&r);
+    assert!(!loaded_names(&r).contains(&"toy-family".to_owned()));
+    for folder in ["toy-family", "toy-family-lying"] {
+        let (name, reason) = refusal(&r, folder);
+        assert_eq!(name.as_deref(), Some("toy-family"));
+        assert!(reason.contains("v2") && reason.contains("v1"), "{folder}: {reason}");
+    }
+    assert_eq!(refusal(&r, "toy-family").1, "built for plugin ABI v2; this host speaks v1");
+    assert_eq!(refusal(&r, "toy-family-lying").1, "manifest declares plugin ABI v2; this host speaks v1");
+}
+
+#[test]
+fn a_root_module_with_another_layout_is_refused_by_the_abi_layout_check() {
+    let p = with_good("skew-layout").family("toy-family", "skew-layout");
+    let r = list(&p);
+    assert_good_still_load(&r);
+    let (_, reason) = refusal(&r, "toy-family");
+    assert!(reason.starts_with("ABI layout mismatch: the plugin's boundary types differ from this host's plugin-api 1."), "{reason}");
+}
+
+#[test]
+fn a_panic_in_init_is_refused_with_the_panic_message() {
+    let p = with_good("panic-in-init").family("toy-family", "panic-in-init");
+    let r = list(&p);
+    assert_good_still_load(&r);
+    let (name, reason) = refusal(&r, "toy-family");
+    assert_eq!(name.as_deref(), Some("toy-family"));
+    assert!(reason.starts_with("init failed: panic:"), "{reason}");
+    assert!(reason.contains("toy-family refuses to start (built with feature panic-in-init)"), "{reason}");
+}
+
+#[test]
+fn a_forward_error_fails_generate_with_the_plugins_message_without_a_crash() {
+    let p = with_good("forward-error").family("toy-family", "forward-error");
+    let r = list(&p);
+    assert_eq!(r["refused"], json!([]), "{r:#}");
+    assert_eq!(plugin(&r, "toy-family")["kind"], "model-family");
+
+    let model = toy_model("forward-error");
+    let out = generate(&p, &model, &[1, 2, 3], 4, "native");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // An error exit (status 1), not a signal (abort or segfault).
+    assert_eq!(out.status.code(), Some(1), "{}: {stderr}", out.status);
+    assert!(stderr.contains("toy-family forward failed on purpose (built with feature forward-error)"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn a_corrupt_plugin_toml_is_refused_as_invalid() {
+    let p = with_good("corrupt-toml").add("garbage", "\u{1f}this is not = = toml [[\n\0", Some(&lib("good", "libtoy_family.so")));
+    let r = list(&p);
+    assert_good_still_load(&r);
+    let (name, reason) = refusal(&r, "garbage");
+    assert_eq!(name, None, "nothing is known about a plugin whose manifest cannot be read");
+    assert!(reason.starts_with("invalid plugin.toml:"), "{reason}");
+}
+
+#[test]
+fn a_missing_library_is_refused() {
+    let toml = plugin_toml("toy-family", "model-family", 1, "libtoy_family.so");
+    let p = with_good("missing-lib").add("toy-family", &toml, None);
+    let r = list(&p);
+    assert_good_still_load(&r);
+    let (name, reason) = refusal(&r, "toy-family");
+    assert_eq!(name.as_deref(), Some("toy-family"));
+    assert!(reason.contains("libtoy_family.so is missing"), "{reason}");
+}
+
+#[test]
+fn a_second_plugin_claiming_the_same_model_type_is_refused_as_a_duplicate_claim() {
+    // Folders load in name order: `a-…` first, so the twin is the second claimant.
+    let p = with_good("duplicate-claim").family("a-toy-family", "good").family("b-toy-family-twin", "twin");
+    let r = list(&p);
+    assert_good_still_load(&r);
+    assert!(loaded_names(&r).contains(&"toy-family".to_owned()));
+    let (name, reason) = refusal(&r, "b-toy-family-twin");
+    assert_eq!(name.as_deref(), Some("toy-family-twin"));
+    assert_eq!(reason, "duplicate claim: model_type `toy-bigram` is already claimed by `toy-family`");
+
+    // The first claimant serves the model.
+    let model = toy_model("duplicate-claim");
+    let out = generated(&generate(&p, &model, &[9], 3, "native"));
+    assert_eq!(out["family_plugin"], "toy-family");
+    assert_eq!(out["tokens"], json!(chain(&[9], 3)));
+}
