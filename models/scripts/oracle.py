@@ -92,6 +92,9 @@ def main():
         "quantization": config.get("quantization"),
         "mlx_version": mx.__version__,
         "mlx_lm_version": mlx_lm_version,
+        # Which libmlx.so this process mapped: the tests run the oracle on
+        # the engine's own runtime (LD_LIBRARY_PATH=.mlx/lib).
+        "libmlx": sorted({l.split()[-1] for l in open("/proc/self/maps") if l.rstrip().endswith("/libmlx.so")}),
         "prompt_ids": ids,
     }
 

@@ -197,7 +197,7 @@ fn api_key_is_required_when_set_and_flags_override_the_config_file() {
 fn sdk_check(model_rel: &str, expect_paris: bool) {
     let s = Server::start(&model(model_rel), &[]);
     let script = it::repo_root().join("tests/http/openai_sdk_check.py");
-    let out = run_ok(std::process::Command::new(python()).arg(script).arg(s.base_url()).arg(if expect_paris { "paris" } else { "any" }));
+    let out = run_ok(python().arg(script).arg(s.base_url()).arg(if expect_paris { "paris" } else { "any" }));
     assert!(out.contains("ALL OK"), "{out}");
 }
 

@@ -18,8 +18,13 @@ const PROMPT: &str = "1,2,3,4,5";
 fn oracle(dir: &std::path::Path, args: &[&str]) -> Value {
     let s = Scratch::new("oracle");
     let out = s.0.join("ref.json");
-    run_ok(Command::new(python()).arg(it::repo_root().join("models/scripts/oracle.py")).arg("--model").arg(dir).args(args).arg("--out").arg(&out));
-    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+    run_ok(python().arg(it::repo_root().join("models/scripts/oracle.py")).arg("--model").arg(dir).args(args).arg("--out").arg(&out));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    // Same runtime as the engine, so differences are ours, not MLX's.
+    let ours = std::fs::canonicalize(it::repo_root().join(".mlx/lib/libmlx.so")).unwrap();
+    let libs: Vec<std::path::PathBuf> = v["libmlx"].as_array().unwrap().iter().map(|p| std::fs::canonicalize(p.as_str().unwrap()).unwrap()).collect();
+    assert_eq!(libs, vec![ours], "the oracle did not run on the engine's libmlx");
+    v
 }
 
 fn host_json(args: &[&str]) -> Value {

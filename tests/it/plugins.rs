@@ -529,8 +529,13 @@ fn a_root_module_with_another_layout_is_refused_by_the_abi_layout_check() {
     let p = with_good("skew-layout").family("toy-family", "skew-layout");
     let r = list(&p);
     assert_good_still_load(&r);
-    let (_, reason) = refusal(&r, "toy-family");
+    let (name, reason) = refusal(&r, "toy-family");
+    // Refused by abi_stable's layout check, before any entry ran (the name
+    // is plugin.toml's: the manifest was never read).
+    assert_eq!(name.as_deref(), Some("toy-family"));
     assert!(reason.starts_with("ABI layout mismatch: the plugin's boundary types differ from this host's plugin-api 1."), "{reason}");
+    assert!(reason.contains("in `PluginRoot`"), "{reason}");
+    assert!(reason.contains("unexpected field: expected `manifest`, found `build_flags`"), "{reason}");
 }
 
 #[test]
@@ -579,7 +584,7 @@ fn a_missing_library_is_refused() {
     assert_good_still_load(&r);
     let (name, reason) = refusal(&r, "toy-family");
     assert_eq!(name.as_deref(), Some("toy-family"));
-    assert!(reason.contains("libtoy_family.so is missing"), "{reason}");
+    assert!(reason.starts_with("library ") && reason.contains("/toy-family/libtoy_family.so is missing"), "{reason}");
 }
 
 #[test]

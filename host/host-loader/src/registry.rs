@@ -118,7 +118,10 @@ fn load_one(folder: &Path, host: &HostInfo) -> Result<LoadedPlugin, LoadError> {
     let kind = PluginKind::parse(&toml.kind).ok_or_else(|| fail(format!("unknown plugin kind `{}` in plugin.toml", toml.kind)))?;
     let lib = folder.join(&toml.library);
     if !lib.exists() {
-        return Err(fail(format!("library {} is missing (build it with `cargo xtask build`)", lib.display())));
+        return Err(fail(format!(
+            "library {} is missing: build the plugin and put its library beside plugin.toml (in-tree plugins: `cargo xtask build`)",
+            lib.display()
+        )));
     }
     let header = lib_header_from_path(&lib).map_err(|e| fail(describe(&e)))?;
     let root: PluginRoot_Ref = header.init_root_module().map_err(|e| fail(describe(&e)))?;
@@ -151,14 +154,49 @@ fn describe(e: &LibraryError) -> String {
         LibraryError::IncompatibleVersionNumber { library_name, expected_version, actual_version } => format!(
             "{library_name}: built against plugin-api {actual_version}, which this host (plugin-api {expected_version}) cannot load"
         ),
-        LibraryError::AbiInstability(err) => {
-            let text = err.to_string();
-            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
-            format!("ABI layout mismatch: the plugin's boundary types differ from this host's plugin-api {} ({first})", plugin_api_version())
-        }
+        LibraryError::AbiInstability(err) => format!(
+            "ABI layout mismatch: the plugin's boundary types differ from this host's plugin-api {}{}",
+            plugin_api_version(),
+            layout_differences(&err.to_string())
+        ),
         LibraryError::RootModule { err, .. } => format!("the root module failed to initialise: {err}"),
         other => other.to_string().lines().next().unwrap_or("load error").to_owned(),
     }
+}
+
+/// The gist of abi_stable's (many-line) layout report, as ` (in `T`: what:
+/// expected `a`, found `b`; ...)`: the innermost type compared and its first
+/// two differences. Empty when the report has no `Error:` entries.
+fn layout_differences(report: &str) -> String {
+    let lines: Vec<&str> = report.lines().collect();
+    // The first non-empty line after `lines[i]`, without its field label.
+    let value_after = |i: usize| {
+        let v = lines[i + 1..].iter().map(|l| l.trim()).find(|l| !l.is_empty()).unwrap_or("");
+        v.strip_prefix("field_name:").unwrap_or(v).to_owned()
+    };
+    let mut diffs = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(what) = line.strip_prefix("Error:") else { continue };
+        let end = lines[i + 1..].iter().position(|l| l.starts_with("Error:")).map_or(lines.len(), |n| i + 1 + n);
+        let label = |name: &str| lines[i..end].iter().position(|l| l.trim() == name).map(|j| value_after(i + j));
+        let (expected, found) = (label("Expected:"), label("Found:"));
+        diffs.push(match (expected, found) {
+            (Some(e), Some(f)) => format!("{}: expected `{e}`, found `{f}`", what.trim()),
+            _ => what.trim().to_owned(),
+        });
+    }
+    if diffs.is_empty() {
+        return String::new();
+    }
+    let inside = lines
+        .iter()
+        .position(|l| l.trim() == "Layout of expected type:")
+        .and_then(|i| lines[i..].iter().find_map(|l| l.trim().strip_prefix("type:")))
+        .map(|t| format!("in `{t}`: "))
+        .unwrap_or_default();
+    let more = if diffs.len() > 2 { format!("; {} more", diffs.len() - 2) } else { String::new() };
+    diffs.truncate(2);
+    format!(" ({inside}{}{more})", diffs.join("; "))
 }
 
 /// The plugin-api version this host was compiled against.

@@ -12,9 +12,27 @@ pub struct LoadCtx<'a> {
     pub weights: &'a mut Weights,
     pub quant: Option<&'a Quantization>,
     pub dtype: Option<Dtype>,
+    /// Every tensor handed to a layer, so `materialize` can read them all.
+    pub loaded: Vec<Array>,
 }
 
-impl LoadCtx<'_> {
+impl<'a> LoadCtx<'a> {
+    pub fn new(weights: &'a mut Weights, quant: Option<&'a Quantization>, dtype: Option<Dtype>) -> Self {
+        Self { weights, quant, dtype, loaded: Vec::new() }
+    }
+
+    /// Evaluates every loaded tensor now (reads, casts, dequantizes), as
+    /// mlx-lm's `load` does, so the first request does not pay for it.
+    pub fn materialize(&mut self) -> Result<()> {
+        mlx_rs::transforms::eval(self.loaded.iter())?;
+        self.loaded.clear();
+        Ok(())
+    }
+
+    fn keep(&mut self, a: &Array) {
+        self.loaded.push(a.clone());
+    }
+
     /// Casts a float tensor to the compute dtype, if one was asked for.
     pub fn cast(&self, a: Array) -> Result<Array> {
         match self.dtype {
@@ -90,12 +108,25 @@ impl Linear {
     pub fn load(ctx: &mut LoadCtx, path: &str, bias: bool) -> Result<Self> {
         let weight = ctx.weights.take(&format!("{path}.weight"))?;
         let bias = if bias { Some(ctx.tensor(&format!("{path}.bias"))?) } else { None };
-        match ctx.quantized(path, &weight)? {
+        let layer = match ctx.quantized(path, &weight)? {
             // A compute dtype was asked for: run dense (on CPU, f32 with
             // OpenBLAS beats MLX's quantized CPU kernels by far).
-            Some(q) if ctx.dtype.is_some() => Ok(Self { weight: ctx.cast(q.dequantize(&weight)?)?, bias, quant: None }),
-            Some(q) => Ok(Self { weight, bias, quant: Some(q) }),
-            None => Ok(Self { weight: ctx.cast(weight)?, bias, quant: None }),
+            Some(q) if ctx.dtype.is_some() => Self { weight: ctx.cast(q.dequantize(&weight)?)?, bias, quant: None },
+            Some(q) => Self { weight, bias, quant: Some(q) },
+            None => Self { weight: ctx.cast(weight)?, bias, quant: None },
+        };
+        layer.record(ctx);
+        Ok(layer)
+    }
+
+    fn record(&self, ctx: &mut LoadCtx) {
+        ctx.keep(&self.weight);
+        if let Some(b) = &self.bias {
+            ctx.keep(b);
+        }
+        if let Some(q) = &self.quant {
+            ctx.keep(&q.scales);
+            ctx.keep(&q.biases);
         }
     }
 
@@ -129,11 +160,17 @@ pub struct Embedding {
 impl Embedding {
     pub fn load(ctx: &mut LoadCtx, path: &str) -> Result<Self> {
         let weight = ctx.weights.take(&format!("{path}.weight"))?;
-        match ctx.quantized(path, &weight)? {
-            Some(q) if ctx.dtype.is_some() => Ok(Self { weight: ctx.cast(q.dequantize(&weight)?)?, quant: None }),
-            Some(q) => Ok(Self { weight, quant: Some(q) }),
-            None => Ok(Self { weight: ctx.cast(weight)?, quant: None }),
+        let layer = match ctx.quantized(path, &weight)? {
+            Some(q) if ctx.dtype.is_some() => Self { weight: ctx.cast(q.dequantize(&weight)?)?, quant: None },
+            Some(q) => Self { weight, quant: Some(q) },
+            None => Self { weight: ctx.cast(weight)?, quant: None },
+        };
+        ctx.keep(&layer.weight);
+        if let Some(q) = &layer.quant {
+            ctx.keep(&q.scales);
+            ctx.keep(&q.biases);
         }
+        Ok(layer)
     }
 
     pub fn forward(&self, ids: &Array) -> Result<Array> {
@@ -169,7 +206,9 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn load(ctx: &mut LoadCtx, path: &str, eps: f32) -> Result<Self> {
-        Ok(Self { weight: ctx.tensor(&format!("{path}.weight"))?, eps })
+        let weight = ctx.tensor(&format!("{path}.weight"))?;
+        ctx.keep(&weight);
+        Ok(Self { weight, eps })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

@@ -71,8 +71,9 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
     if args.tie_word_embeddings {
         weights.drop_matching(|k| k == "lm_head.weight");
     }
-    let mut ctx = LoadCtx { weights: &mut weights, quant: quant.as_ref(), dtype };
+    let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), dtype);
     let model = Model::load(&mut ctx, args, &cfg).map_err(|e| PluginError::invalid_config(e.what()))?;
+    ctx.materialize().map_err(|e| PluginError::io(e.what()))?;
     let left = weights.remaining();
     if !left.is_empty() {
         return Err(PluginError::invalid_config(format!(

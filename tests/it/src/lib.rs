@@ -28,11 +28,15 @@ pub fn host_bin() -> PathBuf {
     p
 }
 
-/// The oracle environment's Python (mlx-lm), made by `cargo xtask test`.
-pub fn python() -> PathBuf {
+/// The oracle environment's Python (mlx-lm), made by `cargo xtask test`,
+/// running on the SAME libmlx as the engine (`.mlx/lib` first on the
+/// loader path; the wheel's libmlx is only reached through RUNPATH).
+pub fn python() -> std::process::Command {
     let p = repo_root().join(".venv/bin/python");
     assert!(p.exists(), "{} is missing: run `cargo xtask test` (it creates the oracle environment)", p.display());
-    p
+    let mut c = std::process::Command::new(p);
+    c.env("LD_LIBRARY_PATH", repo_root().join(".mlx/lib"));
+    c
 }
 
 /// A model folder under `models/`, which must exist.

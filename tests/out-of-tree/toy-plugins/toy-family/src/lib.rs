@@ -239,45 +239,17 @@ impl ModelGraph for Bigram {
     }
 }
 
-/// The `skew-layout` variant: the same prefix-type shape as plugin-api's
-/// `PluginRoot`, exported the same way, but with a field inserted before
-/// `manifest`. The host's abi_stable layout check must refuse it before any
-/// entry is called.
+/// The `skew-layout` variant: instead of `export_plugin!`, abi_stable's
+/// `#[export_root_module]` exports a root module of the same prefix-type
+/// shape as plugin-api's `PluginRoot` but with a field inserted before
+/// `manifest` (declared in ../skewed-plugin-api). The host's abi_stable
+/// layout check must refuse it before any entry is called.
 #[cfg(feature = "skew-layout")]
-#[allow(non_local_definitions, non_camel_case_types)]
 mod skewed {
-    use abi_stable::library::RootModule;
-    use abi_stable::prefix_type::PrefixTypeTrait;
-    use abi_stable::sabi_types::VersionStrings;
-    use abi_stable::std_types::RStr;
-    use abi_stable::{declare_root_module_statics, StableAbi};
+    use plugin_api::abi_stable::prefix_type::PrefixTypeTrait;
+    use plugin_api::abi_stable::std_types::RStr;
     use plugin_api::*;
-
-    #[repr(C)]
-    #[derive(StableAbi)]
-    #[sabi(kind(Prefix(prefix_ref = PluginRoot_Ref)))]
-    #[sabi(missing_field(option))]
-    pub struct PluginRoot {
-        pub abi_version: u32,
-        /// Not in plugin-api: shifts every later field.
-        pub build_flags: u64,
-        pub manifest: extern "C" fn() -> PResult<PluginManifest>,
-        pub init: extern "C" fn(host: &HostInfo) -> PResult<()>,
-        pub plan_model: Option<extern "C" fn(config_json: RStr<'_>) -> PResult<ModelPlan>>,
-        pub open_model: Option<extern "C" fn(args: &ModelOpenArgs) -> PResult<ModelBox>>,
-        pub new_cache: Option<extern "C" fn(spec: &CacheSpec) -> PResult<CacheBox>>,
-        pub detect_draft: Option<extern "C" fn(dir: RStr<'_>, config_json: RStr<'_>) -> u32>,
-        #[sabi(last_prefix_field)]
-        pub open_drafter: Option<extern "C" fn(args: &DrafterOpenArgs, host: HostServicesBox) -> PResult<DrafterBox>>,
-    }
-
-    impl RootModule for PluginRoot_Ref {
-        declare_root_module_statics! {PluginRoot_Ref}
-        const BASE_NAME: &'static str = "mlx_engine_plugin";
-        const NAME: &'static str = "mlx-engine plugin";
-        // plugin-api's own version: only the layout differs.
-        const VERSION_STRINGS: VersionStrings = <plugin_api::PluginRoot_Ref as RootModule>::VERSION_STRINGS;
-    }
+    use skewed_plugin_api::{PluginRoot, PluginRoot_Ref};
 
     extern "C" fn manifest() -> PResult<PluginManifest> {
         plugin_sdk::guard(|| Ok(super::manifest()))
