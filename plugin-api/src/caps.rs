@@ -22,6 +22,14 @@ pub const CHECKPOINTS: &str = "checkpoints";
 pub const COMPILED_DECODE: &str = "compiled-decode";
 /// Logprobs can be reported inside speculative rounds.
 pub const SPECULATIVE_LOGPROBS: &str = "speculative-logprobs";
+/// Grammar-constrained rows can share a batch.
+pub const GRAMMAR_BATCH: &str = "grammar-batch";
+/// Rows with different adapters can share a batch.
+pub const ADAPTER_BATCH: &str = "adapter-batch";
+/// Continuous (grouped) rows can be checkpointed, not only serial runs.
+pub const SHARED_CHECKPOINTS: &str = "shared-checkpoints";
+/// The drafter follows the target's mounted adapters.
+pub const SPECULATIVE_ADAPTERS: &str = "speculative-adapters";
 
 // --- cache layouts ---
 /// `trim(n)` removes the last n tokens (rollback by trim).

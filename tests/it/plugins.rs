@@ -406,13 +406,17 @@ fn out_of_tree_family_honours_logits_modes_hidden_and_its_cache_in_process() {
 
     // What the family does not advertise is refused, not faked.
     let err = run(&[1], LogitsMode::LAST, false, &[0], &mut caches).err().expect("taps are refused");
+    assert_eq!(err.code, ErrorCode::UNSUPPORTED, "{err}");
     assert!(err.message.contains("hidden-taps"), "{err}");
     let err = run(&[1], LogitsMode(7), false, &[], &mut caches).err().expect("an unknown mode is refused");
+    assert_eq!(err.code, ErrorCode::UNSUPPORTED, "{err}");
     assert!(err.message.contains("logits mode 7"), "{err}");
     // A wrong number of caches is an error value, not a crash.
     let mut none: Vec<CacheBox> = Vec::new();
     let err = run(&[1], LogitsMode::LAST, false, &[], &mut none).err().expect("no caches is refused");
+    assert_eq!(err.code, ErrorCode::INVALID_INPUT, "{err}");
     assert!(err.message.contains("0 caches given for 1 layer"), "{err}");
+    assert_eq!(caches[0].offset(), 8, "refused calls appended nothing");
 
     // embed and lm_head (shared-embeddings) agree with forward.
     let ids = Array::from_slice(&[0i32, 17, 31], &[1, 3]);

@@ -32,13 +32,13 @@ fn tiny_models(root: &Path) -> Result<()> {
         .args(["--out", "models/tiny", "--tokenizer-from", DEFAULT_MODEL]))
 }
 
-/// Builds everything and runs the product's main job.
+/// Builds everything and runs the product's main job: the OpenAI API on
+/// the default model (extra arguments go to `host serve`).
 pub fn serve(root: &Path, extra: &[String]) -> Result<()> {
     default_model(root)?;
     let host = root.join("target/release/host");
     run(Command::new(&host).arg("--version"))?;
-    run(Command::new(&host).args(["generate", "--plugins", "plugins", "--model", DEFAULT_MODEL, "--chat", "What is the capital of France?", "--max-tokens", "64"]).args(extra))?;
-    Ok(())
+    run(Command::new(&host).args(["serve", "--plugins", "plugins", "--model", DEFAULT_MODEL]).args(extra))
 }
 
 /// Builds everything, prepares the oracle environment and runs the suite.

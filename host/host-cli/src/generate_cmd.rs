@@ -39,6 +39,9 @@ pub fn prompt_ids(engine: &Engine, p: &Prompt) -> Result<Vec<u32>> {
 
 pub fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, params: SamplingParams, ignore_eos: bool, logprobs: Option<usize>, as_json: bool) -> Result<()> {
     let req = GenerateRequest { prompt: prompt.clone(), max_tokens, params, stop_on_eos: !ignore_eos, logprobs };
+    // One request from the command line: serial, no prompt cache, no drafter.
+    let features = host_engine::plan::ServerFeatures { batch_limit: 1, ..Default::default() };
+    let plan = host_engine::plan::resolve_execution(&host_engine::plan::RequestFacts::of(&req), &engine.capabilities(None), &features);
     let mut detok = engine.text.clone().map(host_engine::tokenizer::Detokenizer::new);
     let mut lps = Vec::new();
     let mut stdout = std::io::stdout();
@@ -71,6 +74,7 @@ pub fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, params: Sa
             "dtype_reason": engine.dtype_reason,
             "family_plugin": engine.model.family_plugin,
             "cache_layouts": engine.model.layouts,
+            "execution": { "plan": plan.summary(), "reasons": plan.reasons },
         });
         if logprobs.is_some() {
             out["logprobs"] = json!(lps);

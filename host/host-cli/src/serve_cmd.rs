@@ -127,6 +127,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     stage(3, 4, "weights read (warm-up step done)", t0);
     let info = ModelInfo { max_context: engine.model.plan.max_context as usize, vocab_size: engine.model.plan.vocab_size };
     let text = engine.text.clone();
+    let caps = engine.capabilities(None);
     let model_id = a.model_id.clone().unwrap_or_else(|| model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
     let cfg = ServerConfig {
         host: a.host.clone().unwrap_or_else(|| "127.0.0.1".into()),
@@ -141,7 +142,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let worker = Worker::start(engine, cfg.queue);
     stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(host_server::serve(cfg, worker, text, info))?;
+    rt.block_on(host_server::serve(cfg, worker, text, info, caps))?;
     Ok(())
 }
 

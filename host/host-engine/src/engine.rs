@@ -107,3 +107,14 @@ impl Engine {
         }
     }
 }
+
+impl Engine {
+    /// The binding's capabilities for resolve_execution, from the tags the
+    /// family and layout plugins advertise (no plugin is named).
+    pub fn capabilities(&self, drafter: Option<&[&str]>) -> crate::plan::Capabilities {
+        let model: Vec<&str> = self.model.model_caps.iter().map(String::as_str).collect();
+        let tags: Vec<Vec<&str>> = self.model.layout_caps.iter().map(|(_, t)| t.iter().map(String::as_str).collect()).collect();
+        let layouts: Vec<(&str, &[&str])> = self.model.layout_caps.iter().zip(&tags).map(|((n, _), t)| (n.as_str(), t.as_slice())).collect();
+        crate::plan::Capabilities::from_tags(&model, &layouts, drafter)
+    }
+}

@@ -30,17 +30,7 @@
 use plugin_api::caps;
 use std::fmt;
 
-// Proposed capability tags that `plugin_api::caps` does not define yet. A host
-// ignores tags it does not know, so a plugin may advertise these already; they
-// belong in caps.rs once the first plugin does.
-/// Grammar-constrained rows can share a batch.
-pub const GRAMMAR_BATCH: &str = "grammar-batch";
-/// Rows with different adapters can share a batch.
-pub const ADAPTER_BATCH: &str = "adapter-batch";
-/// Continuous (grouped) rows can be checkpointed, not only serial runs.
-pub const SHARED_CHECKPOINTS: &str = "shared-checkpoints";
-/// The drafter follows the target's mounted adapters.
-pub const SPECULATIVE_ADAPTERS: &str = "speculative-adapters";
+use caps::{ADAPTER_BATCH, GRAMMAR_BATCH, SHARED_CHECKPOINTS, SPECULATIVE_ADAPTERS};
 
 /// What one request asks for; everything the plan depends on, nothing more.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -59,6 +49,18 @@ pub struct RequestFacts {
     /// Repetition/presence/frequency penalties (fine everywhere; recorded so
     /// the plan is a complete account of the request).
     pub has_penalties: bool,
+}
+
+impl RequestFacts {
+    /// The facts a plain generation request carries.
+    pub fn of(req: &crate::GenerateRequest) -> Self {
+        Self {
+            wants_logprobs: req.logprobs.is_some(),
+            user_seed: req.params.seed.is_some(),
+            has_penalties: req.params.has_penalties(),
+            ..Default::default()
+        }
+    }
 }
 
 /// What the composed binding (model family + cache layouts + drafter) can do.

@@ -35,6 +35,10 @@ pub struct ComposedModel {
     pub layouts: Vec<String>,
     pub cache_dtype: Dtype,
     pub scheme: String,
+    /// Capability tags of the family (manifest and plan) and of each chosen
+    /// layout plugin, for resolve_execution.
+    pub model_caps: Vec<String>,
+    pub layout_caps: Vec<(String, Vec<String>)>,
     factories: Vec<(NewCache, LayerNeed)>,
 }
 
@@ -115,6 +119,7 @@ impl Registry {
         let plan = plan_fn(RStr::from_str(&text)).into_result().map_err(perr)?;
         let mut factories = Vec::new();
         let mut layouts = Vec::new();
+        let mut layout_caps: Vec<(String, Vec<String>)> = Vec::new();
         for need in plan.layers.iter() {
             let p = self.layout_for(need, scheme, false)?;
             let f = p.root.new_cache().ok_or_else(|| ComposeError::Plugin {
@@ -123,6 +128,9 @@ impl Registry {
             })?;
             factories.push((f, need.clone()));
             layouts.push(p.name().to_owned());
+            if !layout_caps.iter().any(|(n, _)| n == p.name()) {
+                layout_caps.push((p.name().to_owned(), p.manifest.capabilities.iter().map(|c| c.to_string()).collect()));
+            }
         }
         let args = ModelOpenArgs {
             dir: RString::from(dir.to_string_lossy().as_ref()),
@@ -135,6 +143,8 @@ impl Registry {
         };
         let graph = open_fn(&args).into_result().map_err(perr)?;
         let cache_dtype = compute_dtype.unwrap_or(plan.weights_dtype);
+        let mut model_caps: Vec<String> = family.manifest.capabilities.iter().map(|c| c.to_string()).collect();
+        model_caps.extend(plan.capabilities.iter().map(|c| c.to_string()).filter(|c| !family.manifest.capabilities.iter().any(|m| m.as_str() == c)));
         Ok(ComposedModel {
             family_plugin: family.name().to_owned(),
             model_type: config.get("model_type").and_then(Value::as_str).unwrap_or("").to_owned(),
@@ -145,6 +155,8 @@ impl Registry {
             layouts,
             cache_dtype,
             scheme: scheme.to_owned(),
+            model_caps,
+            layout_caps,
             factories,
         })
     }

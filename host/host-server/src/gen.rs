@@ -77,7 +77,9 @@ pub fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usi
 }
 
 /// Queues the request; the job stops when `stop` is set or the receiver is gone.
-pub fn submit(st: &AppState, req: GenerateRequest) -> Result<Running, ApiError> {
+pub fn submit(st: &AppState, id: &str, req: GenerateRequest) -> Result<Running, ApiError> {
+    let plan = host_engine::plan::resolve_execution(&host_engine::plan::RequestFacts::of(&req), &st.caps, &st.features);
+    tracing::info!(id, prompt_tokens = req.prompt.len(), max_tokens = req.max_tokens, plan = %plan.summary(), "request accepted");
     let (tx, rx) = unbounded_channel();
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();

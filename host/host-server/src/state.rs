@@ -55,6 +55,10 @@ impl ServerStats {
 
 #[derive(Clone)]
 pub struct AppState {
+    /// What the served binding can do, and what this server enables: the
+    /// inputs of resolve_execution besides the request's own facts.
+    pub caps: Arc<host_engine::plan::Capabilities>,
+    pub features: host_engine::plan::ServerFeatures,
     pub worker: Arc<Worker>,
     pub text: Option<Arc<TextSide>>,
     pub info: ModelInfo,

@@ -54,8 +54,9 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     let rendered = template.render(&Value::Array(normalized), true, &kwargs).map_err(|e| ApiError::param("messages", e))?;
     let prompt = text.encode_rendered(&rendered).map_err(|e| ApiError::invalid(e.to_string()))?;
     let req = gen::request(&st, &common, prompt, logprobs)?;
-    let run = gen::submit(&st, req)?;
-    let ctx = Ctx { st: st.clone(), api: Api::Chat, id: st.next_id("chatcmpl"), created: unix_now(), logprobs, include_usage: common.include_usage };
+    let id = st.next_id("chatcmpl");
+    let run = gen::submit(&st, &id, req)?;
+    let ctx = Ctx { st: st.clone(), api: Api::Chat, id, created: unix_now(), logprobs, include_usage: common.include_usage };
     let asm = Assembler::new(text, common.stop.clone());
     if common.stream {
         Ok(respond::stream(ctx, run, asm))

@@ -46,9 +46,10 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     let common = Common::parse(&f, "max_tokens")?;
     let logprobs = top_count(f.value("logprobs"), 5, "logprobs")?;
     let req = gen::request(&st, &common, prompt, logprobs)?;
-    let run = gen::submit(&st, req)?;
     let text = st.text.clone().ok_or_else(|| ApiError::invalid("this model has no tokenizer to decode its output"))?;
-    let ctx = Ctx { st: st.clone(), api: Api::Completion, id: st.next_id("cmpl"), created: unix_now(), logprobs, include_usage: common.include_usage };
+    let id = st.next_id("cmpl");
+    let run = gen::submit(&st, &id, req)?;
+    let ctx = Ctx { st: st.clone(), api: Api::Completion, id, created: unix_now(), logprobs, include_usage: common.include_usage };
     let asm = Assembler::new(text, common.stop.clone());
     if common.stream {
         Ok(respond::stream(ctx, run, asm))

@@ -16,7 +16,7 @@ use model_kit::{error, Array, Result};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSliceMut, RVec};
 use plugin_api::*;
-use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, rstrings, view};
+use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_error, rstrings, view};
 use std::path::Path;
 
 /// The plugin's name (the `twin` variant claims the same strings under another name).
@@ -132,7 +132,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
             )));
         }
         match compute {
-            Some(dt) if t.dtype() != dt => t.as_dtype(dt).map_err(plugin_sdk::mlx_error),
+            Some(dt) if t.dtype() != dt => t.as_dtype(dt).map_err(mlx_error),
             _ => Ok(t),
         }
     };
@@ -164,15 +164,28 @@ impl Bigram {
         h.matmul(self.head.transpose_axes(&[1, 0])?)
     }
 
-    fn run(&self, args: &ForwardArgs<'_>, caches: &mut [CacheBox]) -> Result<ForwardOutput> {
-        let [cache] = caches else {
-            return Err(error(format!("forward: {} caches given for 1 layer", caches.len())));
-        };
+    /// Refuses what this graph cannot do, with the error code that says why.
+    fn check(&self, args: &ForwardArgs<'_>, caches: usize) -> std::result::Result<(), PluginError> {
+        if !args.taps.is_empty() {
+            return Err(PluginError::unsupported("toy-family has no hidden-taps capability"));
+        }
+        if ![LogitsMode::NONE, LogitsMode::LAST, LogitsMode::ALL].contains(&args.logits) {
+            // An open set: a newer host may send a mode this plugin predates.
+            return Err(PluginError::unsupported(format!("unknown logits mode {}", args.logits.0)));
+        }
+        if caches != 1 {
+            return Err(PluginError::invalid_input(format!("{caches} caches given for 1 layer")));
+        }
+        let tokens = view(args.tokens);
+        if tokens.ndim() != 2 || tokens.shape()[1] == 0 {
+            return Err(PluginError::invalid_input(format!("tokens must be [B, L] with L > 0, got {:?}", tokens.shape())));
+        }
+        Ok(())
+    }
+
+    fn run(&self, args: &ForwardArgs<'_>, cache: &mut CacheBox) -> Result<ForwardOutput> {
         // Borrowed for the call: `view` never frees the host's handle.
         let tokens = view(args.tokens);
-        if tokens.ndim() != 2 {
-            return Err(error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
-        }
         let (b, l, hd) = (tokens.shape()[0], tokens.shape()[1], self.plan.hidden_size as i32);
         let x = self.embed(&tokens)?; // [B, L, H]
 
@@ -202,14 +215,10 @@ impl Bigram {
         // The hidden state is the tail of what the cache holds: this step's embeddings.
         let h = slice(&keys, &[0, 0, total - l, 0], &[b, 1, total, hd])?.reshape(&[b, l, hd])?;
 
-        if !args.taps.is_empty() {
-            return Err(error("forward: toy-family has no hidden-taps capability"));
-        }
         let logits = match args.logits {
-            LogitsMode::NONE => ROption::RNone,
             LogitsMode::LAST => ROption::RSome(into_tensor(self.head(&slice(&h, &[0, l - 1, 0], &[b, l, hd])?)?)),
             LogitsMode::ALL => ROption::RSome(into_tensor(self.head(&h)?)),
-            other => return Err(error(format!("forward: unknown logits mode {}", other.0))),
+            _ => ROption::RNone, // NONE (check() refused the rest)
         };
         let hidden = if args.want_hidden { ROption::RSome(into_tensor(h)) } else { ROption::RNone };
         Ok(ForwardOutput { logits, hidden, taps: RVec::new() })
@@ -226,8 +235,12 @@ impl ModelGraph for Bigram {
             return guard(|| Err(PluginError::new(ErrorCode::INTERNAL, "toy-family forward failed on purpose (built with feature forward-error)")));
         }
         // Every boundary method runs inside a guard: a panic unwinding into
-        // abi_stable's vtable would abort the host.
-        guard_mlx(|| self.run(&args, caches.as_mut_slice()))
+        // abi_stable's vtable would abort the host. `guard` takes
+        // PluginErrors (with their codes); MLX's errors map to code MLX.
+        guard(|| {
+            self.check(&args, caches.len())?;
+            self.run(&args, &mut caches.as_mut_slice()[0]).map_err(mlx_error)
+        })
     }
 
     fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
