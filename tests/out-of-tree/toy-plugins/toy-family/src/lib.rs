@@ -142,6 +142,8 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
     if !left.is_empty() {
         return Err(PluginError::invalid_config(format!("unexpected tensors in the checkpoint: {}", left.join(", "))));
     }
+    // Read (and cast) the weights now: a bad file fails at load, not in the first request.
+    mlx_rs::transforms::eval([&embed, &head]).map_err(mlx_error)?;
     Ok(ModelGraph_TO::from_value(Bigram { plan: args.plan(), embed, head }, TD_Opaque))
 }
 
