@@ -136,7 +136,7 @@ fn a_client_that_disconnects_mid_stream_stops_its_generation() {
 
 #[test]
 fn a_full_queue_answers_503_with_retry_after() {
-    let s = Server::start(&model("tiny/tiny-llama-f32"), &["--queue", "1"]);
+    let s = Server::start(&model("tiny/tiny-llama-f32"), &["--queue", "1", "--batch", "1"]);
     let body = chat("Go on", json!({"max_tokens": 3000, "stream": true})).to_string();
     let open = || {
         let mut sock = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();

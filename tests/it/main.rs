@@ -2,6 +2,7 @@
 //! module is one area of the product.
 
 mod architecture;
+mod batching;
 mod foundation;
 mod http;
 mod parity;

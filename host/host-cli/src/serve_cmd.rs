@@ -42,6 +42,9 @@ pub struct ServeArgs {
     /// max_tokens for requests that give none (default 512).
     #[arg(long = "max-tokens")]
     pub max_tokens: Option<usize>,
+    /// Rows that may share a decode step (continuous batching); 1 = strict serial (default 8).
+    #[arg(long)]
+    pub batch: Option<usize>,
     #[arg(long)]
     pub temp: Option<f32>,
     #[arg(long = "top-p")]
@@ -67,6 +70,7 @@ struct FileArgs {
     body_limit: Option<usize>,
     queue: Option<usize>,
     max_tokens: Option<usize>,
+    batch: Option<usize>,
     temp: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<u32>,
@@ -93,6 +97,7 @@ fn merge(a: ServeArgs) -> Result<ServeArgs> {
         body_limit: a.body_limit.or(f.body_limit),
         queue: a.queue.or(f.queue),
         max_tokens: a.max_tokens.or(f.max_tokens),
+        batch: a.batch.or(f.batch),
         temp: a.temp.or(f.temp),
         top_p: a.top_p.or(f.top_p),
         top_k: a.top_k.or(f.top_k),
@@ -136,10 +141,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_limit: a.body_limit.unwrap_or(4 << 20),
         queue: a.queue.unwrap_or(64),
         default_max_tokens: a.max_tokens.unwrap_or(512),
+        batch: a.batch.unwrap_or(8).max(1),
         defaults: SamplingDefaults { temperature: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, repetition_penalty: a.repetition_penalty },
         model_id,
     };
-    let worker = Worker::start(engine, cfg.queue);
+    let worker = Worker::start(engine, cfg.queue, cfg.batch);
     stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(host_server::serve(cfg, worker, text, info, caps))?;

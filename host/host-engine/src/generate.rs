@@ -80,15 +80,15 @@ fn take(t: ROption<Tensor>, what: &str) -> Result<Array, EngineError> {
 }
 
 impl Engine {
-    /// Runs the graph over `tokens` `[1, L]`; returns `[1, V]` last logits
+    /// Runs the graph over `tokens` `[B, L]`; returns `[B, V]` last logits
     /// when asked, else the final hidden state (to evaluate the caches).
-    fn forward(&self, tokens: &Array, caches: &mut [CacheBox], logits: bool) -> Result<Array, EngineError> {
+    pub(crate) fn forward(&self, tokens: &Array, caches: &mut [CacheBox], logits: bool) -> Result<Array, EngineError> {
         let args = ForwardArgs { tokens: tensor_ref(tokens), logits: if logits { LogitsMode::LAST } else { LogitsMode::NONE }, want_hidden: !logits, taps: RSlice::from_slice(&[]) };
         let out = self.model.graph.forward(args, caches.into()).into_result().map_err(|e| EngineError::Model(e.to_string()))?;
         if logits {
             let l = take(out.logits, "logits")?;
             let v = l.shape()[l.ndim() - 1];
-            Ok(l.reshape(&[1, v])?)
+            Ok(l.reshape(&[-1, v])?)
         } else {
             take(out.hidden, "hidden state")
         }

@@ -12,6 +12,7 @@ pub mod plan;
 pub mod probe;
 pub mod runtime;
 pub mod sampling;
+pub mod scheduler;
 pub mod tokenizer;
 pub mod worker;
 

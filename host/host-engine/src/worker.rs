@@ -41,6 +41,9 @@ pub struct Stats {
     pub generated_tokens: AtomicU64,
     /// Tokens the most recently cancelled job had produced when it stopped.
     pub last_cancelled_tokens: AtomicU64,
+    /// Decode steps run, and the most rows any one of them carried.
+    pub decode_steps: AtomicU64,
+    pub max_batch_rows: AtomicU64,
 }
 
 pub struct Worker {
@@ -59,12 +62,23 @@ pub enum SubmitError {
 }
 
 impl Worker {
-    pub fn start(engine: Engine, queue: usize) -> Self {
+    /// Starts the engine thread. `batch` rows may share a decode step
+    /// (continuous batching); `batch == 1` runs strictly one job at a time.
+    pub fn start(engine: Engine, queue: usize, batch: usize) -> Self {
         let (tx, rx) = sync_channel::<Job>(queue.max(1));
         let stats = Arc::new(Stats::default());
         let shutdown = Arc::new(AtomicBool::new(false));
         let (s, stop) = (stats.clone(), shutdown.clone());
-        let thread = std::thread::Builder::new().name("engine".into()).spawn(move || run(engine, rx, s, stop)).expect("engine thread");
+        let thread = std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || {
+                if batch > 1 {
+                    crate::scheduler::Scheduler::new(&engine, s, stop, batch).run(rx)
+                } else {
+                    run(engine, rx, s, stop)
+                }
+            })
+            .expect("engine thread");
         Self { tx: Some(tx), thread: Some(thread), stats, shutdown }
     }
 
@@ -108,36 +122,41 @@ fn run(engine: Engine, rx: Receiver<Job>, stats: Arc<Stats>, shutdown: Arc<Atomi
             let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest("the server is shutting down".into())));
             continue;
         }
-        stats.requests.fetch_add(1, Ordering::SeqCst);
-        stats.active.fetch_add(1, Ordering::SeqCst);
-        stats.prompt_tokens.fetch_add(job.request.prompt.len() as u64, Ordering::SeqCst);
-        let mut produced = 0u64;
-        let mut stopped_by_caller = false;
-        let result = engine.generate(&job.request, |t| {
-            produced += 1;
-            stats.generated_tokens.fetch_add(1, Ordering::SeqCst);
-            let flow = (job.on_event)(Event::Token(TokenOut { id: t.id, logprob: t.logprob, top: t.top.clone() }));
-            if flow == Flow::Stop || shutdown.load(Ordering::SeqCst) {
-                stopped_by_caller = true;
-                return Flow::Stop;
+        run_one(&engine, job, &stats, &shutdown);
+    }
+}
+
+/// Runs one job alone with the serial (pipelined) decode loop.
+pub(crate) fn run_one(engine: &Engine, mut job: Job, stats: &Stats, shutdown: &AtomicBool) {
+    stats.requests.fetch_add(1, Ordering::SeqCst);
+    stats.active.fetch_add(1, Ordering::SeqCst);
+    stats.prompt_tokens.fetch_add(job.request.prompt.len() as u64, Ordering::SeqCst);
+    let mut produced = 0u64;
+    let mut stopped_by_caller = false;
+    let result = engine.generate(&job.request, |t| {
+        produced += 1;
+        stats.generated_tokens.fetch_add(1, Ordering::SeqCst);
+        let flow = (job.on_event)(Event::Token(TokenOut { id: t.id, logprob: t.logprob, top: t.top.clone() }));
+        if flow == Flow::Stop || shutdown.load(Ordering::SeqCst) {
+            stopped_by_caller = true;
+            return Flow::Stop;
+        }
+        Flow::Continue
+    });
+    stats.active.fetch_sub(1, Ordering::SeqCst);
+    match result {
+        Ok(r) => {
+            if stopped_by_caller && r.finish == Finish::Stop {
+                stats.cancelled.fetch_add(1, Ordering::SeqCst);
+                stats.last_cancelled_tokens.store(produced, Ordering::SeqCst);
+            } else {
+                stats.completed.fetch_add(1, Ordering::SeqCst);
             }
-            Flow::Continue
-        });
-        stats.active.fetch_sub(1, Ordering::SeqCst);
-        match result {
-            Ok(r) => {
-                if stopped_by_caller && r.finish == Finish::Stop {
-                    stats.cancelled.fetch_add(1, Ordering::SeqCst);
-                    stats.last_cancelled_tokens.store(produced, Ordering::SeqCst);
-                } else {
-                    stats.completed.fetch_add(1, Ordering::SeqCst);
-                }
-                let _ = (job.on_event)(Event::Done(r));
-            }
-            Err(e) => {
-                stats.failed.fetch_add(1, Ordering::SeqCst);
-                let _ = (job.on_event)(Event::Failed(e));
-            }
+            let _ = (job.on_event)(Event::Done(r));
+        }
+        Err(e) => {
+            stats.failed.fetch_add(1, Ordering::SeqCst);
+            let _ = (job.on_event)(Event::Failed(e));
         }
     }
 }

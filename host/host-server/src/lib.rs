@@ -82,9 +82,8 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
 pub async fn serve(cfg: ServerConfig, worker: Worker, text: Option<Arc<TextSide>>, info: ModelInfo, caps: host_engine::plan::Capabilities) -> std::io::Result<()> {
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let worker = Arc::new(worker);
-    // One engine thread serves requests one at a time; no prompt cache or
-    // drafter yet (docs/ARCHITECTURE.md, "Status").
-    let features = host_engine::plan::ServerFeatures { batch_limit: 1, ..Default::default() };
+    // No prompt cache or drafter yet (docs/ARCHITECTURE.md, "Status").
+    let features = host_engine::plan::ServerFeatures { batch_limit: cfg.batch, ..Default::default() };
     let st = AppState { caps: Arc::new(caps), features, worker: worker.clone(), text, info, cfg: Arc::new(cfg), stats: Arc::new(ServerStats::default()), ids: Arc::new(Default::default()) };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);

@@ -28,6 +28,8 @@ pub struct ServerConfig {
     pub queue: usize,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: usize,
+    /// Rows per decode step (1 = strict serial).
+    pub batch: usize,
     pub defaults: SamplingDefaults,
     pub model_id: String,
 }

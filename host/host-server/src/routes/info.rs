@@ -31,6 +31,8 @@ pub async fn stats(State(st): State<AppState>) -> Json<Value> {
         "prompt_tokens": w.prompt_tokens.load(Relaxed),
         "generated_tokens": w.generated_tokens.load(Relaxed),
         "last_cancelled_tokens": w.last_cancelled_tokens.load(Relaxed),
+        "decode_steps": w.decode_steps.load(Relaxed),
+        "max_batch_rows": w.max_batch_rows.load(Relaxed),
         "http_requests": s.http_requests.load(Relaxed),
         "client_errors": s.client_errors.load(Relaxed),
         "client_disconnects": s.client_disconnects.load(Relaxed),

@@ -1,0 +1,312 @@
+//! Continuous batching: requests join a running batch between decode steps
+//! and leave it independently.
+//!
+//! Each iteration of the loop (one "safe unit" of work):
+//! 1. admit queued jobs up to the batch limit (a job whose plan is serial
+//!    waits until the batch drains, then runs alone: serial and batched work
+//!    never share the device);
+//! 2. advance ONE joiner's prefill by one chunk on its own 1-row caches, so a
+//!    long prompt stalls running rows for at most one chunk; a joiner whose
+//!    prompt (all but the last token) is in its caches merges into the batch
+//!    caches (the layouts left-pad rows to a common length);
+//! 3. one decode step over every row: input `[B, 1]` (each row's pending
+//!    token), per-row logits processors, logprobs and sampler (own seed and
+//!    key), then per-row stop checks; finished or cancelled rows are filtered
+//!    out of the caches.
+//!
+//! A row's tokens are computed as in the serial loop: its prompt minus the
+//! last token is prefilled, then the last token produces the first logits.
+
+use crate::engine::{Engine, EngineError};
+use crate::generate::{token_array, Finish, Flow, GenerateResult, TokenOut};
+use crate::plan::{resolve_execution, Mechanism, RequestFacts, ServerFeatures};
+use crate::sampling::{top_logprobs, Sampler};
+use crate::worker::{Event, Job, Stats};
+use mlx_rs::Array;
+use plugin_api::abi_stable::std_types::{RSlice, RVec};
+use plugin_api::CacheBox;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+struct Row {
+    job: Job,
+    sampler: Sampler,
+    history: Vec<u32>,
+    out: Vec<u32>,
+    pending: u32,
+    eos: Vec<u32>,
+    start: Instant,
+    first_at: Option<Instant>,
+    stopped_by_caller: bool,
+}
+
+struct Joiner {
+    job: Job,
+    caches: Vec<CacheBox>,
+    /// Prompt tokens (of all but the last) already in `caches`.
+    done: usize,
+    start: Instant,
+}
+
+enum Outcome {
+    Continue,
+    Done(Finish),
+}
+
+pub struct Scheduler<'a> {
+    engine: &'a Engine,
+    stats: Arc<Stats>,
+    shutdown: Arc<AtomicBool>,
+    limit: usize,
+    rows: Vec<Row>,
+    batch: Option<Vec<CacheBox>>,
+    joining: VecDeque<Joiner>,
+    /// A job whose plan is serial, waiting for the batch to drain.
+    serial_next: Option<Job>,
+}
+
+impl<'a> Scheduler<'a> {
+    pub fn new(engine: &'a Engine, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, limit: usize) -> Self {
+        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), serial_next: None }
+    }
+
+    fn idle(&self) -> bool {
+        self.rows.is_empty() && self.joining.is_empty() && self.serial_next.is_none()
+    }
+
+    /// Runs until the queue is closed and all work is done.
+    pub fn run(mut self, rx: Receiver<Job>) {
+        let mut open = true;
+        loop {
+            if self.idle() {
+                if !open {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(job) => self.admit(job),
+                    Err(_) => return,
+                }
+            }
+            while open && self.serial_next.is_none() && self.rows.len() + self.joining.len() < self.limit {
+                match rx.try_recv() {
+                    Ok(job) => self.admit(job),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
+                }
+            }
+            if self.rows.is_empty() && self.joining.is_empty() {
+                if let Some(job) = self.serial_next.take() {
+                    self.run_serial(job);
+                }
+                continue;
+            }
+            // A joiner that fails is answered with its error; the batch goes on.
+            self.advance_joiner();
+            if !self.rows.is_empty() {
+                if let Err(e) = self.step() {
+                    // A failed batch step fails every row in it.
+                    for mut r in self.rows.drain(..) {
+                        self.stats.active.fetch_sub(1, Ordering::SeqCst);
+                        self.stats.failed.fetch_add(1, Ordering::SeqCst);
+                        let _ = (r.job.on_event)(Event::Failed(EngineError::Model(e.to_string())));
+                    }
+                    self.batch = None;
+                }
+            }
+        }
+    }
+
+    fn admit(&mut self, mut job: Job) {
+        self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+        if self.shutdown.load(Ordering::SeqCst) {
+            let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest("the server is shutting down".into())));
+            return;
+        }
+        let features = ServerFeatures { batch_limit: self.limit, ..Default::default() };
+        let plan = resolve_execution(&RequestFacts::of(&job.request), &self.engine.capabilities(None), &features);
+        if plan.mechanism == Mechanism::Serial {
+            self.serial_next = Some(job);
+            return;
+        }
+        if let Err(e) = validate(self.engine, &job) {
+            self.stats.failed.fetch_add(1, Ordering::SeqCst);
+            let _ = (job.on_event)(Event::Failed(e));
+            return;
+        }
+        self.stats.requests.fetch_add(1, Ordering::SeqCst);
+        self.stats.active.fetch_add(1, Ordering::SeqCst);
+        self.stats.prompt_tokens.fetch_add(job.request.prompt.len() as u64, Ordering::SeqCst);
+        match self.engine.new_caches() {
+            Ok(caches) => self.joining.push_back(Joiner { job, caches, done: 0, start: Instant::now() }),
+            Err(e) => self.fail_job(job, e),
+        }
+    }
+
+    fn fail_job(&self, mut job: Job, e: EngineError) {
+        self.stats.active.fetch_sub(1, Ordering::SeqCst);
+        self.stats.failed.fetch_add(1, Ordering::SeqCst);
+        let _ = (job.on_event)(Event::Failed(e));
+    }
+
+    /// A serial-only job, alone on the device (the batch has drained).
+    fn run_serial(&mut self, job: Job) {
+        crate::worker::run_one(self.engine, job, &self.stats, &self.shutdown);
+    }
+
+    /// One prefill chunk of the first joiner; merges it when its prompt is in.
+    fn advance_joiner(&mut self) {
+        let Some(mut j) = self.joining.pop_front() else { return };
+        let head = j.job.request.prompt.len() - 1;
+        let step = self.engine.prefill_step.max(1);
+        if j.done < head {
+            let end = (j.done + step).min(head);
+            if let Err(e) = self.engine.prefill(&j.job.request.prompt[j.done..end], &mut j.caches) {
+                return self.fail_job(j.job, e);
+            }
+            j.done = end;
+        }
+        if j.done < head {
+            self.joining.push_front(j);
+            return;
+        }
+        // The prompt (but its last token) is in: the row joins the batch.
+        if let Err(e) = self.merge(&mut j.caches) {
+            return self.fail_job(j.job, e);
+        }
+        let req = &j.job.request;
+        let sampler = match Sampler::new(req.params.clone()) {
+            Ok(s) => s,
+            Err(e) => return self.fail_job(j.job, e.into()),
+        };
+        let eos = if req.stop_on_eos { self.engine.eos_ids() } else { Vec::new() };
+        let pending = *req.prompt.last().unwrap();
+        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, job: j.job });
+    }
+
+    /// Appends a 1-row cache set to the batch caches, layer by layer.
+    fn merge(&mut self, single: &mut [CacheBox]) -> Result<(), EngineError> {
+        if self.batch.is_none() {
+            self.batch = Some(self.engine.model.new_caches(0)?);
+        }
+        let batch = self.batch.as_mut().unwrap();
+        for (b, s) in batch.iter_mut().zip(single.iter_mut()) {
+            let state = s.export_state().into_result().map_err(|e| EngineError::Model(format!("export_state: {e}")))?;
+            let mut v = RVec::new();
+            v.push(state);
+            b.merge_rows(v).into_result().map_err(|e| EngineError::Model(format!("merge_rows: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// One decode step over every row.
+    fn step(&mut self) -> Result<(), EngineError> {
+        let ids: Vec<u32> = self.rows.iter().map(|r| r.pending).collect();
+        self.stats.decode_steps.fetch_add(1, Ordering::Relaxed);
+        self.stats.max_batch_rows.fetch_max(ids.len() as u64, Ordering::Relaxed);
+        let input = token_array(&ids).reshape(&[ids.len() as i32, 1])?;
+        let batch = self.batch.as_mut().expect("rows have batch caches");
+        let logits = self.engine.forward(&input, batch, true)?;
+        let mut ys = Vec::with_capacity(self.rows.len());
+        let mut lps = Vec::with_capacity(self.rows.len());
+        for (i, r) in self.rows.iter_mut().enumerate() {
+            use mlx_rs::ops::indexing::IndexOp;
+            let row = logits.index(i as i32..i as i32 + 1);
+            let row = r.sampler.process(row, &r.history)?;
+            let lp = Sampler::logprobs(&row)?;
+            ys.push(r.sampler.sample(&lp)?);
+            lps.push(lp);
+        }
+        let y = mlx_rs::ops::concatenate(&ys, 0)?.as_dtype(mlx_rs::Dtype::Uint32)?;
+        y.eval()?;
+        let tokens: Vec<u32> = y.as_slice::<u32>().to_vec();
+        let mut keep: Vec<u32> = Vec::new();
+        let mut finished = Vec::new();
+        for (i, (r, lp)) in self.rows.iter_mut().zip(lps).enumerate() {
+            match handle_token(r, tokens[i], &lp, &self.stats, &self.shutdown)? {
+                Outcome::Continue => keep.push(i as u32),
+                Outcome::Done(f) => finished.push((i, f)),
+            }
+        }
+        if finished.is_empty() {
+            return Ok(());
+        }
+        for (i, f) in finished.into_iter().rev() {
+            let r = self.rows.remove(i);
+            finish_row(r, f, &self.stats);
+        }
+        let batch = self.batch.as_mut().unwrap();
+        if keep.is_empty() {
+            self.batch = None;
+        } else {
+            for c in batch.iter_mut() {
+                c.filter_rows(RSlice::from_slice(&keep)).into_result().map_err(|e| EngineError::Model(format!("filter_rows: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate(engine: &Engine, job: &Job) -> Result<(), EngineError> {
+    let req = &job.request;
+    if req.prompt.is_empty() {
+        return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+    }
+    req.params.validate().map_err(EngineError::InvalidRequest)?;
+    let vocab = engine.model.plan.vocab_size;
+    if let Some(bad) = req.prompt.iter().find(|&&t| t >= vocab) {
+        return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+    }
+    Ok(())
+}
+
+/// The serial loop's per-token rules: EOS ends without emitting; the caller
+/// may stop; `max_tokens` ends with `length`.
+fn handle_token(r: &mut Row, id: u32, lp: &Array, stats: &Stats, shutdown: &AtomicBool) -> Result<Outcome, EngineError> {
+    r.first_at.get_or_insert_with(Instant::now);
+    if r.eos.contains(&id) {
+        return Ok(Outcome::Done(Finish::Stop));
+    }
+    let (logprob, top) = match r.job.request.logprobs {
+        Some(k) => {
+            use mlx_rs::ops::indexing::IndexOp;
+            let chosen = lp.index((0, id as i32)).as_dtype(mlx_rs::Dtype::Float32)?.try_item_cast::<f32>()?;
+            (Some(chosen), top_logprobs(lp, k)?)
+        }
+        None => (None, Vec::new()),
+    };
+    r.out.push(id);
+    r.history.push(id);
+    r.pending = id;
+    stats.generated_tokens.fetch_add(1, Ordering::SeqCst);
+    let flow = (r.job.on_event)(Event::Token(TokenOut { id, logprob, top }));
+    if flow == Flow::Stop || shutdown.load(Ordering::SeqCst) {
+        r.stopped_by_caller = true;
+        return Ok(Outcome::Done(Finish::Stop));
+    }
+    if r.out.len() >= r.job.request.max_tokens {
+        return Ok(Outcome::Done(Finish::Length));
+    }
+    Ok(Outcome::Continue)
+}
+
+fn finish_row(mut r: Row, finish: Finish, stats: &Stats) {
+    stats.active.fetch_sub(1, Ordering::SeqCst);
+    if r.stopped_by_caller {
+        stats.cancelled.fetch_add(1, Ordering::SeqCst);
+        stats.last_cancelled_tokens.store(r.out.len() as u64, Ordering::SeqCst);
+    } else {
+        stats.completed.fetch_add(1, Ordering::SeqCst);
+    }
+    let first = r.first_at.unwrap_or_else(Instant::now);
+    let result = GenerateResult {
+        prompt_tokens: r.job.request.prompt.len(),
+        prefill_s: (first - r.start).as_secs_f64(),
+        decode_s: first.elapsed().as_secs_f64(),
+        tokens: std::mem::take(&mut r.out),
+        finish,
+    };
+    let _ = (r.job.on_event)(Event::Done(result));
+}
