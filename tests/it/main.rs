@@ -6,4 +6,5 @@ mod batching;
 mod foundation;
 mod http;
 mod parity;
+mod prefix_cache;
 mod plugins;

@@ -45,6 +45,9 @@ pub struct ServeArgs {
     /// Rows that may share a decode step (continuous batching); 1 = strict serial (default 8).
     #[arg(long)]
     pub batch: Option<usize>,
+    /// Prefix cache capacity in GiB (reused prompt state; 0 disables; default 1).
+    #[arg(long = "prompt-cache")]
+    pub prompt_cache: Option<f64>,
     #[arg(long)]
     pub temp: Option<f32>,
     #[arg(long = "top-p")]
@@ -71,6 +74,7 @@ struct FileArgs {
     queue: Option<usize>,
     max_tokens: Option<usize>,
     batch: Option<usize>,
+    prompt_cache: Option<f64>,
     temp: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<u32>,
@@ -98,6 +102,7 @@ fn merge(a: ServeArgs) -> Result<ServeArgs> {
         queue: a.queue.or(f.queue),
         max_tokens: a.max_tokens.or(f.max_tokens),
         batch: a.batch.or(f.batch),
+        prompt_cache: a.prompt_cache.or(f.prompt_cache),
         temp: a.temp.or(f.temp),
         top_p: a.top_p.or(f.top_p),
         top_k: a.top_k.or(f.top_k),
@@ -123,7 +128,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     stage(1, 4, &format!("{} plugins loaded; composing {}", reg.plugins.len(), model_dir.display()), t0);
     let choice = DtypeChoice::parse(a.dtype.as_deref().unwrap_or("auto")).map_err(anyhow::Error::msg)?;
-    let engine = Engine::load(&reg, &model_dir, choice).with_context(|| format!("loading {}", model_dir.display()))?;
+    let mut engine = Engine::load(&reg, &model_dir, choice).with_context(|| format!("loading {}", model_dir.display()))?;
+    let cache_gib = a.prompt_cache.unwrap_or(1.0);
+    if !(0.0..=1024.0).contains(&cache_gib) {
+        bail!("--prompt-cache must be between 0 and 1024 GiB");
+    }
+    engine.set_prefix_cache((cache_gib * (1u64 << 30) as f64) as usize);
     stage(2, 4, &format!("{} via {} with {:?}; dtype {} ({})", engine.model.model_type, engine.model.family_plugin, dedup(&engine.model.layouts), engine.dtype_name, engine.dtype_reason), t0);
     // MLX maps weights lazily: one tiny generation reads them all now rather
     // than on the first request.

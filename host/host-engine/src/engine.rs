@@ -65,6 +65,10 @@ pub struct Engine {
     pub dtype_reason: String,
     /// Prompt tokens per prefill chunk (mlx-lm's default: 2048).
     pub prefill_step: usize,
+    /// Reusable cache state by token prefix (disabled at capacity 0).
+    pub prefix: std::sync::Mutex<crate::prefix_cache::PrefixCache>,
+    /// Everything reused state depends on: model, dtype, layouts, tokenizer.
+    pub namespace: String,
 }
 
 impl Engine {
@@ -92,7 +96,16 @@ impl Engine {
         } else {
             None
         };
-        Ok(Self { model, text, dtype_name, dtype_reason: reason, prefill_step: 2048 })
+        let tokenizer_id = std::fs::metadata(dir.join("tokenizer.json")).map(|m| m.len()).unwrap_or(0);
+        // Adapters and drafters join the namespace when they exist.
+        let namespace = format!(
+            "{}|{}|{}|{}|tokenizer:{tokenizer_id}|adapter:none|drafter:none",
+            std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()).display(),
+            dtype_name,
+            model.scheme,
+            model.layouts.join(",")
+        );
+        Ok(Self { model, text, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace })
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).
@@ -116,5 +129,53 @@ impl Engine {
         let tags: Vec<Vec<&str>> = self.model.layout_caps.iter().map(|(_, t)| t.iter().map(String::as_str).collect()).collect();
         let layouts: Vec<(&str, &[&str])> = self.model.layout_caps.iter().zip(&tags).map(|((n, _), t)| (n.as_str(), t.as_slice())).collect();
         crate::plan::Capabilities::from_tags(&model, &layouts, drafter)
+    }
+}
+
+impl Engine {
+    /// Enables the prefix cache with this many bytes (0 disables it).
+    pub fn set_prefix_cache(&mut self, bytes: usize) {
+        self.prefix = std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(bytes));
+    }
+
+    /// Imports the longest cached prefix of `prompt` into fresh `caches`.
+    pub fn prefix_take(&self, prompt: &[u32], caches: &mut [plugin_api::CacheBox]) -> usize {
+        self.prefix.lock().map(|mut p| p.take(&self.namespace, prompt, caches)).unwrap_or(0)
+    }
+
+    /// Stores `caches`, which must hold exactly `tokens`.
+    pub fn prefix_put(&self, tokens: &[u32], caches: &[plugin_api::CacheBox]) {
+        if let Ok(mut p) = self.prefix.lock() {
+            p.put(&self.namespace, tokens, caches);
+        }
+    }
+
+    /// Stores exported 1-row states for `tokens`.
+    pub fn prefix_insert(&self, tokens: Vec<u32>, states: Vec<plugin_api::CacheState>) {
+        if let Ok(mut p) = self.prefix.lock() {
+            p.insert(&self.namespace, tokens, states);
+        }
+    }
+
+    /// Stores the end state of a generation: `known` = prompt + emitted
+    /// tokens; the caches may hold one token more (a step computed ahead),
+    /// which is trimmed first when the layouts can trim.
+    pub fn prefix_put_final(&self, known: &[u32], caches: &mut [plugin_api::CacheBox]) {
+        if !self.prefix.lock().map(|p| p.enabled()).unwrap_or(false) {
+            return;
+        }
+        let Some(held) = caches.first().map(|c| c.offset() as usize) else { return };
+        if held > known.len() {
+            let extra = (held - known.len()) as u64;
+            if !caches.iter_mut().all(|c| c.is_trimmable() && c.trim(extra) == extra) {
+                return;
+            }
+        }
+        let held = caches.first().map(|c| c.offset() as usize).unwrap_or(0);
+        self.prefix_put(&known[..held.min(known.len())], caches);
+    }
+
+    pub fn prefix_counters(&self) -> crate::prefix_cache::CacheCounters {
+        self.prefix.lock().map(|p| p.counters).unwrap_or_default()
     }
 }

@@ -50,6 +50,8 @@ pub struct GenerateResult {
     pub tokens: Vec<u32>,
     pub finish: Finish,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose state came from the prefix cache.
+    pub cached_tokens: usize,
     /// Seconds from start to the first token (prefill + first step).
     pub prefill_s: f64,
     /// Seconds from the first token to the last.
@@ -130,7 +132,13 @@ impl Engine {
         let start = Instant::now();
         let mut caches = self.new_caches()?;
         let (head, last) = req.prompt.split_at(req.prompt.len() - 1);
-        self.prefill(head, &mut caches)?;
+        let cached = self.prefix_take(&req.prompt, &mut caches);
+        self.prefill(&head[cached..], &mut caches)?;
+        if cached < head.len() {
+            // A prompt-boundary snapshot: what the next turn of a chat reuses
+            // even when its caches cannot trim (a wrapped ring).
+            self.prefix_put(head, &caches);
+        }
 
         let mut sampler = Sampler::new(req.params.clone())?;
         let eos = if req.stop_on_eos { self.eos_ids() } else { Vec::new() };
@@ -180,10 +188,14 @@ impl Engine {
             };
         }
         let first_at = first_at.unwrap_or_else(Instant::now);
+        let mut known = req.prompt.clone();
+        known.extend_from_slice(&out);
+        self.prefix_put_final(&known, &mut caches);
         Ok(GenerateResult {
             tokens: out,
             finish,
             prompt_tokens: req.prompt.len(),
+            cached_tokens: cached,
             prefill_s: (first_at - start).as_secs_f64(),
             decode_s: first_at.elapsed().as_secs_f64(),
         })

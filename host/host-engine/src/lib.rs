@@ -9,6 +9,7 @@ pub mod chat_template;
 pub mod engine;
 pub mod generate;
 pub mod plan;
+pub mod prefix_cache;
 pub mod probe;
 pub mod runtime;
 pub mod sampling;

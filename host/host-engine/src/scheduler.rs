@@ -33,6 +33,7 @@ use std::time::Instant;
 
 struct Row {
     job: Job,
+    cached: usize,
     sampler: Sampler,
     history: Vec<u32>,
     out: Vec<u32>,
@@ -48,6 +49,8 @@ struct Joiner {
     caches: Vec<CacheBox>,
     /// Prompt tokens (of all but the last) already in `caches`.
     done: usize,
+    /// Of those, how many came from the prefix cache.
+    cached: usize,
     start: Instant,
 }
 
@@ -140,7 +143,11 @@ impl<'a> Scheduler<'a> {
         self.stats.active.fetch_add(1, Ordering::SeqCst);
         self.stats.prompt_tokens.fetch_add(job.request.prompt.len() as u64, Ordering::SeqCst);
         match self.engine.new_caches() {
-            Ok(caches) => self.joining.push_back(Joiner { job, caches, done: 0, start: Instant::now() }),
+            Ok(mut caches) => {
+                let start = Instant::now();
+                let cached = self.engine.prefix_take(&job.request.prompt, &mut caches);
+                self.joining.push_back(Joiner { job, caches, done: cached, cached, start })
+            }
             Err(e) => self.fail_job(job, e),
         }
     }
@@ -173,6 +180,9 @@ impl<'a> Scheduler<'a> {
             return;
         }
         // The prompt (but its last token) is in: the row joins the batch.
+        if j.done > j.cached {
+            self.engine.prefix_put(&j.job.request.prompt[..head], &j.caches);
+        }
         if let Err(e) = self.merge(&mut j.caches) {
             return self.fail_job(j.job, e);
         }
@@ -183,7 +193,7 @@ impl<'a> Scheduler<'a> {
         };
         let eos = if req.stop_on_eos { self.engine.eos_ids() } else { Vec::new() };
         let pending = *req.prompt.last().unwrap();
-        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, job: j.job });
+        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, cached: j.cached, job: j.job });
     }
 
     /// Appends a 1-row cache set to the batch caches, layer by layer.
@@ -234,8 +244,9 @@ impl<'a> Scheduler<'a> {
             return Ok(());
         }
         for (i, f) in finished.into_iter().rev() {
+            self.keep_final_state(i);
             let r = self.rows.remove(i);
-            finish_row(r, f, &self.stats);
+            finish_row(r, f, &self.stats, self.engine);
         }
         let batch = self.batch.as_mut().unwrap();
         if keep.is_empty() {
@@ -246,6 +257,23 @@ impl<'a> Scheduler<'a> {
             }
         }
         Ok(())
+    }
+}
+
+impl Scheduler<'_> {
+    /// Offers a finishing row's state to the prefix cache (multi-turn reuse).
+    fn keep_final_state(&mut self, i: usize) {
+        if !self.engine.prefix.lock().map(|p| p.enabled()).unwrap_or(false) {
+            return;
+        }
+        let Some(batch) = self.batch.as_ref() else { return };
+        let states: Option<Vec<_>> = batch.iter().map(|c| c.extract_row(i as u32).into_result().ok()).collect();
+        let Some(states) = states else { return };
+        let held = states.first().map(|s| s.offset as usize).unwrap_or(0);
+        let known = &self.rows[i].history;
+        if held > 0 && held <= known.len() {
+            self.engine.prefix_insert(known[..held].to_vec(), states);
+        }
     }
 }
 
@@ -292,7 +320,7 @@ fn handle_token(r: &mut Row, id: u32, lp: &Array, stats: &Stats, shutdown: &Atom
     Ok(Outcome::Continue)
 }
 
-fn finish_row(mut r: Row, finish: Finish, stats: &Stats) {
+fn finish_row(mut r: Row, finish: Finish, stats: &Stats, engine: &Engine) {
     stats.active.fetch_sub(1, Ordering::SeqCst);
     if r.stopped_by_caller {
         stats.cancelled.fetch_add(1, Ordering::SeqCst);
@@ -303,10 +331,12 @@ fn finish_row(mut r: Row, finish: Finish, stats: &Stats) {
     let first = r.first_at.unwrap_or_else(Instant::now);
     let result = GenerateResult {
         prompt_tokens: r.job.request.prompt.len(),
+        cached_tokens: r.cached,
         prefill_s: (first - r.start).as_secs_f64(),
         decode_s: first.elapsed().as_secs_f64(),
         tokens: std::mem::take(&mut r.out),
         finish,
     };
+    stats.record(&result, engine);
     let _ = (r.job.on_event)(Event::Done(result));
 }

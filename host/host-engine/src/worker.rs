@@ -44,6 +44,46 @@ pub struct Stats {
     /// Decode steps run, and the most rows any one of them carried.
     pub decode_steps: AtomicU64,
     pub max_batch_rows: AtomicU64,
+    /// Time to first token: histogram counts per bucket (seconds, see
+    /// `TTFT_BUCKETS`), plus the sum in microseconds.
+    pub ttft_buckets: [AtomicU64; TTFT_BUCKETS.len()],
+    pub ttft_count: AtomicU64,
+    pub ttft_sum_us: AtomicU64,
+    /// The last finished request's prefill and decode tokens/s (f64 bits).
+    pub last_prefill_tps: AtomicU64,
+    pub last_decode_tps: AtomicU64,
+    /// Prefix cache counters, copied from the engine after each request.
+    pub prefix_hits: AtomicU64,
+    pub prefix_misses: AtomicU64,
+    pub prefix_hit_tokens: AtomicU64,
+    pub prefix_bytes: AtomicU64,
+    pub prefix_entries: AtomicU64,
+    /// Requests refused because they can never fit in memory.
+    pub admission_refusals: AtomicU64,
+}
+
+/// Upper bounds (seconds) of the time-to-first-token histogram buckets.
+pub const TTFT_BUCKETS: [f64; 10] = [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+impl Stats {
+    /// Records a finished request's timings and the engine's cache counters.
+    pub(crate) fn record(&self, r: &GenerateResult, engine: &Engine) {
+        for (i, le) in TTFT_BUCKETS.iter().enumerate() {
+            if r.prefill_s <= *le {
+                self.ttft_buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.ttft_count.fetch_add(1, Ordering::Relaxed);
+        self.ttft_sum_us.fetch_add((r.prefill_s * 1e6) as u64, Ordering::Relaxed);
+        self.last_prefill_tps.store(r.prefill_tps().to_bits(), Ordering::Relaxed);
+        self.last_decode_tps.store(r.decode_tps().to_bits(), Ordering::Relaxed);
+        let c = engine.prefix_counters();
+        self.prefix_hits.store(c.hits, Ordering::Relaxed);
+        self.prefix_misses.store(c.misses, Ordering::Relaxed);
+        self.prefix_hit_tokens.store(c.hit_tokens, Ordering::Relaxed);
+        self.prefix_bytes.store(c.bytes, Ordering::Relaxed);
+        self.prefix_entries.store(c.entries, Ordering::Relaxed);
+    }
 }
 
 pub struct Worker {
@@ -146,6 +186,7 @@ pub(crate) fn run_one(engine: &Engine, mut job: Job, stats: &Stats, shutdown: &A
     stats.active.fetch_sub(1, Ordering::SeqCst);
     match result {
         Ok(r) => {
+            stats.record(&r, engine);
             if stopped_by_caller && r.finish == Finish::Stop {
                 stats.cancelled.fetch_add(1, Ordering::SeqCst);
                 stats.last_cancelled_tokens.store(produced, Ordering::SeqCst);

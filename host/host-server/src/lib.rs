@@ -35,6 +35,7 @@ pub fn router(st: AppState) -> Router {
         .route("/v1/models", get(routes::info::models))
         .route("/health", get(routes::info::health))
         .route("/stats", get(routes::info::stats))
+        .route("/metrics", get(routes::metrics::metrics))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(st.clone(), guard))

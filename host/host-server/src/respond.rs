@@ -32,12 +32,12 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn usage(&self, prompt: usize, completion: usize) -> Value {
+    fn usage(&self, prompt: usize, completion: usize, cached: usize) -> Value {
         json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": { "cached_tokens": 0 },
+            "prompt_tokens_details": { "cached_tokens": cached },
         })
     }
 
@@ -154,7 +154,7 @@ pub async fn complete(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Result<
         "created": ctx.created,
         "model": ctx.st.cfg.model_id,
         "choices": [choice],
-        "usage": ctx.usage(run.prompt_tokens, completion),
+        "usage": ctx.usage(run.prompt_tokens, completion, result.cached_tokens),
     });
     Ok(axum::Json(body).into_response())
 }
@@ -226,7 +226,7 @@ pub fn stream(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Response {
                 let _ = tx.send(Ok(sse(&chunk(delta(String::new(), Value::Null, Some(finish)), None)))).await;
                 if ctx.include_usage {
                     let mut u = json!({ "id": ctx.id, "object": ctx.object(true), "created": ctx.created, "model": ctx.st.cfg.model_id, "choices": [] });
-                    u["usage"] = ctx.usage(run.prompt_tokens, r.tokens.len());
+                    u["usage"] = ctx.usage(run.prompt_tokens, r.tokens.len(), r.cached_tokens);
                     let _ = tx.send(Ok(sse(&u))).await;
                 }
             }

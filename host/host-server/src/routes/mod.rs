@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod completions;
 pub mod info;
+pub mod metrics;
 
 use crate::error::ApiError;
 use axum::body::Bytes;
