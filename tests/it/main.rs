@@ -1,6 +1,7 @@
 //! One test binary for the whole end-to-end suite (matklad's layout): each
 //! module is one area of the product.
 
+mod admission;
 mod architecture;
 mod batching;
 mod foundation;

@@ -115,6 +115,17 @@ enum Command {
     },
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve_cmd::ServeArgs),
+    /// Estimate the memory a model needs for a context length, and the largest context that fits.
+    Fit {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Total tokens of one request (prompt + generated).
+        #[arg(long)]
+        ctx: u64,
+        /// The budget to fit into, in GiB (default: 75% of RAM).
+        #[arg(long = "memory-budget")]
+        memory_budget: Option<f64>,
+    },
     /// Debugging aid: last-position logits of one full forward, as JSON.
     Logits {
         #[command(flatten)]
@@ -175,6 +186,21 @@ fn main() -> Result<()> {
             let ids = generate_cmd::prompt_ids(&engine, &p)?;
             let params = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };
             generate_cmd::generate(&engine, ids, max_tokens, params, ignore_eos, logprobs, json)?;
+        }
+        Some(Command::Fit { model, ctx, memory_budget }) => {
+            use host_engine::admission::{default_memory_budget, gib, Budget, MemoryModel};
+            let (_reg, engine) = engine(&model)?;
+            let m = MemoryModel::measure(&engine);
+            let budget = Budget { memory_bytes: memory_budget.map(|g| (g * (1u64 << 30) as f64) as u64).unwrap_or_else(default_memory_budget), kv_bytes: None };
+            let n = m.need(ctx.min(m.prefill_step), ctx);
+            println!("model        {} ({} via {}, dtype {})", model.model.display(), engine.model.model_type, engine.model.family_plugin, engine.dtype_name);
+            println!("weights      {:.3} GiB (measured after load)", gib(m.weights_bytes));
+            println!("KV           {} bytes/token x {ctx} tokens = {:.3} GiB", m.kv_bytes_per_token, gib(n.kv));
+            println!("transient    {:.3} GiB (one prefill chunk's activations + logits, estimated)", gib(n.transient));
+            println!("total        {:.3} GiB of a {:.2} GiB budget: {}", gib(m.weights_bytes + n.kv + n.transient), gib(budget.memory_bytes), if m.refuse(&budget, ctx.min(m.prefill_step), ctx).is_none() { "fits" } else { "does NOT fit" });
+            let most = m.max_tokens_that_fit(&budget);
+            let ctx_cap = if m.max_context > 0 { format!(" (the model's own context is {})", m.max_context) } else { String::new() };
+            println!("largest context that fits: {most} tokens{ctx_cap}");
         }
         Some(Command::Logits { model, prompt_ids }) => {
             let (_reg, engine) = engine(&model)?;

@@ -48,6 +48,12 @@ pub struct ServeArgs {
     /// Prefix cache capacity in GiB (reused prompt state; 0 disables; default 1).
     #[arg(long = "prompt-cache")]
     pub prompt_cache: Option<f64>,
+    /// Memory budget in GiB for weights + KV + transients (default: 75% of RAM).
+    #[arg(long = "memory-budget")]
+    pub memory_budget: Option<f64>,
+    /// Cap in GiB on the KV cache of all running requests together (default: none).
+    #[arg(long = "kv-budget")]
+    pub kv_budget: Option<f64>,
     #[arg(long)]
     pub temp: Option<f32>,
     #[arg(long = "top-p")]
@@ -75,6 +81,8 @@ struct FileArgs {
     max_tokens: Option<usize>,
     batch: Option<usize>,
     prompt_cache: Option<f64>,
+    memory_budget: Option<f64>,
+    kv_budget: Option<f64>,
     temp: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<u32>,
@@ -103,6 +111,8 @@ fn merge(a: ServeArgs) -> Result<ServeArgs> {
         max_tokens: a.max_tokens.or(f.max_tokens),
         batch: a.batch.or(f.batch),
         prompt_cache: a.prompt_cache.or(f.prompt_cache),
+        memory_budget: a.memory_budget.or(f.memory_budget),
+        kv_budget: a.kv_budget.or(f.kv_budget),
         temp: a.temp.or(f.temp),
         top_p: a.top_p.or(f.top_p),
         top_k: a.top_k.or(f.top_k),
@@ -141,6 +151,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
     engine.generate(&warm, |_| Flow::Continue).context("warm-up generation")?;
     stage(3, 4, "weights read (warm-up step done)", t0);
     let info = ModelInfo { max_context: engine.model.plan.max_context as usize, vocab_size: engine.model.plan.vocab_size };
+    let memory = host_engine::admission::MemoryModel::measure(&engine);
+    let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
+    let budget = host_engine::admission::Budget {
+        memory_bytes: a.memory_budget.map(gib).unwrap_or_else(host_engine::admission::default_memory_budget),
+        kv_bytes: a.kv_budget.map(gib),
+    };
+    eprintln!(
+        "memory: weights {:.3} GiB, KV {} bytes/token, budget {:.2} GiB{}",
+        host_engine::admission::gib(memory.weights_bytes),
+        memory.kv_bytes_per_token,
+        host_engine::admission::gib(budget.memory_bytes),
+        budget.kv_bytes.map(|k| format!(", KV budget {:.4} GiB", host_engine::admission::gib(k))).unwrap_or_default()
+    );
     let text = engine.text.clone();
     let caps = engine.capabilities(None);
     let model_id = a.model_id.clone().unwrap_or_else(|| model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
@@ -155,10 +178,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         defaults: SamplingDefaults { temperature: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, repetition_penalty: a.repetition_penalty },
         model_id,
     };
-    let worker = Worker::start(engine, cfg.queue, cfg.batch);
+    let worker = Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget)));
     stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(host_server::serve(cfg, worker, text, info, caps))?;
+    rt.block_on(host_server::serve(cfg, worker, text, info, caps, memory, budget))?;
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 //! decode loop. Does not own: HTTP (host-server), plugin discovery
 //! (host-loader) or any model family.
 
+pub mod admission;
 pub mod chat_template;
 pub mod engine;
 pub mod generate;

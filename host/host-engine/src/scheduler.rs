@@ -17,6 +17,7 @@
 //! A row's tokens are computed as in the serial loop: its prompt minus the
 //! last token is prefilled, then the last token produces the first logits.
 
+use crate::admission::{Budget, MemoryModel};
 use crate::engine::{Engine, EngineError};
 use crate::generate::{token_array, Finish, Flow, GenerateResult, TokenOut};
 use crate::plan::{resolve_execution, Mechanism, RequestFacts, ServerFeatures};
@@ -34,6 +35,8 @@ use std::time::Instant;
 struct Row {
     job: Job,
     cached: usize,
+    /// KV bytes this row may grow to (admission bookkeeping).
+    reserved: u64,
     sampler: Sampler,
     history: Vec<u32>,
     out: Vec<u32>,
@@ -69,15 +72,34 @@ pub struct Scheduler<'a> {
     joining: VecDeque<Joiner>,
     /// A job whose plan is serial, waiting for the batch to drain.
     serial_next: Option<Job>,
+    /// A job that fits the memory budget only once running rows finish.
+    waiting: Option<Job>,
+    memory: Option<(MemoryModel, Budget)>,
+    /// KV bytes reserved by the rows and joiners running now.
+    reserved: u64,
 }
 
 impl<'a> Scheduler<'a> {
-    pub fn new(engine: &'a Engine, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, limit: usize) -> Self {
-        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), serial_next: None }
+    pub fn new(engine: &'a Engine, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, limit: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
+        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), serial_next: None, waiting: None, memory, reserved: 0 }
     }
 
     fn idle(&self) -> bool {
-        self.rows.is_empty() && self.joining.is_empty() && self.serial_next.is_none()
+        self.rows.is_empty() && self.joining.is_empty() && self.serial_next.is_none() && self.waiting.is_none()
+    }
+
+    /// KV bytes a job may grow to.
+    fn need(&self, job: &Job) -> u64 {
+        let r = &job.request;
+        self.memory.map_or(0, |(m, _)| m.need(r.prompt.len() as u64, (r.prompt.len() + r.max_tokens) as u64).kv)
+    }
+
+    /// Whether a job fits beside what runs now.
+    fn fits(&self, job: &Job) -> bool {
+        let Some((m, b)) = &self.memory else { return true };
+        let r = &job.request;
+        let n = m.need(r.prompt.len() as u64, (r.prompt.len() + r.max_tokens) as u64);
+        self.reserved == 0 || m.fits_now(b, self.reserved, n)
     }
 
     /// Runs until the queue is closed and all work is done.
@@ -93,7 +115,14 @@ impl<'a> Scheduler<'a> {
                     Err(_) => return,
                 }
             }
-            while open && self.serial_next.is_none() && self.rows.len() + self.joining.len() < self.limit {
+            if let Some(job) = self.waiting.take() {
+                if self.fits(&job) {
+                    self.start(job);
+                } else {
+                    self.waiting = Some(job);
+                }
+            }
+            while open && self.serial_next.is_none() && self.waiting.is_none() && self.rows.len() + self.joining.len() < self.limit {
                 match rx.try_recv() {
                     Ok(job) => self.admit(job),
                     Err(TryRecvError::Empty) => break,
@@ -111,6 +140,7 @@ impl<'a> Scheduler<'a> {
             if !self.rows.is_empty() {
                 if let Err(e) = self.step() {
                     // A failed batch step fails every row in it.
+                    self.reserved = 0;
                     for mut r in self.rows.drain(..) {
                         self.stats.active.fetch_sub(1, Ordering::SeqCst);
                         self.stats.failed.fetch_add(1, Ordering::SeqCst);
@@ -139,6 +169,16 @@ impl<'a> Scheduler<'a> {
             let _ = (job.on_event)(Event::Failed(e));
             return;
         }
+        if !self.fits(&job) {
+            // It fits alone (the server refused what never fits): wait for rows to finish.
+            self.waiting = Some(job);
+            return;
+        }
+        self.start(job);
+    }
+
+    fn start(&mut self, job: Job) {
+        self.reserved += self.need(&job);
         self.stats.requests.fetch_add(1, Ordering::SeqCst);
         self.stats.active.fetch_add(1, Ordering::SeqCst);
         self.stats.prompt_tokens.fetch_add(job.request.prompt.len() as u64, Ordering::SeqCst);
@@ -152,7 +192,8 @@ impl<'a> Scheduler<'a> {
         }
     }
 
-    fn fail_job(&self, mut job: Job, e: EngineError) {
+    fn fail_job(&mut self, mut job: Job, e: EngineError) {
+        self.reserved = self.reserved.saturating_sub(self.need(&job));
         self.stats.active.fetch_sub(1, Ordering::SeqCst);
         self.stats.failed.fetch_add(1, Ordering::SeqCst);
         let _ = (job.on_event)(Event::Failed(e));
@@ -193,7 +234,8 @@ impl<'a> Scheduler<'a> {
         };
         let eos = if req.stop_on_eos { self.engine.eos_ids() } else { Vec::new() };
         let pending = *req.prompt.last().unwrap();
-        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, cached: j.cached, job: j.job });
+        let reserved = self.need(&j.job);
+        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, cached: j.cached, reserved, job: j.job });
     }
 
     /// Appends a 1-row cache set to the batch caches, layer by layer.
@@ -246,6 +288,7 @@ impl<'a> Scheduler<'a> {
         for (i, f) in finished.into_iter().rev() {
             self.keep_final_state(i);
             let r = self.rows.remove(i);
+            self.reserved = self.reserved.saturating_sub(r.reserved);
             finish_row(r, f, &self.stats, self.engine);
         }
         let batch = self.batch.as_mut().unwrap();

@@ -104,7 +104,7 @@ pub enum SubmitError {
 impl Worker {
     /// Starts the engine thread. `batch` rows may share a decode step
     /// (continuous batching); `batch == 1` runs strictly one job at a time.
-    pub fn start(engine: Engine, queue: usize, batch: usize) -> Self {
+    pub fn start(engine: Engine, queue: usize, batch: usize, memory: Option<(crate::admission::MemoryModel, crate::admission::Budget)>) -> Self {
         let (tx, rx) = sync_channel::<Job>(queue.max(1));
         let stats = Arc::new(Stats::default());
         let shutdown = Arc::new(AtomicBool::new(false));
@@ -113,7 +113,7 @@ impl Worker {
             .name("engine".into())
             .spawn(move || {
                 if batch > 1 {
-                    crate::scheduler::Scheduler::new(&engine, s, stop, batch).run(rx)
+                    crate::scheduler::Scheduler::new(&engine, s, stop, batch, memory).run(rx)
                 } else {
                     run(engine, rx, s, stop)
                 }

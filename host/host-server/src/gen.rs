@@ -43,6 +43,12 @@ pub fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usi
         Some(n) => n as usize,
         None => st.cfg.default_max_tokens.min(room),
     };
+    if let Some(why) = st.memory.refuse(&st.budget, prompt.len() as u64, (prompt.len() + max_tokens) as u64) {
+        st.worker.stats.admission_refusals.fetch_add(1, Ordering::Relaxed);
+        let mut e = ApiError::param("max_tokens", why);
+        e.code = Some("insufficient_memory");
+        return Err(e);
+    }
     if let Some(bad) = prompt.iter().find(|&&t| t >= st.info.vocab_size) {
         return Err(ApiError::param("prompt", format!("token id {bad} is outside the vocabulary (size {})", st.info.vocab_size)));
     }

@@ -80,12 +80,20 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
 
 /// Serves until SIGINT/SIGTERM; then stops accepting, cancels in-flight
 /// generation (each job ends within a decode step) and returns.
-pub async fn serve(cfg: ServerConfig, worker: Worker, text: Option<Arc<TextSide>>, info: ModelInfo, caps: host_engine::plan::Capabilities) -> std::io::Result<()> {
+pub async fn serve(
+    cfg: ServerConfig,
+    worker: Worker,
+    text: Option<Arc<TextSide>>,
+    info: ModelInfo,
+    caps: host_engine::plan::Capabilities,
+    memory: host_engine::admission::MemoryModel,
+    budget: host_engine::admission::Budget,
+) -> std::io::Result<()> {
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let worker = Arc::new(worker);
     // No prompt cache or drafter yet (docs/ARCHITECTURE.md, "Status").
-    let features = host_engine::plan::ServerFeatures { batch_limit: cfg.batch, ..Default::default() };
-    let st = AppState { caps: Arc::new(caps), features, worker: worker.clone(), text, info, cfg: Arc::new(cfg), stats: Arc::new(ServerStats::default()), ids: Arc::new(Default::default()) };
+    let features = host_engine::plan::ServerFeatures { batch_limit: cfg.batch, prompt_cache: true, ..Default::default() };
+    let st = AppState { caps: Arc::new(caps), features, memory, budget, worker: worker.clone(), text, info, cfg: Arc::new(cfg), stats: Arc::new(ServerStats::default()), ids: Arc::new(Default::default()) };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     let w = worker.clone();

@@ -61,6 +61,9 @@ pub struct AppState {
     /// inputs of resolve_execution besides the request's own facts.
     pub caps: Arc<host_engine::plan::Capabilities>,
     pub features: host_engine::plan::ServerFeatures,
+    /// Memory admission: what a request costs, and what the server allows.
+    pub memory: host_engine::admission::MemoryModel,
+    pub budget: host_engine::admission::Budget,
     pub worker: Arc<Worker>,
     pub text: Option<Arc<TextSide>>,
     pub info: ModelInfo,
