@@ -26,6 +26,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import _get_classes, load, load_model, quantize_model, save_config, save_model
 
 TOKENIZER_FILES = [
@@ -89,6 +90,19 @@ VARIANTS = {
             "original_max_position_embeddings": 8192,
             "rope_type": "llama3",
         },
+    },
+    # Llama with sliding-window layers (mlx-lm gives them a RotatingKVCache
+    # of max_size = sliding_window): a window of 8 is wrapped many times by a
+    # 5-token prompt + 64 generated tokens, and a prompt longer than 8 goes
+    # past the window within one prefill (the multi-token concat path).
+    "llama-swa": {
+        **LLAMA,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "sliding_window": 8,
+        "tie_word_embeddings": False,
     },
     # Mistral (mlx-lm maps it onto models/llama.py), untied.
     "mistral": {
@@ -259,6 +273,10 @@ def main():
                 if len(set(toks)) < 4:
                     sys.exit(f"{path}: degenerate greedy output {toks}")
                 check = f" distinct={len(set(toks))}/64"
+                if "layer_types" in VARIANTS[name]:
+                    # Sliding layers must get mlx-lm's RotatingKVCache.
+                    kinds = [type(c).__name__ for c in make_prompt_cache(model)]
+                    check += f" caches={','.join(kinds)}"
             print(
                 f"{status} {path} {folder_size(path) / 2**20:.1f}MiB"
                 f"{check} {time.perf_counter() - t0:.1f}s",

@@ -42,17 +42,22 @@ fn floats(v: &Value) -> Vec<f64> {
 
 /// Greedy 64 tokens and last-prompt logits of one tiny folder vs mlx-lm.
 fn check(name: &str) {
+    check_prompt(name, PROMPT);
+}
+
+/// [`check`] with another prompt (comma-separated ids).
+fn check_prompt(name: &str, prompt: &str) {
     let dir = model(&format!("tiny/{name}"));
     let d = dir.to_str().unwrap();
-    let r = oracle(&dir, &["--prompt-ids", PROMPT, "--max-tokens", "64"]);
-    let ours = host_json(&["generate", "--model", d, "--prompt-ids", PROMPT, "--max-tokens", "64", "--ignore-eos", "--dtype", "native", "--json"]);
+    let r = oracle(&dir, &["--prompt-ids", prompt, "--max-tokens", "64"]);
+    let ours = host_json(&["generate", "--model", d, "--prompt-ids", prompt, "--max-tokens", "64", "--ignore-eos", "--dtype", "native", "--json"]);
     let (want, got) = (ids(&r["tokens"]), ids(&ours["tokens"]));
     assert_eq!(want.len(), 64);
     if want != got {
         let i = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(want.len().min(got.len()));
         panic!("{name}: greedy tokens diverge from mlx-lm at step {i}: ours {:?} vs mlx-lm {:?}\noracle top-5 there: {}", &got[i..(i + 3).min(got.len())], &want[i..(i + 3).min(want.len())], r["step_logits_top"][i]);
     }
-    let logits = host_json(&["logits", "--model", d, "--prompt-ids", PROMPT, "--dtype", "native"]);
+    let logits = host_json(&["logits", "--model", d, "--prompt-ids", prompt, "--dtype", "native"]);
     let (a, b) = (floats(&logits["logits"]), floats(&r["prompt_last_logits"]));
     assert_eq!(a.len(), b.len(), "{name}: vocab sizes differ");
     let low_precision = !name.ends_with("-f32");
@@ -86,6 +91,24 @@ parity! {
     smollm3_f32 => "tiny-smollm3-f32",
     smollm3_bf16 => "tiny-smollm3-bf16",
     smollm3_q4 => "tiny-smollm3-q4",
+    // Sliding-window layers (window 8, kv-rotating): the 5-token prompt and
+    // 64 generated tokens wrap the ring many times.
+    llama_sliding_window_f32 => "tiny-llama-swa-f32",
+    llama_sliding_window_bf16 => "tiny-llama-swa-bf16",
+    llama_sliding_window_q4 => "tiny-llama-swa-q4",
+}
+
+/// A prompt longer than the window (40 ids, window 8): the prefill itself
+/// goes past the window (mlx-lm's multi-token concat path and an explicit
+/// window mask), the logits forward attends through a 40x40 window mask, and
+/// the first decode step cuts the 39-token storage down to the ring.
+#[test]
+fn llama_sliding_window_prompt_longer_than_the_window() {
+    let prompt: Vec<String> = (0..40u64).map(|i| ((i * 7919) % 49000 + 10).to_string()).collect();
+    let prompt = prompt.join(",");
+    for name in ["tiny-llama-swa-f32", "tiny-llama-swa-bf16"] {
+        check_prompt(name, &prompt);
+    }
 }
 
 #[test]

@@ -38,10 +38,10 @@ pub fn prompt_ids(engine: &Engine, p: &Prompt) -> Result<Vec<u32>> {
 }
 
 pub fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, params: SamplingParams, ignore_eos: bool, logprobs: Option<usize>, as_json: bool) -> Result<()> {
-    let req = GenerateRequest { prompt: prompt.clone(), max_tokens, params, stop_on_eos: !ignore_eos, logprobs };
-    // One request from the command line: serial, no prompt cache, no drafter.
-    let features = host_engine::plan::ServerFeatures { batch_limit: 1, ..Default::default() };
-    let plan = host_engine::plan::resolve_execution(&host_engine::plan::RequestFacts::of(&req), &engine.capabilities(None), &features);
+    let req = GenerateRequest { prompt: prompt.clone(), max_tokens, params, stop_on_eos: !ignore_eos, logprobs, speculate: true };
+    // One request from the command line: serial, no prompt cache.
+    let features = host_engine::plan::ServerFeatures { batch_limit: 1, speculation_enabled: engine.drafter.is_some(), ..Default::default() };
+    let plan = host_engine::plan::resolve_execution(&engine.facts(&req), &engine.capabilities(), &features);
     let mut detok = engine.text.clone().map(host_engine::tokenizer::Detokenizer::new);
     let mut lps = Vec::new();
     let mut stdout = std::io::stdout();
@@ -79,6 +79,9 @@ pub fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, params: Sa
         if logprobs.is_some() {
             out["logprobs"] = json!(lps);
         }
+        if let Some(sp) = &result.speculation {
+            out["speculation"] = crate::generate_cmd::spec_json(sp);
+        }
         println!("{}", serde_json::to_string(&out)?);
     } else {
         if let Some(d) = detok.as_mut() {
@@ -103,4 +106,17 @@ pub fn logits(engine: &Engine, prompt: Vec<u32>) -> Result<()> {
     let l = engine.prompt_logits(&prompt)?;
     println!("{}", serde_json::to_string(&json!({ "prompt_tokens": prompt, "logits": l, "compute_dtype": engine.dtype_name }))?);
     Ok(())
+}
+
+/// The `speculation` report (also used in HTTP usage).
+pub fn spec_json(sp: &host_engine::speculative::SpecStats) -> serde_json::Value {
+    json!({
+        "kind": sp.kind,
+        "drafted": sp.drafted,
+        "accepted": sp.accepted,
+        "rounds": sp.rounds,
+        "acceptance": if sp.drafted > 0 { sp.accepted as f64 / sp.drafted as f64 } else { 0.0 },
+        "accepted_by_position": sp.accepted_by_position,
+        "disabled": sp.disabled,
+    })
 }

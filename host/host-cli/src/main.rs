@@ -1,6 +1,7 @@
 //! The `host` binary. Parses the command line and hands each command to the
 //! crate that owns it; holds no logic of its own beyond the runtime switch.
 
+mod draft_cmd;
 mod generate_cmd;
 mod plugins_cmd;
 mod runtime_switch;
@@ -112,6 +113,8 @@ enum Command {
         /// Print one JSON object instead of streaming text.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        draft: draft_cmd::DraftArgs,
     },
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve_cmd::ServeArgs),
@@ -143,11 +146,11 @@ fn host_info() -> plugin_api::HostInfo {
     }
 }
 
-pub(crate) fn registry(dir: &Path) -> Result<Registry> {
-    Registry::discover(dir, &host_info()).map_err(anyhow::Error::msg)
+pub(crate) fn registry(dir: &Path) -> Result<std::sync::Arc<Registry>> {
+    Registry::discover(dir, &host_info()).map(std::sync::Arc::new).map_err(anyhow::Error::msg)
 }
 
-fn engine(m: &ModelArgs) -> Result<(Registry, Engine)> {
+fn engine(m: &ModelArgs) -> Result<(std::sync::Arc<Registry>, Engine)> {
     let reg = registry(&m.dir.plugins)?;
     for r in &reg.refused {
         eprintln!("plugin refused: {} ({}): {}", r.name.as_deref().unwrap_or("?"), r.dir.display(), r.reason);
@@ -180,8 +183,9 @@ fn main() -> Result<()> {
                 plugins_cmd::print_text(&reg);
             }
         }
-        Some(Command::Generate { model, prompt, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, ignore_eos, logprobs, json }) => {
-            let (_reg, engine) = engine(&model)?;
+        Some(Command::Generate { model, prompt, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, ignore_eos, logprobs, json, draft }) => {
+            let (reg, mut engine) = engine(&model)?;
+            draft_cmd::install(&reg, &mut engine, &draft)?;
             let p = generate_cmd::Prompt { text: prompt.prompt, chat: prompt.chat, ids: prompt.prompt_ids };
             let ids = generate_cmd::prompt_ids(&engine, &p)?;
             let params = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };

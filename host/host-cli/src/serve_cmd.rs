@@ -64,6 +64,8 @@ pub struct ServeArgs {
     pub min_p: Option<f32>,
     #[arg(long = "repetition-penalty")]
     pub repetition_penalty: Option<f32>,
+    #[command(flatten)]
+    pub draft: crate::draft_cmd::DraftArgs,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -88,6 +90,11 @@ struct FileArgs {
     top_k: Option<u32>,
     min_p: Option<f32>,
     repetition_penalty: Option<f32>,
+    draft_model: Option<PathBuf>,
+    draft_kind: Option<String>,
+    num_draft_tokens: Option<usize>,
+    ngram_max: Option<usize>,
+    ngram_min: Option<usize>,
 }
 
 /// Flags over the file.
@@ -118,6 +125,13 @@ fn merge(a: ServeArgs) -> Result<ServeArgs> {
         top_k: a.top_k.or(f.top_k),
         min_p: a.min_p.or(f.min_p),
         repetition_penalty: a.repetition_penalty.or(f.repetition_penalty),
+        draft: crate::draft_cmd::DraftArgs {
+            draft_model: a.draft.draft_model.or(f.draft_model),
+            draft_kind: a.draft.draft_kind.or(f.draft_kind),
+            num_draft_tokens: a.draft.num_draft_tokens.or(f.num_draft_tokens),
+            ngram_max: a.draft.ngram_max.or(f.ngram_max),
+            ngram_min: a.draft.ngram_min.or(f.ngram_min),
+        },
     })
 }
 
@@ -144,10 +158,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         bail!("--prompt-cache must be between 0 and 1024 GiB");
     }
     engine.set_prefix_cache((cache_gib * (1u64 << 30) as f64) as usize);
+    crate::draft_cmd::install(&reg, &mut engine, &a.draft)?;
     stage(2, 4, &format!("{} via {} with {:?}; dtype {} ({})", engine.model.model_type, engine.model.family_plugin, dedup(&engine.model.layouts), engine.dtype_name, engine.dtype_reason), t0);
     // MLX maps weights lazily: one tiny generation reads them all now rather
     // than on the first request.
-    let warm = GenerateRequest { prompt: vec![0], max_tokens: 1, params: SamplingParams::default(), stop_on_eos: false, logprobs: None };
+    let warm = GenerateRequest { prompt: vec![0], max_tokens: 1, params: SamplingParams::default(), stop_on_eos: false, logprobs: None, speculate: false };
     engine.generate(&warm, |_| Flow::Continue).context("warm-up generation")?;
     stage(3, 4, "weights read (warm-up step done)", t0);
     let info = ModelInfo { max_context: engine.model.plan.max_context as usize, vocab_size: engine.model.plan.vocab_size };
@@ -165,7 +180,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         budget.kv_bytes.map(|k| format!(", KV budget {:.4} GiB", host_engine::admission::gib(k))).unwrap_or_default()
     );
     let text = engine.text.clone();
-    let caps = engine.capabilities(None);
+    let caps = engine.capabilities();
+    let draft_kind = engine.drafter.as_ref().and_then(|d| d.lock().ok().map(|g| g.1.clone()));
     let model_id = a.model_id.clone().unwrap_or_else(|| model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
     let cfg = ServerConfig {
         host: a.host.clone().unwrap_or_else(|| "127.0.0.1".into()),
@@ -181,7 +197,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let worker = Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget)));
     stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(host_server::serve(cfg, worker, text, info, caps, memory, budget))?;
+    rt.block_on(host_server::serve(cfg, worker, text, info, caps, memory, budget, draft_kind))?;
     Ok(())
 }
 

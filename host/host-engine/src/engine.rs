@@ -60,6 +60,8 @@ pub struct Engine {
     pub model: ComposedModel,
     /// Shared with the HTTP layer (prompt building, detokenizing).
     pub text: Option<Arc<TextSide>>,
+    /// The compute dtype asked of the plugins (None = the checkpoint's).
+    pub compute_dtype: Option<Dtype>,
     /// The compute dtype in use, and why it was chosen.
     pub dtype_name: String,
     pub dtype_reason: String,
@@ -69,6 +71,10 @@ pub struct Engine {
     pub prefix: std::sync::Mutex<crate::prefix_cache::PrefixCache>,
     /// Everything reused state depends on: model, dtype, layouts, tokenizer.
     pub namespace: String,
+    /// The drafter for speculative decoding (kind, max depth), if configured.
+    pub drafter: Option<std::sync::Mutex<(plugin_api::DrafterBox, String, usize)>>,
+    /// Capability tags of the drafter plugin (for resolve_execution).
+    pub drafter_caps: Vec<String>,
 }
 
 impl Engine {
@@ -105,7 +111,7 @@ impl Engine {
             model.scheme,
             model.layouts.join(",")
         );
-        Ok(Self { model, text, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace })
+        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new() })
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).
@@ -124,15 +130,37 @@ impl Engine {
 impl Engine {
     /// The binding's capabilities for resolve_execution, from the tags the
     /// family and layout plugins advertise (no plugin is named).
-    pub fn capabilities(&self, drafter: Option<&[&str]>) -> crate::plan::Capabilities {
+    pub fn capabilities(&self) -> crate::plan::Capabilities {
+        let tags: Vec<&str> = self.drafter_caps.iter().map(String::as_str).collect();
+        let drafter = self.drafter.as_ref().map(|_| tags.as_slice());
         let model: Vec<&str> = self.model.model_caps.iter().map(String::as_str).collect();
         let tags: Vec<Vec<&str>> = self.model.layout_caps.iter().map(|(_, t)| t.iter().map(String::as_str).collect()).collect();
         let layouts: Vec<(&str, &[&str])> = self.model.layout_caps.iter().zip(&tags).map(|((n, _), t)| (n.as_str(), t.as_slice())).collect();
-        crate::plan::Capabilities::from_tags(&model, &layouts, drafter)
+        let mut caps = crate::plan::Capabilities::from_tags(&model, &layouts, drafter);
+        // The batch scheduler does not run speculative rows yet: a model's
+        // `grouped:speculative` cannot be honoured by this host.
+        caps.grouped_methods.retain(|m| m != "speculative");
+        caps
     }
 }
 
 impl Engine {
+    /// Installs a drafter. The prefix cache namespace then names it too
+    /// (state is only reused under the same drafter).
+    pub fn set_drafter(&mut self, drafter: plugin_api::DrafterBox, kind: &str, plugin: &str, caps: Vec<String>, depth: usize) {
+        self.drafter = Some(std::sync::Mutex::new((drafter, kind.to_owned(), depth.max(1))));
+        self.drafter_caps = caps;
+        self.namespace = self.namespace.replace("drafter:none", &format!("drafter:{plugin}/{kind}"));
+    }
+
+    /// The facts of a request as resolve_execution sees them.
+    pub fn facts(&self, req: &crate::GenerateRequest) -> crate::plan::RequestFacts {
+        let mut f = crate::plan::RequestFacts::of(req);
+        f.has_draft = self.drafter.is_some() && req.speculate;
+        f.draft_kind = self.drafter.as_ref().and_then(|d| d.lock().ok().map(|g| g.1.clone()));
+        f
+    }
+
     /// Enables the prefix cache with this many bytes (0 disables it).
     pub fn set_prefix_cache(&mut self, bytes: usize) {
         self.prefix = std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(bytes));

@@ -21,6 +21,8 @@ pub struct GenerateRequest {
     pub stop_on_eos: bool,
     /// Report the chosen token's logprob and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Use the engine's drafter when it has one (a per-request off switch).
+    pub speculate: bool,
 }
 
 /// One generated token as the caller sees it.
@@ -56,6 +58,8 @@ pub struct GenerateResult {
     pub prefill_s: f64,
     /// Seconds from the first token to the last.
     pub decode_s: f64,
+    /// What speculative decoding did, when it ran.
+    pub speculation: Option<crate::speculative::SpecStats>,
 }
 
 impl GenerateResult {
@@ -120,7 +124,21 @@ impl Engine {
         Ok(l.as_slice::<f32>().to_vec())
     }
 
-    pub fn generate(&self, req: &GenerateRequest, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<GenerateResult, EngineError> {
+    /// Generates for one request: speculatively when the engine has a
+    /// drafter and the request allows it (no penalties: they need each
+    /// token's history before the next is chosen), else plainly.
+    pub fn generate(&self, req: &GenerateRequest, on_token: impl FnMut(&TokenOut) -> Flow) -> Result<GenerateResult, EngineError> {
+        if let (true, Some(d)) = (req.speculate && !req.params.has_penalties(), &self.drafter) {
+            let mut guard = d.lock().map_err(|_| EngineError::Model("drafter lock poisoned".into()))?;
+            let (drafter, kind, depth) = &mut *guard;
+            let (mut r, stats) = self.generate_speculative(req, drafter, *depth, kind, on_token)?;
+            r.speculation = Some(stats);
+            return Ok(r);
+        }
+        self.generate_plain(req, on_token)
+    }
+
+    pub fn generate_plain(&self, req: &GenerateRequest, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<GenerateResult, EngineError> {
         if req.prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
         }
@@ -196,6 +214,7 @@ impl Engine {
             finish,
             prompt_tokens: req.prompt.len(),
             cached_tokens: cached,
+            speculation: None,
             prefill_s: (first_at - start).as_secs_f64(),
             decode_s: first_at.elapsed().as_secs_f64(),
         })

@@ -15,6 +15,7 @@ pub mod probe;
 pub mod runtime;
 pub mod sampling;
 pub mod scheduler;
+pub mod speculative;
 pub mod tokenizer;
 pub mod worker;
 

@@ -20,7 +20,7 @@
 use crate::admission::{Budget, MemoryModel};
 use crate::engine::{Engine, EngineError};
 use crate::generate::{token_array, Finish, Flow, GenerateResult, TokenOut};
-use crate::plan::{resolve_execution, Mechanism, RequestFacts, ServerFeatures};
+use crate::plan::{resolve_execution, Mechanism, ServerFeatures};
 use crate::sampling::{top_logprobs, Sampler};
 use crate::worker::{Event, Job, Stats};
 use mlx_rs::Array;
@@ -158,8 +158,8 @@ impl<'a> Scheduler<'a> {
             let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest("the server is shutting down".into())));
             return;
         }
-        let features = ServerFeatures { batch_limit: self.limit, ..Default::default() };
-        let plan = resolve_execution(&RequestFacts::of(&job.request), &self.engine.capabilities(None), &features);
+        let features = ServerFeatures { batch_limit: self.limit, speculation_enabled: self.engine.drafter.is_some(), ..Default::default() };
+        let plan = resolve_execution(&self.engine.facts(&job.request), &self.engine.capabilities(), &features);
         if plan.mechanism == Mechanism::Serial {
             self.serial_next = Some(job);
             return;
@@ -379,6 +379,7 @@ fn finish_row(mut r: Row, finish: Finish, stats: &Stats, engine: &Engine) {
         decode_s: first.elapsed().as_secs_f64(),
         tokens: std::mem::take(&mut r.out),
         finish,
+        speculation: None,
     };
     stats.record(&result, engine);
     let _ = (r.job.on_event)(Event::Done(result));

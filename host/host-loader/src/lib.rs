@@ -10,6 +10,7 @@
 pub mod compose;
 pub mod draft_kind;
 pub mod registry;
+pub mod services;
 pub mod toml_manifest;
 
 pub use compose::{ComposeError, ComposedModel};

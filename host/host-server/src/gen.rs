@@ -79,12 +79,15 @@ pub fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usi
         let p = m.split('`').nth(1).unwrap_or("sampling").to_owned();
         ApiError::param(&p, m)
     })?;
-    Ok(GenerateRequest { prompt, max_tokens, params, stop_on_eos: true, logprobs })
+    Ok(GenerateRequest { prompt, max_tokens, params, stop_on_eos: true, logprobs, speculate: true })
 }
 
 /// Queues the request; the job stops when `stop` is set or the receiver is gone.
 pub fn submit(st: &AppState, id: &str, req: GenerateRequest) -> Result<Running, ApiError> {
-    let plan = host_engine::plan::resolve_execution(&host_engine::plan::RequestFacts::of(&req), &st.caps, &st.features);
+    let mut facts = host_engine::plan::RequestFacts::of(&req);
+    facts.has_draft = st.draft_kind.is_some() && req.speculate;
+    facts.draft_kind = st.draft_kind.clone();
+    let plan = host_engine::plan::resolve_execution(&facts, &st.caps, &st.features);
     tracing::info!(id, prompt_tokens = req.prompt.len(), max_tokens = req.max_tokens, plan = %plan.summary(), "request accepted");
     let (tx, rx) = unbounded_channel();
     let stop = Arc::new(AtomicBool::new(false));

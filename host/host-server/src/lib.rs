@@ -88,12 +88,13 @@ pub async fn serve(
     caps: host_engine::plan::Capabilities,
     memory: host_engine::admission::MemoryModel,
     budget: host_engine::admission::Budget,
+    draft_kind: Option<String>,
 ) -> std::io::Result<()> {
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let worker = Arc::new(worker);
     // No prompt cache or drafter yet (docs/ARCHITECTURE.md, "Status").
-    let features = host_engine::plan::ServerFeatures { batch_limit: cfg.batch, prompt_cache: true, ..Default::default() };
-    let st = AppState { caps: Arc::new(caps), features, memory, budget, worker: worker.clone(), text, info, cfg: Arc::new(cfg), stats: Arc::new(ServerStats::default()), ids: Arc::new(Default::default()) };
+    let features = host_engine::plan::ServerFeatures { batch_limit: cfg.batch, prompt_cache: true, speculation_enabled: draft_kind.is_some(), ..Default::default() };
+    let st = AppState { caps: Arc::new(caps), features, memory, budget, draft_kind, worker: worker.clone(), text, info, cfg: Arc::new(cfg), stats: Arc::new(ServerStats::default()), ids: Arc::new(Default::default()) };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     let w = worker.clone();

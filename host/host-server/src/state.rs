@@ -64,6 +64,8 @@ pub struct AppState {
     /// Memory admission: what a request costs, and what the server allows.
     pub memory: host_engine::admission::MemoryModel,
     pub budget: host_engine::admission::Budget,
+    /// The engine's draft kind, when speculative decoding is configured.
+    pub draft_kind: Option<String>,
     pub worker: Arc<Worker>,
     pub text: Option<Arc<TextSide>>,
     pub info: ModelInfo,

@@ -1,0 +1,179 @@
+//! Speculative decoding, serial, over the `Drafter` ABI.
+//!
+//! Each round: the drafter proposes d1..dk continuing the history (k is its
+//! answer; 0 means "take a plain step"); ONE target forward over
+//! `[pending, d1..dk]` computes logits at every position; the target's own
+//! choice t_i at each position is drawn as in plain decoding (greedy argmax,
+//! or a sample with the request's key — exact-match acceptance of target
+//! samples keeps the target's distribution); d_(i+1) is accepted while it
+//! equals t_i; the first mismatch emits the target's token (a full accept
+//! emits the bonus token). The caches are rolled back through the layouts'
+//! speculative round to keep `pending + accepted drafts`.
+//!
+//! Adaptive: depth grows after a full accept and shrinks after a full
+//! reject; when acceptance stays low the request falls back to plain steps
+//! and says so.
+
+use crate::engine::{Engine, EngineError};
+use crate::generate::{token_array, Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
+use crate::sampling::{top_logprobs, Sampler};
+use mlx_rs::Array;
+use plugin_api::abi_stable::std_types::{ROption, RSlice};
+use plugin_api::{CacheBox, DraftArgs, DrafterBox, ForwardArgs, LogitsMode, TensorRef};
+use std::time::Instant;
+
+/// What speculation did for one request.
+#[derive(Debug, Clone, Default)]
+pub struct SpecStats {
+    pub kind: String,
+    pub drafted: u64,
+    pub accepted: u64,
+    pub rounds: u64,
+    /// `accepted_by_position[i]`: rounds whose draft i+1 was accepted.
+    pub accepted_by_position: Vec<u64>,
+    /// Set when the request stopped speculating, with the reason.
+    pub disabled: Option<String>,
+}
+
+/// Rounds before acceptance is judged, and the acceptance below which
+/// rounds cost more than they save.
+const PROBATION_ROUNDS: u64 = 4;
+const MIN_ACCEPTANCE: f64 = 0.15;
+
+fn tensor_ref(a: &Array) -> TensorRef<'_> {
+    unsafe { TensorRef::from_raw(a.as_ptr()) }
+}
+
+impl Engine {
+    /// Logits `[k+1, V]` at every position of `tokens` `[1, k+1]`.
+    fn forward_all(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<Array, EngineError> {
+        let args = ForwardArgs { tokens: tensor_ref(tokens), logits: LogitsMode::ALL, want_hidden: false, taps: RSlice::from_slice(&[]) };
+        let out = self.model.graph.forward(args, caches.into()).into_result().map_err(|e| EngineError::Model(e.to_string()))?;
+        let l = match out.logits {
+            ROption::RSome(t) => unsafe { Array::from_ptr(t.into_raw()) },
+            ROption::RNone => return Err(EngineError::Model("forward returned no logits".into())),
+        };
+        let v = l.shape()[l.ndim() - 1];
+        Ok(l.reshape(&[-1, v])?)
+    }
+
+    pub fn generate_speculative(&self, req: &GenerateRequest, drafter: &mut DrafterBox, max_depth: usize, kind: &str, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<(GenerateResult, SpecStats), EngineError> {
+        if req.prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        req.params.validate().map_err(EngineError::InvalidRequest)?;
+        let start = Instant::now();
+        let mut caches = self.new_caches()?;
+        let (head, _) = req.prompt.split_at(req.prompt.len() - 1);
+        let cached = self.prefix_take(&req.prompt, &mut caches);
+        self.prefill(&head[cached..], &mut caches)?;
+        drafter.prefill(RSlice::from_slice(&req.prompt)).into_result().map_err(|e| EngineError::Model(format!("drafter: {e}")))?;
+        let mut sampler = Sampler::new(req.params.clone())?;
+        let eos = if req.stop_on_eos { self.eos_ids() } else { Vec::new() };
+        let mut stats = SpecStats { kind: kind.to_owned(), accepted_by_position: vec![0; max_depth], ..Default::default() };
+        let mut history = req.prompt.clone();
+        let mut out: Vec<u32> = Vec::new();
+        let mut first_at = None;
+        let mut depth = max_depth.max(1);
+        let finish = 'gen: loop {
+            let room = req.max_tokens - out.len();
+            // The drafter's answer is authoritative; 0 tokens = a plain step.
+            let drafts: Vec<u32> = if stats.disabled.is_some() || room < 2 {
+                Vec::new()
+            } else {
+                let n = depth.min(room - 1);
+                // A drafter that fails costs this request its speculation, not its answer.
+                match drafter.draft(DraftArgs { history: RSlice::from_slice(&history), max_tokens: n as u32 }).into_result() {
+                    Ok(d) => d.tokens.into_iter().take(n).collect(),
+                    Err(e) => {
+                        stats.disabled = Some(format!("the drafter failed ({e}): plain steps from here"));
+                        Vec::new()
+                    }
+                }
+            };
+            let pending = *history.last().unwrap();
+            let mut drafts = drafts;
+            if !drafts.is_empty() {
+                // A layout may refuse a round (a wrapped ring cannot roll back):
+                // then this request takes plain steps, and says why.
+                if let Some(e) = caches.iter_mut().find_map(|c| c.spec_begin().into_result().err()) {
+                    stats.disabled = Some(format!("a cache layout refused a speculative round ({e}): plain steps from here"));
+                    drafts.clear();
+                }
+            }
+            let mut input = vec![pending];
+            input.extend_from_slice(&drafts);
+            let logits = self.forward_all(&token_array(&input), &mut caches)?;
+            // The target's choice at every position, in one evaluation.
+            let mut choices = Vec::with_capacity(input.len());
+            let mut lps = Vec::with_capacity(input.len());
+            for i in 0..input.len() as i32 {
+                use mlx_rs::ops::indexing::IndexOp;
+                let lp = Sampler::logprobs(&logits.index(i..i + 1))?;
+                choices.push(sampler.sample(&lp)?);
+                lps.push(lp);
+            }
+            let t = mlx_rs::ops::concatenate(&choices, 0)?.as_dtype(mlx_rs::Dtype::Uint32)?;
+            t.eval()?;
+            let t: Vec<u32> = t.as_slice::<u32>().to_vec();
+            let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();
+            if !drafts.is_empty() {
+                stats.rounds += 1;
+                stats.drafted += drafts.len() as u64;
+                stats.accepted += n as u64;
+                for p in stats.accepted_by_position.iter_mut().take(n) {
+                    *p += 1;
+                }
+                depth = if n == drafts.len() { (depth + 1).min(max_depth) } else if n == 0 { (depth.max(2) - 1).max(1) } else { depth };
+                let rate = stats.accepted as f64 / stats.drafted.max(1) as f64;
+                if stats.rounds >= PROBATION_ROUNDS && rate < MIN_ACCEPTANCE {
+                    stats.disabled = Some(format!("acceptance {:.0}% after {} rounds is below {:.0}%: plain steps from here", rate * 100.0, stats.rounds, MIN_ACCEPTANCE * 100.0));
+                }
+            }
+            // Keep pending + the accepted drafts; drop the rest.
+            let keep = [(n + 1) as u64];
+            for c in caches.iter_mut().filter(|_| !drafts.is_empty()) {
+                if n == drafts.len() {
+                    c.spec_commit().into_result().map_err(|e| EngineError::Model(format!("spec_commit: {e}")))?;
+                } else {
+                    c.spec_rollback(RSlice::from_slice(&keep)).into_result().map_err(|e| EngineError::Model(format!("spec_rollback: {e}")))?;
+                }
+            }
+            if !drafts.is_empty() && stats.disabled.is_none() {
+                if let Err(e) = drafter.commit(n as u32).into_result() {
+                    stats.disabled = Some(format!("the drafter failed to commit ({e}): plain steps from here"));
+                }
+            }
+            // Emit t_0..t_n with the serial loop's rules.
+            for (i, &id) in t.iter().take(n + 1).enumerate() {
+                first_at.get_or_insert_with(Instant::now);
+                if eos.contains(&id) {
+                    break 'gen Finish::Stop;
+                }
+                let (logprob, top) = match req.logprobs {
+                    Some(kk) => {
+                        use mlx_rs::ops::indexing::IndexOp;
+                        let chosen = lps[i].index((0, id as i32)).as_dtype(mlx_rs::Dtype::Float32)?.try_item_cast::<f32>()?;
+                        (Some(chosen), top_logprobs(&lps[i], kk)?)
+                    }
+                    None => (None, Vec::new()),
+                };
+                out.push(id);
+                history.push(id);
+                if on_token(&TokenOut { id, logprob, top }) == Flow::Stop {
+                    break 'gen Finish::Stop;
+                }
+                if out.len() >= req.max_tokens {
+                    break 'gen Finish::Length;
+                }
+            }
+        };
+        let first_at = first_at.unwrap_or_else(Instant::now);
+        self.prefix_put_final(&history, &mut caches);
+        Ok((
+            GenerateResult { tokens: out, finish, prompt_tokens: req.prompt.len(), cached_tokens: cached, prefill_s: (first_at - start).as_secs_f64(), decode_s: first_at.elapsed().as_secs_f64(), speculation: None },
+            stats,
+        ))
+    }
+}
+

@@ -1,0 +1,149 @@
+//! Drafter `draft-two-model` (kind `two-model`): a full second model with
+//! the target's tokenizer drafts greedily over its own caches. The host
+//! opens it with whatever family plugin claims it (`HostServices`), so any
+//! family can draft for any other.
+//!
+//! Cache bookkeeping: before a round the draft caches hold `cached` tokens
+//! of the history; a round feeds the rest of the history, then its own
+//! drafts d1..d(k-1) (dk is proposed but never fed). `commit(n)` keeps the
+//! history plus the accepted drafts it fed and trims the rest.
+
+use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
+use plugin_api::*;
+use plugin_sdk::mlx_rs::{self, Array};
+use plugin_sdk::{guard, into_array, rstrings};
+
+plugin_sdk::export_plugin! {
+    manifest: manifest,
+    detect_draft: detect,
+    open_drafter: open,
+}
+
+fn manifest() -> PluginManifest {
+    PluginManifest {
+        name: "draft-two-model".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        abi_version: ABI_VERSION,
+        kind: PluginKind::DRAFTER,
+        description: "a second model drafting greedily over its own caches".into(),
+        claims: Claims { draft_kinds: rstrings(&["two-model"]), ..Default::default() },
+        capabilities: rstrings(&[caps::NEEDS_DRAFT_MODEL]),
+        extra: RVec::new(),
+    }
+}
+
+/// Any folder with a config.json can be a draft model; the host's kind
+/// detection decides first (two-model is its fallback kind).
+fn detect(dir: &str, _config: &str) -> u32 {
+    u32::from(std::path::Path::new(dir).join("config.json").exists())
+}
+
+fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<DrafterBox, PluginError> {
+    let dir = args.dir.as_ref().map(|d| d.to_string()).into_option().ok_or_else(|| PluginError::invalid_input("the two-model drafter needs a draft model folder"))?;
+    let m = host.open_model(dir.as_str().into()).into_result()?;
+    Ok(Drafter_TO::from_value(TwoModel { graph: m.graph, caches: m.caches, cached: 0, fed: 0, depth: args.max_depth.max(1) as usize, _host: host }, TD_Opaque))
+}
+
+struct TwoModel {
+    graph: ModelBox,
+    caches: RVec<CacheBox>,
+    /// History tokens held by the caches.
+    cached: usize,
+    /// Drafts of the last round fed into the caches.
+    fed: usize,
+    depth: usize,
+    /// Keeps the host's services (and the draft model's plugins) alive.
+    _host: HostServicesBox,
+}
+
+fn tensor_ref(a: &Array) -> TensorRef<'_> {
+    unsafe { TensorRef::from_raw(a.as_ptr()) }
+}
+
+fn mlx(e: mlx_rs::error::Exception) -> PluginError {
+    PluginError::mlx(e.what().to_owned())
+}
+
+impl TwoModel {
+    /// Runs `tokens` `[1, L]` and returns the argmax of the last position (lazy).
+    fn next(&mut self, tokens: &Array) -> Result<Array, PluginError> {
+        let args = ForwardArgs { tokens: tensor_ref(tokens), logits: LogitsMode::LAST, want_hidden: false, taps: RSlice::from_slice(&[]) };
+        let out = self.graph.forward(args, self.caches.as_mut_rslice()).into_result()?;
+        let logits = match out.logits {
+            ROption::RSome(t) => into_array(t),
+            ROption::RNone => return Err(PluginError::invalid_input("draft model returned no logits")),
+        };
+        let v = logits.shape()[logits.ndim() - 1];
+        mlx_rs::ops::indexing::argmax_axis(logits.reshape(&[1, v]).map_err(mlx)?, -1, None).map_err(mlx)
+    }
+
+    fn trim_all(&mut self, n: u64) -> Result<(), PluginError> {
+        for c in self.caches.iter_mut() {
+            if !c.is_trimmable() || c.trim(n) != n {
+                return Err(PluginError::unsupported("the draft model's cache layout cannot trim"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn ids(tokens: &[u32]) -> Array {
+    let v: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+    Array::from_slice(&v, &[1, v.len() as i32])
+}
+
+impl Drafter for TwoModel {
+    fn prefill(&mut self, prompt: RSlice<'_, u32>) -> PResult<()> {
+        guard(|| {
+            let held = self.caches.first().map_or(0, |c| c.offset());
+            self.trim_all(held)?;
+            self.cached = 0;
+            self.fed = 0;
+            let head = &prompt.as_slice()[..prompt.len().saturating_sub(1)];
+            if !head.is_empty() {
+                let tokens = ids(head);
+                let args = ForwardArgs { tokens: tensor_ref(&tokens), logits: LogitsMode::NONE, want_hidden: true, taps: RSlice::from_slice(&[]) };
+                let out = self.graph.forward(args, self.caches.as_mut_rslice()).into_result()?;
+                if let ROption::RSome(h) = out.hidden {
+                    into_array(h).eval().map_err(mlx)?;
+                }
+                self.cached = head.len();
+            }
+            Ok(())
+        })
+    }
+
+    fn draft(&mut self, args: DraftArgs<'_>) -> PResult<Draft> {
+        guard(|| {
+            let h = args.history.as_slice();
+            let n = (args.max_tokens as usize).min(self.depth);
+            if n == 0 || h.len() <= self.cached {
+                return Ok(Draft { tokens: RVec::new(), probabilities: ROption::RNone });
+            }
+            // Feed the history it has not seen, then its own drafts (lazily:
+            // each argmax feeds the next step without a host sync).
+            let mut y = self.next(&ids(&h[self.cached..]))?;
+            self.cached = h.len();
+            let mut drafted = vec![y.clone()];
+            for _ in 1..n {
+                y = self.next(&y.reshape(&[1, 1]).map_err(mlx)?)?;
+                drafted.push(y.clone());
+            }
+            self.fed = n - 1;
+            let all = mlx_rs::ops::concatenate(&drafted, 0).map_err(mlx)?.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx)?;
+            all.eval().map_err(mlx)?;
+            Ok(Draft { tokens: all.as_slice::<u32>().iter().copied().collect(), probabilities: ROption::RNone })
+        })
+    }
+
+    fn commit(&mut self, accepted: u32) -> PResult<()> {
+        guard(|| {
+            let keep = (accepted as usize).min(self.fed);
+            self.trim_all((self.fed - keep) as u64)?;
+            self.cached += keep;
+            self.fed = 0;
+            Ok(())
+        })
+    }
+}
