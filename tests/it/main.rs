@@ -8,4 +8,5 @@ mod foundation;
 mod http;
 mod parity;
 mod prefix_cache;
+mod speculation;
 mod plugins;

@@ -80,7 +80,7 @@ pub fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, params: Sa
             out["logprobs"] = json!(lps);
         }
         if let Some(sp) = &result.speculation {
-            out["speculation"] = crate::generate_cmd::spec_json(sp);
+            out["speculation"] = sp.report();
         }
         println!("{}", serde_json::to_string(&out)?);
     } else {
@@ -108,15 +108,3 @@ pub fn logits(engine: &Engine, prompt: Vec<u32>) -> Result<()> {
     Ok(())
 }
 
-/// The `speculation` report (also used in HTTP usage).
-pub fn spec_json(sp: &host_engine::speculative::SpecStats) -> serde_json::Value {
-    json!({
-        "kind": sp.kind,
-        "drafted": sp.drafted,
-        "accepted": sp.accepted,
-        "rounds": sp.rounds,
-        "acceptance": if sp.drafted > 0 { sp.accepted as f64 / sp.drafted as f64 } else { 0.0 },
-        "accepted_by_position": sp.accepted_by_position,
-        "disabled": sp.disabled,
-    })
-}

@@ -10,8 +10,8 @@
 //! emits the bonus token). The caches are rolled back through the layouts'
 //! speculative round to keep `pending + accepted drafts`.
 //!
-//! Adaptive: depth grows after a full accept and shrinks after a full
-//! reject; when acceptance stays low the request falls back to plain steps
+//! Adaptive: each round drafts up to two tokens past what the last round
+//! accepted; when acceptance stays low the request falls back to plain steps
 //! and says so.
 
 use crate::engine::{Engine, EngineError};
@@ -33,6 +33,21 @@ pub struct SpecStats {
     pub accepted_by_position: Vec<u64>,
     /// Set when the request stopped speculating, with the reason.
     pub disabled: Option<String>,
+}
+
+impl SpecStats {
+    /// The `speculation` report of `generate --json` and HTTP `usage`.
+    pub fn report(&self) -> serde_json::Value {
+        serde_json::json!({
+            "kind": self.kind,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "rounds": self.rounds,
+            "acceptance": if self.drafted > 0 { self.accepted as f64 / self.drafted as f64 } else { 0.0 },
+            "accepted_by_position": self.accepted_by_position,
+            "disabled": self.disabled,
+        })
+    }
 }
 
 /// Rounds before acceptance is judged, and the acceptance below which
@@ -124,7 +139,9 @@ impl Engine {
                 for p in stats.accepted_by_position.iter_mut().take(n) {
                     *p += 1;
                 }
-                depth = if n == drafts.len() { (depth + 1).min(max_depth) } else if n == 0 { (depth.max(2) - 1).max(1) } else { depth };
+                // Draft about as far as the last round got, plus a little:
+                // long drafts that are cut short cost verify work for nothing.
+                depth = (n + 2).clamp(1, max_depth);
                 let rate = stats.accepted as f64 / stats.drafted.max(1) as f64;
                 if stats.rounds >= PROBATION_ROUNDS && rate < MIN_ACCEPTANCE {
                     stats.disabled = Some(format!("acceptance {:.0}% after {} rounds is below {:.0}%: plain steps from here", rate * 100.0, stats.rounds, MIN_ACCEPTANCE * 100.0));

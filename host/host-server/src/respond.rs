@@ -32,13 +32,17 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn usage(&self, prompt: usize, completion: usize, cached: usize) -> Value {
-        json!({
+    fn usage(&self, prompt: usize, r: &host_engine::GenerateResult) -> Value {
+        let mut u = json!({
             "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": { "cached_tokens": cached },
-        })
+            "completion_tokens": r.tokens.len(),
+            "total_tokens": prompt + r.tokens.len(),
+            "prompt_tokens_details": { "cached_tokens": r.cached_tokens },
+        });
+        if let Some(sp) = &r.speculation {
+            u["speculation"] = sp.report();
+        }
+        u
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -154,7 +158,7 @@ pub async fn complete(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Result<
         "created": ctx.created,
         "model": ctx.st.cfg.model_id,
         "choices": [choice],
-        "usage": ctx.usage(run.prompt_tokens, completion, result.cached_tokens),
+        "usage": ctx.usage(run.prompt_tokens, &result),
     });
     Ok(axum::Json(body).into_response())
 }
@@ -226,7 +230,7 @@ pub fn stream(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Response {
                 let _ = tx.send(Ok(sse(&chunk(delta(String::new(), Value::Null, Some(finish)), None)))).await;
                 if ctx.include_usage {
                     let mut u = json!({ "id": ctx.id, "object": ctx.object(true), "created": ctx.created, "model": ctx.st.cfg.model_id, "choices": [] });
-                    u["usage"] = ctx.usage(run.prompt_tokens, r.tokens.len(), r.cached_tokens);
+                    u["usage"] = ctx.usage(run.prompt_tokens, &r);
                     let _ = tx.send(Ok(sse(&u))).await;
                 }
             }

@@ -1,0 +1,157 @@
+//! Speculative decoding is lossless: greedy output with any drafter equals
+//! output without one; a self-draft accepts everything; n-gram drafting on
+//! a copy prompt accepts most of what it drafts; a sampled run keeps the
+//! target's distribution; HTTP usage reports what speculation did.
+
+use it::{host_bin, model, run_ok, Server};
+use serde_json::{json, Value};
+
+fn gen(m: &str, prompt: &[&str], extra: &[&str]) -> Value {
+    let d = model(m);
+    let mut cmd = std::process::Command::new(host_bin());
+    cmd.current_dir(it::repo_root()).args(["generate", "--model"]).arg(&d).args(prompt).args(["--json", "--ignore-eos", "--dtype", "native"]).args(extra);
+    serde_json::from_str(&run_ok(&mut cmd)).unwrap()
+}
+
+const IDS: &[&str] = &["--prompt-ids", "1,2,3,4,5,6,1,2,3,4,5,6,1,2,3", "--max-tokens", "48"];
+
+fn tokens(v: &Value) -> Vec<u64> {
+    v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+#[test]
+fn greedy_output_is_identical_with_every_drafter() {
+    for target in ["tiny/tiny-llama-f32", "tiny/tiny-qwen3-f32", "tiny/tiny-llama-swa-f32"] {
+        let plain = gen(target, IDS, &[]);
+        assert!(plain.get("speculation").is_none());
+        let self_dir = model(target).to_string_lossy().into_owned();
+        let other = model("tiny/tiny-mistral-f32").to_string_lossy().into_owned();
+        for drafter in [vec!["--draft-kind", "ngram"], vec!["--draft-model", &self_dir], vec!["--draft-model", &other, "--num-draft-tokens", "4"]] {
+            let spec = gen(target, IDS, &drafter);
+            assert_eq!(tokens(&spec), tokens(&plain), "{target} with {drafter:?} changed the greedy output");
+            let sp = &spec["speculation"];
+            assert!(sp["rounds"].as_u64().is_some() && sp["drafted"].as_u64().is_some(), "{target} {drafter:?}: {sp}");
+            assert!(spec["execution"]["plan"].as_str().unwrap().starts_with("speculative"), "{}", spec["execution"]);
+        }
+    }
+}
+
+#[test]
+fn a_self_draft_accepts_everything() {
+    let dir = model("tiny/tiny-llama-f32").to_string_lossy().into_owned();
+    let spec = gen("tiny/tiny-llama-f32", IDS, &["--draft-model", &dir]);
+    let sp = &spec["speculation"];
+    assert!(sp["drafted"].as_u64().unwrap() >= 30, "{sp}");
+    assert_eq!(sp["accepted"], sp["drafted"], "{sp}");
+    assert!(sp["disabled"].is_null());
+    // Every round accepted all three drafts: by position, each counts every round.
+    assert_eq!(sp["accepted_by_position"], json!([sp["rounds"], sp["rounds"], sp["rounds"]]));
+}
+
+#[test]
+fn a_useless_draft_falls_back_to_plain_steps_and_says_so() {
+    let other = model("tiny/tiny-qwen3-f32").to_string_lossy().into_owned();
+    let spec = gen("tiny/tiny-llama-f32", IDS, &["--draft-model", &other]);
+    let why = spec["speculation"]["disabled"].as_str().unwrap_or_else(|| panic!("{}", spec["speculation"]));
+    assert!(why.contains("acceptance") && why.contains("plain steps"), "{why}");
+}
+
+const COPY: &str = "The rules of the house:\n1. Shoes stay at the door.\n2. Dishes go in the sink after dinner.\n3. Lights are off by ten.\n4. Guests are welcome on weekends.\n\nThe rules of the house (copy):\n1. Shoes stay at the door.\n2.";
+
+#[test]
+fn ngram_on_a_copy_prompt_accepts_more_than_half_and_changes_nothing() {
+    let p = ["--prompt", COPY, "--max-tokens", "40"];
+    let plain = gen("smollm2-135m-instruct", &p, &[]);
+    let spec = gen("smollm2-135m-instruct", &p, &["--draft-kind", "ngram"]);
+    assert_eq!(tokens(&spec), tokens(&plain));
+    let sp = &spec["speculation"];
+    let (a, d) = (sp["accepted"].as_f64().unwrap(), sp["drafted"].as_f64().unwrap());
+    assert!(d > 0.0 && a / d > 0.5, "n-gram accepted {a} of {d}: {sp}");
+}
+
+#[test]
+fn a_draft_model_with_another_tokenizer_is_refused_at_start_up() {
+    let dir = it::Scratch::new("badtok");
+    let src = model("tiny/tiny-llama-f32");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.0.join(f)).unwrap();
+    }
+    // Same tokens and size, two ids swapped: it loads, but encodes differently.
+    let mut tok: Value = serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    let (a, b) = (vocab["()"].clone(), vocab["Ġloc"].clone());
+    vocab.insert("()".into(), b);
+    vocab.insert("Ġloc".into(), a);
+    std::fs::write(dir.0.join("tokenizer.json"), tok.to_string()).unwrap();
+    let out = std::process::Command::new(host_bin())
+        .current_dir(it::repo_root())
+        .args(["generate", "--model"])
+        .arg(&src)
+        .args(["--prompt-ids", "1,2", "--max-tokens", "2", "--draft-model"])
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tokenizer") && err.contains("differs"), "{err}");
+}
+
+/// Chi-square two-sample test on the joint outcome of the first two sampled
+/// tokens (top_k 3 at temperature 1: 9 cells), 300 seeds per arm. With the
+/// seeds fixed the test is deterministic; the critical value is the
+/// chi-square quantile at 99.9% (z = 3.09, Wilson-Hilferty), so a correct
+/// sampler fails it with probability 0.001 over the choice of seeds.
+#[test]
+fn sampled_speculation_keeps_the_target_distribution() {
+    let m = model("tiny/tiny-llama-f32");
+    let self_dir = m.to_string_lossy().into_owned();
+    let plain = Server::start(&m, &["--batch", "1"]);
+    let spec = Server::start(&m, &["--batch", "1", "--draft-model", &self_dir, "--num-draft-tokens", "2"]);
+    let sample = |s: &Server, seed: u64| -> (u64, u64, Value) {
+        let r = s.post("/v1/completions", &json!({ "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 1.0, "top_k": 3, "seed": seed, "logprobs": 0 })).json();
+        let toks = r["choices"][0]["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect::<Vec<_>>();
+        let h = |s: &str| s.bytes().fold(0u64, |a, b| a.wrapping_mul(131).wrapping_add(b as u64));
+        (h(&toks[0]), h(&toks[1]), r["usage"].clone())
+    };
+    let n = 300;
+    let mut counts: std::collections::BTreeMap<(u64, u64), [f64; 2]> = Default::default();
+    let mut drafted = 0;
+    for seed in 0..n {
+        let (a, b, _) = sample(&plain, seed);
+        counts.entry((a, b)).or_default()[0] += 1.0;
+        let (a, b, u) = sample(&spec, 10_000 + seed);
+        counts.entry((a, b)).or_default()[1] += 1.0;
+        drafted += u["speculation"]["drafted"].as_u64().unwrap_or(0);
+    }
+    assert!(drafted > 0, "speculation never drafted");
+    let total = [n as f64, n as f64];
+    let mut chi2 = 0.0;
+    for c in counts.values() {
+        let row = c[0] + c[1];
+        for k in 0..2 {
+            let e = row * total[k] / (2.0 * n as f64);
+            chi2 += (c[k] - e).powi(2) / e;
+        }
+    }
+    let df = (counts.len() - 1) as f64;
+    let z = 3.09;
+    let crit = df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3);
+    assert!(counts.len() > 1, "the sampler never varied");
+    assert!(chi2 < crit, "distributions differ: chi2 {chi2:.1} >= {crit:.1} (df {df}); counts {counts:?}");
+}
+
+#[test]
+fn http_usage_reports_speculation_and_output_is_unchanged() {
+    let m = model("smollm2-135m-instruct");
+    let plain = Server::start(&m, &["--batch", "1"]);
+    let spec = Server::start(&m, &["--draft-kind", "ngram"]);
+    let body = json!({ "prompt": COPY, "max_tokens": 30, "temperature": 0 });
+    let a = plain.post("/v1/completions", &body).json();
+    let b = spec.post("/v1/completions", &body).json();
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    let sp = &b["usage"]["speculation"];
+    for k in ["drafted", "accepted", "rounds", "accepted_by_position"] {
+        assert!(!sp[k].is_null(), "usage.speculation lacks {k}: {sp}");
+    }
+    assert!(a["usage"].get("speculation").is_none());
+}
