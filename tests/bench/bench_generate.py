@@ -10,7 +10,8 @@ Run the Python with LD_LIBRARY_PATH pointing at the engine's libmlx folder
 (`.mlx/lib`, or the CUDA wheel's) so both engines use the same runtime; the
 script refuses to run otherwise. Prints a markdown table with ratios
 (ours / mlx-lm; above 1 means we are faster). Each figure is the best of
-`--reps` alternating runs; model loading is excluded on both sides.
+`--reps` alternating runs; model loading is excluded on both sides, and each side runs the workload
+once untimed first (on a GPU the first run also compiles kernels).
 """
 import argparse
 import json
@@ -27,7 +28,7 @@ from mlx_lm.sample_utils import make_sampler
 def ours(a, model, ids):
     out = subprocess.run(
         [a.host, "generate", "--plugins", a.plugins, "--model", model, "--prompt-ids", ",".join(map(str, ids)),
-         "--max-tokens", str(a.gen), "--ignore-eos", "--json", "--dtype", a.dtype],
+         "--max-tokens", str(a.gen), "--ignore-eos", "--json", "--warmup", "--dtype", a.dtype],
         check=True, capture_output=True, text=True).stdout
     d = json.loads(out)
     assert len(d["tokens"]) == a.gen, d
@@ -60,7 +61,7 @@ def main():
         vocab = json.load(open(f"{model}/config.json"))["vocab_size"]
         rng = random.Random(0)
         ids = [rng.randrange(100, vocab - 1) for _ in range(a.prompt_len)]
-        theirs(m, tok, ids[:16], 4)  # warm-up (kernels, allocator)
+        theirs(m, tok, ids, a.gen)  # warm-up: the same workload once, untimed (ours: --warmup)
         best_o, best_t, dt = (0, 0), (0, 0), "?"
         for _ in range(a.reps):
             p, d, dt = ours(a, model, ids)

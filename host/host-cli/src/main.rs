@@ -115,6 +115,10 @@ enum Command {
         json: bool,
         #[command(flatten)]
         draft: draft_cmd::DraftArgs,
+        /// Run the same request once, untimed, before the measured run (steady-state
+        /// figures: on a GPU the first run also compiles kernels).
+        #[arg(long)]
+        warmup: bool,
     },
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve_cmd::ServeArgs),
@@ -183,12 +187,16 @@ fn main() -> Result<()> {
                 plugins_cmd::print_text(&reg);
             }
         }
-        Some(Command::Generate { model, prompt, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, ignore_eos, logprobs, json, draft }) => {
+        Some(Command::Generate { model, prompt, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, ignore_eos, logprobs, json, draft, warmup }) => {
             let (reg, mut engine) = engine(&model)?;
             draft_cmd::install(&reg, &mut engine, &draft)?;
             let p = generate_cmd::Prompt { text: prompt.prompt, chat: prompt.chat, ids: prompt.prompt_ids };
             let ids = generate_cmd::prompt_ids(&engine, &p)?;
             let params = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };
+            if warmup {
+                let req = host_engine::GenerateRequest { prompt: ids.clone(), max_tokens, params: params.clone(), stop_on_eos: !ignore_eos, logprobs, speculate: true };
+                engine.generate(&req, |_| host_engine::Flow::Continue)?;
+            }
             generate_cmd::generate(&engine, ids, max_tokens, params, ignore_eos, logprobs, json)?;
         }
         Some(Command::Fit { model, ctx, memory_budget }) => {

@@ -261,17 +261,35 @@ impl<'a> Scheduler<'a> {
         let input = token_array(&ids).reshape(&[ids.len() as i32, 1])?;
         let batch = self.batch.as_mut().expect("rows have batch caches");
         let logits = self.engine.forward(&input, batch, true)?;
-        let mut ys = Vec::with_capacity(self.rows.len());
+        // Rows without penalties share one logprobs computation; when every
+        // row is greedy, one argmax picks all tokens (per-row results equal
+        // the per-row computation: each reduction runs within its row).
+        let plain = self.rows.iter().all(|r| !r.sampler.params.has_penalties());
+        let all_lp = if plain { Some(Sampler::logprobs(&logits)?) } else { None };
         let mut lps = Vec::with_capacity(self.rows.len());
-        for (i, r) in self.rows.iter_mut().enumerate() {
-            use mlx_rs::ops::indexing::IndexOp;
-            let row = logits.index(i as i32..i as i32 + 1);
-            let row = r.sampler.process(row, &r.history)?;
-            let lp = Sampler::logprobs(&row)?;
-            ys.push(r.sampler.sample(&lp)?);
-            lps.push(lp);
-        }
-        let y = mlx_rs::ops::concatenate(&ys, 0)?.as_dtype(mlx_rs::Dtype::Uint32)?;
+        let y = match &all_lp {
+            Some(lp) if self.rows.iter().all(|r| r.sampler.params.is_greedy()) => {
+                for i in 0..self.rows.len() as i32 {
+                    use mlx_rs::ops::indexing::IndexOp;
+                    lps.push(lp.index(i..i + 1));
+                }
+                mlx_rs::ops::indexing::argmax_axis(lp, -1, None)?
+            }
+            _ => {
+                let mut ys = Vec::with_capacity(self.rows.len());
+                for (i, r) in self.rows.iter_mut().enumerate() {
+                    use mlx_rs::ops::indexing::IndexOp;
+                    let lp = match &all_lp {
+                        Some(all) => all.index(i as i32..i as i32 + 1),
+                        None => Sampler::logprobs(&r.sampler.process(logits.index(i as i32..i as i32 + 1), &r.history)?)?,
+                    };
+                    ys.push(r.sampler.sample(&lp)?);
+                    lps.push(lp);
+                }
+                mlx_rs::ops::concatenate(&ys, 0)?
+            }
+        };
+        let y = y.as_dtype(mlx_rs::Dtype::Uint32)?;
         y.eval()?;
         let tokens: Vec<u32> = y.as_slice::<u32>().to_vec();
         let mut keep: Vec<u32> = Vec::new();

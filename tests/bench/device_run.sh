@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The H200 benchmark run (second of two device calls; see docs/benchmarks.md).
+# Expects /tmp/mlxparts/part_aa from the first call, .gpu_b (shared/tools/gpu-wheels)
+# and .device (stripped host, plugins, libmlxc, tokenizer files).
+set -euo pipefail
+cat /tmp/mlxparts/part_aa .gpu_b/part_ab > /tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
+python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/mlx_cuda_13-*.whl .gpu_b/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+NV=$(python3 -c "import nvidia,os,glob; print(':'.join(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0],'*','lib')))))")
+export LD_LIBRARY_PATH="/tmp/site/mlx/lib:$PWD/.device/lib:$NV"
+H=.device/host; P=.device/plugins
+$H --version | tee $OUT/version.txt
+$H plugins --plugins $P | head -3
+python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok
+python3 tests/bench/make_shape.py --out /tmp/m/qwen3-tiny --preset qwen3-tiny --tokenizer-from .device/tok
+echo "## generate"; python3 tests/bench/bench_generate.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --model /tmp/m/qwen3-tiny --prompt-len 512 --gen 128 --reps 2 | tee $OUT/generate.md
+echo "## speculation"; python3 tests/bench/bench_spec.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --draft /tmp/m/qwen3-tiny --gen 128 --k 3 | tee $OUT/spec.md
+echo "## http"; python3 tests/bench/bench_http.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --requests 16 --max-tokens 128 --concurrency 1,4,8,16 | tee $OUT/http.md
+echo "## http --batch 16"; python3 tests/bench/bench_http.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --requests 16 --max-tokens 128 --concurrency 16 --extra "--batch 16" | tee $OUT/http16.md
