@@ -119,16 +119,23 @@ impl Engine {
             let mut input = vec![pending];
             input.extend_from_slice(&drafts);
             let logits = self.forward_all(&token_array(&input), &mut caches)?;
-            // The target's choice at every position, in one evaluation.
-            let mut choices = Vec::with_capacity(input.len());
-            let mut lps = Vec::with_capacity(input.len());
-            for i in 0..input.len() as i32 {
-                use mlx_rs::ops::indexing::IndexOp;
-                let lp = Sampler::logprobs(&logits.index(i..i + 1))?;
-                choices.push(sampler.sample(&lp)?);
-                lps.push(lp);
-            }
-            let t = mlx_rs::ops::concatenate(&choices, 0)?.as_dtype(mlx_rs::Dtype::Uint32)?;
+            // The target's choice at every position, in one evaluation: one
+            // logprobs op over all rows (reductions stay within a row), then
+            // one argmax when greedy, or one draw per position otherwise.
+            let all = Sampler::logprobs(&logits)?;
+            let lps: Vec<Array> = (0..input.len() as i32)
+                .map(|i| {
+                    use mlx_rs::ops::indexing::IndexOp;
+                    all.index(i..i + 1)
+                })
+                .collect();
+            let t = if sampler.params.is_greedy() {
+                mlx_rs::ops::indexing::argmax_axis(&all, -1, None)?
+            } else {
+                let draws = lps.iter().map(|lp| sampler.sample(lp)).collect::<Result<Vec<_>, _>>()?;
+                mlx_rs::ops::concatenate(&draws, 0)?
+            };
+            let t = t.as_dtype(mlx_rs::Dtype::Uint32)?;
             t.eval()?;
             let t: Vec<u32> = t.as_slice::<u32>().to_vec();
             let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();

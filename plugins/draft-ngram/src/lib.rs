@@ -60,7 +60,9 @@ struct Ngram {
 }
 
 /// The tokens after the most recent earlier occurrence of the longest
-/// trailing k-gram of `h`.
+/// trailing k-gram of `h`. The copy may run into the tail itself (as in
+/// LZ77): a history that cycles with period p keeps proposing the cycle, not
+/// just the p tokens before the end.
 fn lookup(h: &[u32], max: usize, min: usize, n: usize) -> Vec<u32> {
     for k in (min..=max).rev() {
         if h.len() <= k {
@@ -68,11 +70,14 @@ fn lookup(h: &[u32], max: usize, min: usize, n: usize) -> Vec<u32> {
         }
         let tail = &h[h.len() - k..];
         // Latest earlier start, excluding the tail itself.
-        for start in (0..h.len() - k).rev() {
-            if &h[start..start + k] == tail {
-                let from = start + k;
-                return h[from..(from + n).min(h.len())].to_vec();
+        if let Some(start) = (0..h.len() - k).rev().find(|&s| &h[s..s + k] == tail) {
+            let mut out = Vec::with_capacity(n);
+            let mut i = start + k;
+            while out.len() < n {
+                out.push(if i < h.len() { h[i] } else { out[i - h.len()] });
+                i += 1;
             }
+            return out;
         }
     }
     Vec::new()
@@ -105,8 +110,10 @@ mod tests {
         // Trailing 3-gram [1, 2, 3] occurred at 0 and 5; the latest is at 5.
         let h = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 4, 1, 2, 3];
         assert_eq!(lookup(&h, 3, 1, 3), vec![7, 8, 4]);
-        // Falls back to shorter n-grams, and caps at what exists.
-        assert_eq!(lookup(&[5, 6, 7, 6], 3, 1, 4), vec![7, 6]);
+        // Falls back to shorter n-grams; a copy that reaches the end of the
+        // history continues with what it copied (a cycle keeps cycling).
+        assert_eq!(lookup(&[5, 6, 7, 6], 3, 1, 4), vec![7, 6, 7, 6]);
+        assert_eq!(lookup(&[9, 9, 9], 3, 1, 5), vec![9, 9, 9, 9, 9]);
         assert_eq!(lookup(&[1, 2, 3], 3, 1, 4), Vec::<u32>::new());
         assert_eq!(lookup(&[4, 4], 3, 2, 4), Vec::<u32>::new());
     }
