@@ -3,12 +3,7 @@
 # Expects /tmp/mlxparts/part_aa from the first call, .gpu_b (shared/tools/gpu-wheels)
 # and .device (stripped host, plugins, libmlxc, tokenizer files).
 set -euo pipefail
-cat /tmp/mlxparts/part_aa .gpu_b/part_ab > /tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
-python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/mlx_cuda_13-*.whl .gpu_b/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-NV=$(python3 -c "import nvidia,os,glob; print(':'.join(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0],'*','lib')))))")
-export LD_LIBRARY_PATH="/tmp/site/mlx/lib:$PWD/.device/lib:$NV"
-H=.device/host; P=.device/plugins
+source tests/bench/device_env.sh
 $H --version | tee $OUT/version.txt
 $H plugins --plugins $P | head -3
 python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok

@@ -126,35 +126,77 @@ impl TextSide {
 }
 
 /// Incremental detokenizer: text deltas that never split a UTF-8 sequence
-/// (bytes of an incomplete character are held back until it completes).
+/// (an incomplete character is held back until it completes). It decodes a
+/// short window (the tokens since the last emitted boundary) rather than the
+/// whole output each time, so a long generation stays linear.
 pub struct Detokenizer {
     text: std::sync::Arc<TextSide>,
     ids: Vec<u32>,
-    emitted: usize,
+    /// Start of the decoding window (keeps context for merges and spaces).
+    prefix: usize,
+    /// Tokens whose text has been emitted.
+    read: usize,
 }
 
 impl Detokenizer {
     pub fn new(text: std::sync::Arc<TextSide>) -> Self {
-        Self { text, ids: Vec::new(), emitted: 0 }
+        Self { text, ids: Vec::new(), prefix: 0, read: 0 }
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        self.text.tokenizer.decode(ids, true).unwrap_or_default()
     }
 
     /// Adds a token; returns the new text it completes (possibly empty).
     pub fn push(&mut self, id: u32) -> String {
         self.ids.push(id);
-        let text = self.text.tokenizer.decode(&self.ids, true).unwrap_or_default();
-        if text.ends_with('\u{FFFD}') {
-            return String::new();
+        let before = self.decode(&self.ids[self.prefix..self.read]);
+        let now = self.decode(&self.ids[self.prefix..]);
+        if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.is_char_boundary(before.len()) {
+            let delta = now[before.len()..].to_owned();
+            self.prefix = self.read;
+            self.read = self.ids.len();
+            delta
+        } else {
+            String::new()
         }
-        let delta = text.get(self.emitted..).unwrap_or("").to_owned();
-        self.emitted = text.len();
-        delta
     }
 
     /// Everything still held back.
     pub fn finish(&mut self) -> String {
-        let text = self.text.tokenizer.decode(&self.ids, true).unwrap_or_default();
-        let delta = text.get(self.emitted..).unwrap_or("").to_owned();
-        self.emitted = text.len();
-        delta
+        let before = self.decode(&self.ids[self.prefix..self.read]);
+        let now = self.decode(&self.ids[self.prefix..]);
+        self.prefix = self.ids.len();
+        self.read = self.ids.len();
+        now.get(before.len()..).unwrap_or("").to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn side() -> Option<Arc<TextSide>> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/smollm2-135m-instruct");
+        let config = serde_json::json!({});
+        TextSide::load(&dir, &config).ok().map(Arc::new)
+    }
+
+    #[test]
+    fn streamed_deltas_concatenate_to_the_full_decode() {
+        let Some(t) = side() else {
+            panic!("models/smollm2-135m-instruct is missing: run `cargo xtask test`");
+        };
+        for text in ["Hello world, this is   spaced\ttext.", "héllo wörld — naïve café, 日本語, emoji 🦀🎉 done", "def f(x):\n    return x**2  # code 12345"] {
+            let ids = t.encode_rendered(text).unwrap();
+            let mut d = Detokenizer::new(t.clone());
+            let mut out = String::new();
+            for &id in &ids {
+                out.push_str(&d.push(id));
+            }
+            out.push_str(&d.finish());
+            assert_eq!(out, t.decode(&ids), "{text}");
+        }
     }
 }

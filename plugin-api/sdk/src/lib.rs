@@ -73,6 +73,29 @@ pub fn rstrings(items: &[&str]) -> RVec<RString> {
     items.iter().map(|s| RString::from(*s)).collect()
 }
 
+/// A manifest whose identity comes from the plugin crate itself: the name is
+/// the package name and the version its package version (which is what
+/// `plugin.toml` must say), and the ABI version is the one compiled in.
+///
+/// ```ignore
+/// plugin_sdk::manifest!(PluginKind::CACHE_LAYOUT, "what it is", claims, &[caps::TRIM])
+/// ```
+#[macro_export]
+macro_rules! manifest {
+    ($kind:expr, $description:expr, $claims:expr, $caps:expr $(,)?) => {
+        $crate::plugin_api::PluginManifest {
+            name: env!("CARGO_PKG_NAME").into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            abi_version: $crate::plugin_api::ABI_VERSION,
+            kind: $kind,
+            description: $description.into(),
+            claims: $claims,
+            capabilities: $crate::rstrings($caps),
+            extra: ::core::default::Default::default(),
+        }
+    };
+}
+
 /// Builds the `PluginRoot` and its guarded `extern "C"` entries. The
 /// plugin crate must depend on `abi_stable` directly: its export attribute
 /// names the crate by its absolute path.

@@ -6,7 +6,7 @@
 //! draft model.
 
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
-use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
+use plugin_api::abi_stable::std_types::{ROption, RSlice};
 use plugin_api::*;
 use plugin_sdk::{guard, rstrings};
 
@@ -17,16 +17,12 @@ plugin_sdk::export_plugin! {
 }
 
 fn manifest() -> PluginManifest {
-    PluginManifest {
-        name: "draft-ngram".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        abi_version: ABI_VERSION,
-        kind: PluginKind::DRAFTER,
-        description: "prompt lookup over the request's own tokens".into(),
-        claims: Claims { draft_kinds: rstrings(&["ngram"]), ..Default::default() },
-        capabilities: RVec::new(),
-        extra: RVec::new(),
-    }
+    plugin_sdk::manifest!(
+        PluginKind::DRAFTER,
+        "prompt lookup over the request's own tokens",
+        Claims { draft_kinds: rstrings(&["ngram"]), ..Default::default() },
+        &[],
+    )
 }
 
 /// Never claims an artifact: n-gram drafting is only ever asked for.

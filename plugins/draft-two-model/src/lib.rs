@@ -21,16 +21,12 @@ plugin_sdk::export_plugin! {
 }
 
 fn manifest() -> PluginManifest {
-    PluginManifest {
-        name: "draft-two-model".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        abi_version: ABI_VERSION,
-        kind: PluginKind::DRAFTER,
-        description: "a second model drafting greedily over its own caches".into(),
-        claims: Claims { draft_kinds: rstrings(&["two-model"]), ..Default::default() },
-        capabilities: rstrings(&[caps::NEEDS_DRAFT_MODEL]),
-        extra: RVec::new(),
-    }
+    plugin_sdk::manifest!(
+        PluginKind::DRAFTER,
+        "a second model drafting greedily over its own caches",
+        Claims { draft_kinds: rstrings(&["two-model"]), ..Default::default() },
+        &[caps::NEEDS_DRAFT_MODEL],
+    )
 }
 
 /// Any folder with a config.json can be a draft model; the host's kind

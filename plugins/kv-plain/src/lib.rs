@@ -20,16 +20,12 @@ plugin_sdk::export_plugin! {
 }
 
 fn manifest() -> PluginManifest {
-    PluginManifest {
-        name: "kv-plain".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        abi_version: ABI_VERSION,
-        kind: PluginKind::CACHE_LAYOUT,
-        description: "plain K/V in the model dtype, grown in steps, written in place".into(),
-        claims: Claims { cache_needs: rstrings(&["full"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
-        capabilities: rstrings(&[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS]),
-        extra: RVec::new(),
-    }
+    plugin_sdk::manifest!(
+        PluginKind::CACHE_LAYOUT,
+        "plain K/V in the model dtype, grown in steps, written in place",
+        Claims { cache_needs: rstrings(&["full"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
+        &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS],
+    )
 }
 
 fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {

@@ -36,16 +36,12 @@ plugin_sdk::export_plugin! {
 }
 
 fn manifest() -> PluginManifest {
-    PluginManifest {
-        name: "kv-rotating".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        abi_version: ABI_VERSION,
-        kind: PluginKind::CACHE_LAYOUT,
-        description: "sliding-window K/V in a ring of `window` slots, as mlx-lm's RotatingKVCache".into(),
-        claims: Claims { cache_needs: rstrings(&["sliding"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
-        capabilities: rstrings(&[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO]),
-        extra: RVec::new(),
-    }
+    plugin_sdk::manifest!(
+        PluginKind::CACHE_LAYOUT,
+        "sliding-window K/V in a ring of `window` slots, as mlx-lm's RotatingKVCache",
+        Claims { cache_needs: rstrings(&["sliding"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
+        &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO],
+    )
 }
 
 fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {

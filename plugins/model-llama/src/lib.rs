@@ -28,13 +28,10 @@ plugin_sdk::export_plugin! {
 }
 
 fn manifest() -> PluginManifest {
-    PluginManifest {
-        name: "model-llama".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        abi_version: ABI_VERSION,
-        kind: PluginKind::MODEL_FAMILY,
-        description: "Llama lineage: llama, mistral, qwen2, qwen3, smollm3".into(),
-        claims: Claims {
+    plugin_sdk::manifest!(
+        PluginKind::MODEL_FAMILY,
+        "Llama lineage: llama, mistral, qwen2, qwen3, smollm3",
+        Claims {
             model_types: rstrings(args::MODEL_TYPES),
             architectures: rstrings(&[
                 "LlamaForCausalLM",
@@ -45,9 +42,8 @@ fn manifest() -> PluginManifest {
             ]),
             ..Default::default()
         },
-        capabilities: rstrings(&[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, "grouped:speculative"]),
-        extra: RVec::new(),
-    }
+        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, "grouped:speculative"],
+    )
 }
 
 fn plan_model(config: &str) -> std::result::Result<ModelPlan, PluginError> {
