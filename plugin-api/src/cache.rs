@@ -91,7 +91,8 @@ pub trait CacheLayout: Send {
     /// `kv:plain:float32:h2:d16`. Persistence and reuse key on it.
     fn signature(&self) -> RString;
 
-    /// Tokens stored (per row, the maximum).
+    /// Tokens seen so far (per row, the maximum): the position of the next
+    /// token. A ring layout holds fewer than this once it wraps.
     fn offset(&self) -> u64;
 
     /// RoPE positions for the next tokens.
