@@ -158,6 +158,38 @@ VARIANTS = {
         "sliding_window": None,
         "tie_word_embeddings": True,
     },
+    # Gemma 3 text (mlx-lm models/gemma3_text.py): (1 + w) RMSNorms (4 per
+    # block + q/k norms), embeddings scaled by sqrt(hidden), gelu_approx MLP,
+    # query_pre_attn_scalar (32, not head_dim) as the attention scale, and
+    # every 3rd layer global (rope_theta + linear rope_scaling) while the
+    # others slide over a window of 8 with the local base. mlx-lm decides
+    # tying from the checkpoint (no lm_head.weight = tied), see build().
+    "gemma3": {
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "num_hidden_layers": 6,
+        "head_dim": 16,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 8,
+        "sliding_window_pattern": 3,
+        "layer_types": [
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+        ],
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "tie_word_embeddings": True,
+    },
 }
 
 # flavour -> (torch_dtype written in config.json, quantization or None).
@@ -204,6 +236,10 @@ def build(name, flavour):
     config["torch_dtype"] = dtype_name
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
+    if config["model_type"] == "gemma3_text" and config.get("tie_word_embeddings"):
+        # gemma3_text always builds an lm_head and ties only in sanitize()
+        # when the checkpoint has none: drop it as loading a tied one does.
+        model.sanitize({})
     random_params(model, seed_of(name))
     # As mlx_lm.convert: cast floating parameters to torch_dtype.
     dtype = getattr(mx, dtype_name)

@@ -210,3 +210,32 @@ fn the_openai_python_sdk_works_against_the_tiny_model() {
 fn the_openai_python_sdk_works_against_the_default_model() {
     sdk_check("smollm2-135m-instruct", true);
 }
+
+#[test]
+fn sigterm_cancels_in_flight_generation_and_exits_cleanly() {
+    let mut s = Server::start(&model("tiny/tiny-llama-f32"), &[]);
+    let body = chat("Keep going", json!({"max_tokens": 3000, "stream": true})).to_string();
+    let mut sock = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut buf = [0u8; 2048];
+    assert!(sock.read(&mut buf).unwrap() > 0, "the stream started");
+    let pid = s.child.id() as i32;
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    assert_eq!(unsafe { kill(pid, 15) }, 0);
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t.elapsed().as_secs() < 20, "the server did not exit after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status {status}");
+    // The in-flight stream ended (cancelled, then closed) instead of running 3000 tokens.
+    let mut rest = Vec::new();
+    let _ = sock.read_to_end(&mut rest);
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    assert!(log.contains("shutting down"), "{log}");
+}

@@ -96,6 +96,11 @@ parity! {
     llama_sliding_window_f32 => "tiny-llama-swa-f32",
     llama_sliding_window_bf16 => "tiny-llama-swa-bf16",
     llama_sliding_window_q4 => "tiny-llama-swa-q4",
+    // Gemma 3 (model-gemma3): 6 layers, every 3rd global (linear rope
+    // scaling), the others sliding over a window of 8 (kv-rotating).
+    gemma3_f32 => "tiny-gemma3-f32",
+    gemma3_bf16 => "tiny-gemma3-bf16",
+    gemma3_q4 => "tiny-gemma3-q4",
 }
 
 /// A prompt longer than the window (40 ids, window 8): the prefill itself
@@ -103,10 +108,10 @@ parity! {
 /// window mask), the logits forward attends through a 40x40 window mask, and
 /// the first decode step cuts the 39-token storage down to the ring.
 #[test]
-fn llama_sliding_window_prompt_longer_than_the_window() {
+fn sliding_window_prompts_longer_than_the_window() {
     let prompt: Vec<String> = (0..40u64).map(|i| ((i * 7919) % 49000 + 10).to_string()).collect();
     let prompt = prompt.join(",");
-    for name in ["tiny-llama-swa-f32", "tiny-llama-swa-bf16"] {
+    for name in ["tiny-llama-swa-f32", "tiny-llama-swa-bf16", "tiny-gemma3-f32", "tiny-gemma3-bf16"] {
         check_prompt(name, &prompt);
     }
 }

@@ -139,8 +139,9 @@ impl<'a> Scheduler<'a> {
             self.advance_joiner();
             if !self.rows.is_empty() {
                 if let Err(e) = self.step() {
-                    // A failed batch step fails every row in it.
-                    self.reserved = 0;
+                    // A failed batch step fails every row in it (joiners stay).
+                    let freed: u64 = self.rows.iter().map(|r| r.reserved).sum();
+                    self.reserved = self.reserved.saturating_sub(freed);
                     for mut r in self.rows.drain(..) {
                         self.stats.active.fetch_sub(1, Ordering::SeqCst);
                         self.stats.failed.fetch_add(1, Ordering::SeqCst);

@@ -1,0 +1,330 @@
+//! Model family `model-gemma3`: Gemma 3 text models (HF `gemma3_text`,
+//! `Gemma3ForCausalLM`): (1 + w) RMSNorms before and after both attention
+//! and MLP, q/k norms, embeddings scaled by sqrt(hidden_size), a gelu_approx
+//! gated MLP, `query_pre_attn_scalar` attention scale, and sliding-window
+//! layers (local RoPE base) with a global layer every `sliding_window_pattern`.
+//!
+//! Reference: mlx-lm `models/gemma3_text.py` (the numerical oracle), mirrored
+//! op for op; HF `Gemma3ForCausalLM`.
+
+mod args;
+
+use args::Args;
+use mlx_rs::ops;
+use model_kit::attention::{positions, sdpa, update, Mask};
+use model_kit::config::Config;
+use model_kit::layers::{Embedding, Linear, LoadCtx};
+use model_kit::ops::dtype_from_raw;
+use model_kit::rope::Rope;
+use model_kit::weights::Weights;
+use model_kit::{error, Array, Dtype, Result};
+use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::abi_stable::std_types::{ROption, RSliceMut, RVec};
+use plugin_api::*;
+use plugin_sdk::{guard_mlx, into_tensor, rstrings, view};
+use std::path::Path;
+
+plugin_sdk::export_plugin! {
+    manifest: manifest,
+    plan_model: plan_model,
+    open_model: open_model,
+}
+
+fn manifest() -> PluginManifest {
+    plugin_sdk::manifest!(
+        PluginKind::MODEL_FAMILY,
+        "Gemma 3 text: gemma3_text",
+        Claims {
+            model_types: rstrings(args::MODEL_TYPES),
+            architectures: rstrings(&["Gemma3ForCausalLM"]),
+            ..Default::default()
+        },
+        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS],
+    )
+}
+
+fn plan_model(config: &str) -> std::result::Result<ModelPlan, PluginError> {
+    let cfg = Config::parse(config).map_err(|e| PluginError::invalid_config(e.what()))?;
+    let args = Args::from_config(&cfg).map_err(|e| PluginError::invalid_config(e.what()))?;
+    Ok(args.plan(&cfg))
+}
+
+fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
+    let cfg = Config::parse(&a.config_json).map_err(|e| PluginError::invalid_config(e.what()))?;
+    let args = Args::from_config(&cfg).map_err(|e| PluginError::invalid_config(e.what()))?;
+    let quant = cfg.quantization().map_err(|e| PluginError::invalid_config(e.what()))?;
+    let dtype = match a.compute_dtype {
+        ROption::RSome(d) => Some(dtype_from_raw(d.0).map_err(|e| PluginError::invalid_input(e.what()))?),
+        ROption::RNone => None,
+    };
+    let mut weights = Weights::load(Path::new(a.dir.as_str())).map_err(|e| PluginError::io(e.what()))?;
+    // mlx-lm's sanitize: the model is tied exactly when the checkpoint has no
+    // lm_head (config.json's tie_word_embeddings is not consulted).
+    let tied = !weights.contains("lm_head.weight");
+    let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), dtype);
+    let model = Model::load(&mut ctx, args, &cfg, tied).map_err(|e| PluginError::invalid_config(e.what()))?;
+    ctx.materialize().map_err(|e| PluginError::io(e.what()))?;
+    let left = weights.remaining();
+    if !left.is_empty() {
+        return Err(PluginError::invalid_config(format!(
+            "{} unexpected tensors in the checkpoint (first: {})",
+            left.len(),
+            left[..left.len().min(3)].join(", ")
+        )));
+    }
+    Ok(ModelGraph_TO::from_value(model, TD_Opaque))
+}
+
+/// A float scalar in `dtype`, as MLX makes a Python scalar operand (weakly
+/// typed: it takes the array's dtype).
+fn scalar(v: f64, dtype: Dtype) -> Result<Array> {
+    Array::from_f32(v as f32).as_dtype(dtype)
+}
+
+/// mlx-lm's gemma `RMSNorm`: `mx.fast.rms_norm(x, 1.0 + weight, eps)`. The
+/// `1.0 + weight` is computed in the weight's dtype (a Python scalar takes
+/// the array's dtype); we do it once at load instead of on every call.
+struct GemmaRmsNorm {
+    weight: Array,
+    eps: f32,
+}
+
+impl GemmaRmsNorm {
+    fn load(ctx: &mut LoadCtx, path: &str, eps: f32) -> Result<Self> {
+        let w = ctx.tensor(&format!("{path}.weight"))?;
+        let weight = scalar(1.0, w.dtype())?.add(&w)?;
+        ctx.loaded.push(weight.clone());
+        Ok(Self { weight, eps })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps)
+    }
+}
+
+/// `nn.gelu_approx`: `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`,
+/// the same ops in the same order, each constant in `x`'s dtype.
+fn gelu_approx(x: &Array) -> Result<Array> {
+    let dt = x.dtype();
+    let x3 = ops::power(x, scalar(3.0, dt)?)?;
+    let inner = x.add(scalar(0.044715, dt)?.multiply(&x3)?)?;
+    let t = ops::tanh(&scalar((2.0 / std::f64::consts::PI).sqrt(), dt)?.multiply(&inner)?)?;
+    let one_plus = scalar(1.0, dt)?.add(&t)?;
+    scalar(0.5, dt)?.multiply(x)?.multiply(&one_plus)
+}
+
+/// Gemma's gated MLP: `down(gelu_approx(gate(x)) * up(x))`.
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    fn load(ctx: &mut LoadCtx, p: &str) -> Result<Self> {
+        Ok(Self {
+            gate: Linear::load(ctx, &format!("{p}.gate_proj"), false)?,
+            down: Linear::load(ctx, &format!("{p}.down_proj"), false)?,
+            up: Linear::load(ctx, &format!("{p}.up_proj"), false)?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let act = gelu_approx(&self.gate.forward(x)?)?.multiply(self.up.forward(x)?)?;
+        self.down.forward(&act)
+    }
+}
+
+/// mlx-lm's `clip_residual`: a plain add, except in float16 where the sum is
+/// taken in float32 and clipped to the float16 range.
+fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
+    if x.dtype() != Dtype::Float16 {
+        return x.add(y);
+    }
+    let bound = 65504.0f32;
+    let s = x.as_dtype(Dtype::Float32)?.add(y.as_dtype(Dtype::Float32)?)?;
+    ops::clip(&s, (Array::from_f32(-bound), Array::from_f32(bound)))?.as_dtype(Dtype::Float16)
+}
+
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: GemmaRmsNorm,
+    k_norm: GemmaRmsNorm,
+    rope: Rope,
+    heads: i32,
+    kv_heads: i32,
+    scale: f32,
+}
+
+impl Attention {
+    fn load(ctx: &mut LoadCtx, p: &str, a: &Args, sliding: bool) -> Result<Self> {
+        let rope = if sliding {
+            Rope::new(a.head_dim as i32, a.rope_local_base_freq, false, None)?
+        } else {
+            Rope::new(a.head_dim as i32, a.rope_theta, false, a.rope_scaling.as_ref())?
+        };
+        Ok(Self {
+            q: Linear::load(ctx, &format!("{p}.q_proj"), false)?,
+            k: Linear::load(ctx, &format!("{p}.k_proj"), false)?,
+            v: Linear::load(ctx, &format!("{p}.v_proj"), false)?,
+            o: Linear::load(ctx, &format!("{p}.o_proj"), false)?,
+            q_norm: GemmaRmsNorm::load(ctx, &format!("{p}.q_norm"), a.rms_norm_eps)?,
+            k_norm: GemmaRmsNorm::load(ctx, &format!("{p}.k_norm"), a.rms_norm_eps)?,
+            rope,
+            heads: a.heads as i32,
+            kv_heads: a.kv_heads as i32,
+            scale: a.query_pre_attn_scalar.powf(-0.5) as f32,
+        })
+    }
+
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let split = |t: Array, n: i32| t.reshape(&[b, l, n, -1])?.transpose_axes(&[0, 2, 1, 3]);
+        // As mlx-lm: reshape + transpose, then the q/k norms.
+        let q = self.q_norm.forward(&split(self.q.forward(x)?, self.heads)?)?;
+        let k = self.k_norm.forward(&split(self.k.forward(x)?, self.kv_heads)?)?;
+        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        let pos = positions(cache)?;
+        let q = self.rope.apply(&q, &pos)?;
+        let k = self.rope.apply(&k, &pos)?;
+        let (k, v) = update(cache, k, v)?;
+        let out = sdpa(&q, &k, &v, self.scale, mask)?;
+        self.o.forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+}
+
+struct Block {
+    attn: Attention,
+    mlp: Mlp,
+    input_norm: GemmaRmsNorm,
+    post_attn_norm: GemmaRmsNorm,
+    pre_ff_norm: GemmaRmsNorm,
+    post_ff_norm: GemmaRmsNorm,
+    sliding: bool,
+}
+
+impl Block {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
+        let r = self.attn.forward(&self.input_norm.forward(x)?, mask, cache)?;
+        let h = clip_residual(x, &self.post_attn_norm.forward(&r)?)?;
+        let r = self.mlp.forward(&self.pre_ff_norm.forward(&h)?)?;
+        clip_residual(&h, &self.post_ff_norm.forward(&r)?)
+    }
+}
+
+struct Model {
+    plan: ModelPlan,
+    embed: Embedding,
+    /// sqrt(hidden_size) as mlx-lm rounds it: to bfloat16 (then to the
+    /// activations' dtype at use).
+    embed_scale: Array,
+    layers: Vec<Block>,
+    norm: GemmaRmsNorm,
+    lm_head: Option<Linear>,
+}
+
+// The weights are immutable MLX arrays (atomically reference-counted), read
+// but never mutated after load, so sharing the graph across threads is sound.
+unsafe impl Sync for Model {}
+
+impl Model {
+    fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config, tied: bool) -> Result<Self> {
+        let embed = Embedding::load(ctx, "model.embed_tokens")?;
+        let mut layers = Vec::with_capacity(args.layers);
+        for i in 0..args.layers {
+            let p = format!("model.layers.{i}");
+            let eps = args.rms_norm_eps;
+            layers.push(Block {
+                attn: Attention::load(ctx, &format!("{p}.self_attn"), &args, args.sliding[i])?,
+                mlp: Mlp::load(ctx, &format!("{p}.mlp"))?,
+                input_norm: GemmaRmsNorm::load(ctx, &format!("{p}.input_layernorm"), eps)?,
+                post_attn_norm: GemmaRmsNorm::load(ctx, &format!("{p}.post_attention_layernorm"), eps)?,
+                pre_ff_norm: GemmaRmsNorm::load(ctx, &format!("{p}.pre_feedforward_layernorm"), eps)?,
+                post_ff_norm: GemmaRmsNorm::load(ctx, &format!("{p}.post_feedforward_layernorm"), eps)?,
+                sliding: args.sliding[i],
+            });
+        }
+        let norm = GemmaRmsNorm::load(ctx, "model.norm", args.rms_norm_eps)?;
+        let lm_head = if tied { None } else { Some(Linear::load(ctx, "lm_head", false)?) };
+        if embed.vocab_size() as usize != args.vocab_size {
+            return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
+        }
+        let embed_scale = Array::from_f32((args.hidden as f64).sqrt() as f32).as_dtype(Dtype::Bfloat16)?;
+        ctx.loaded.push(embed_scale.clone());
+        let plan = args.plan(cfg);
+        Ok(Self { plan, embed, embed_scale, layers, norm, lm_head })
+    }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(l) => l.forward(h),
+            None => self.embed.as_linear(h),
+        }
+    }
+
+    fn run(&self, args: &ForwardArgs<'_>, caches: &mut [CacheBox]) -> Result<ForwardOutput> {
+        if caches.len() != self.layers.len() {
+            return Err(error(format!("forward: {} caches given for {} layers", caches.len(), self.layers.len())));
+        }
+        let tokens = view(args.tokens);
+        if tokens.ndim() != 2 {
+            return Err(error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
+        }
+        let l = tokens.shape()[1];
+        let h = self.embed.forward(&tokens)?;
+        let mut h = h.multiply(self.embed_scale.as_dtype(h.dtype())?)?;
+        // One mask per attention kind, from the first layer of that kind
+        // (mlx-lm: cache[sliding_window_pattern - 1] and cache[0]), asked
+        // before any cache is updated.
+        let mask_of = |sliding: bool| -> Result<Option<Mask>> {
+            match self.layers.iter().position(|b| b.sliding == sliding) {
+                Some(i) => Ok(Some(Mask::for_cache(&caches[i], l)?)),
+                None => Ok(None),
+            }
+        };
+        let (full_mask, swa_mask) = (mask_of(false)?, mask_of(true)?);
+        let mut taps = RVec::new();
+        for (i, (block, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+            let mask = if block.sliding { swa_mask.as_ref() } else { full_mask.as_ref() }.expect("mask of this kind");
+            h = block.forward(&h, mask, cache)?;
+            if args.taps.contains(&(i as u32)) {
+                taps.push(into_tensor(h.clone()));
+            }
+        }
+        let h = self.norm.forward(&h)?;
+        let logits = match args.logits {
+            LogitsMode::ALL => ROption::RSome(into_tensor(self.head(&h)?)),
+            LogitsMode::LAST => {
+                let s = h.shape();
+                let last = model_kit::ops::slice(&h, &[0, s[1] - 1, 0], &[s[0], s[1], s[2]])?;
+                ROption::RSome(into_tensor(self.head(&last)?))
+            }
+            _ => ROption::RNone,
+        };
+        let hidden = if args.want_hidden { ROption::RSome(into_tensor(h)) } else { ROption::RNone };
+        Ok(ForwardOutput { logits, hidden, taps })
+    }
+}
+
+impl ModelGraph for Model {
+    fn plan(&self) -> ModelPlan {
+        self.plan.clone()
+    }
+
+    fn forward(&self, args: ForwardArgs<'_>, mut caches: RSliceMut<'_, CacheBox>) -> PResult<ForwardOutput> {
+        guard_mlx(|| self.run(&args, caches.as_mut_slice()))
+    }
+
+    /// `embed_tokens(ids)`, unscaled (mlx-lm's `input_embeddings`: the graph
+    /// applies the sqrt(hidden_size) scale itself).
+    fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
+        guard_mlx(|| Ok(into_tensor(self.embed.forward(&view(tokens))?)))
+    }
+
+    fn lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
+        guard_mlx(|| Ok(into_tensor(self.head(&view(hidden))?)))
+    }
+}
