@@ -9,7 +9,9 @@
 //! mlx-lm is a tested promise.
 
 pub mod attention;
+pub mod checkpoint;
 pub mod config;
+pub mod graph;
 pub mod layers;
 pub mod ops;
 pub mod rope;

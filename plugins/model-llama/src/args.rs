@@ -3,9 +3,7 @@
 
 use model_kit::config::Config;
 use model_kit::{error, Result};
-use plugin_api::abi_stable::std_types::RVec;
-use plugin_api::{Dtype, LayerNeed, ModelPlan, NeedKind};
-use plugin_sdk::rstrings;
+use plugin_api::ModelPlan;
 use serde_json::Value;
 
 pub const MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "smollm3"];
@@ -136,33 +134,17 @@ impl Args {
 
     /// The per-layer cache needs and model facts, from config alone.
     pub fn plan(&self, cfg: &Config) -> ModelPlan {
-        let layers = self
-            .sliding
-            .iter()
-            .map(|&s| LayerNeed {
-                kind: if s { NeedKind::SLIDING } else { NeedKind::FULL },
-                window: if s { self.sliding_window as u32 } else { 0 },
-                kv_heads: self.kv_heads as u32,
-                k_head_dim: self.head_dim as u32,
-                v_head_dim: self.head_dim as u32,
-                state_shapes: RVec::new(),
-            })
-            .collect();
-        let dtype = match cfg.str("torch_dtype").or_else(|| cfg.str("dtype")) {
-            Some("bfloat16") => Dtype::BFLOAT16,
-            Some("float16") => Dtype::FLOAT16,
-            _ => Dtype::FLOAT32,
-        };
-        let quant = cfg.quantization().ok().flatten();
-        ModelPlan {
-            layers,
-            vocab_size: self.vocab_size as u32,
-            hidden_size: self.hidden as u32,
-            max_context: self.max_position_embeddings as u32,
-            weights_dtype: dtype,
-            quant_bits: quant.as_ref().map_or(0, |q| q.default.bits as u32),
-            quant_group_size: quant.as_ref().map_or(0, |q| q.default.group_size as u32),
-            capabilities: rstrings(&[plugin_api::caps::CONTINUOUS_BATCHING, plugin_api::caps::HIDDEN_TAPS]),
-        }
+        model_kit::graph::attention_plan(
+            cfg,
+            &model_kit::graph::AttentionShape {
+                sliding: &self.sliding,
+                window: self.sliding_window,
+                kv_heads: self.kv_heads,
+                head_dim: self.head_dim,
+                vocab_size: self.vocab_size,
+                hidden: self.hidden,
+                max_context: self.max_position_embeddings,
+            },
+        )
     }
 }

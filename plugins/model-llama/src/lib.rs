@@ -9,17 +9,15 @@ mod args;
 
 use args::Args;
 use model_kit::attention::{positions, sdpa, update, Mask};
+use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
 use model_kit::layers::{Embedding, Linear, LoadCtx, Mlp, RmsNorm};
-use model_kit::ops::dtype_from_raw;
 use model_kit::rope::Rope;
-use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
-use plugin_api::abi_stable::std_types::{ROption, RSliceMut, RVec};
+use plugin_api::abi_stable::std_types::{RSliceMut, RVec};
 use plugin_api::*;
 use plugin_sdk::{guard_mlx, into_tensor, rstrings, view};
-use std::path::Path;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -53,31 +51,15 @@ fn plan_model(config: &str) -> std::result::Result<ModelPlan, PluginError> {
 }
 
 fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
-    let cfg = Config::parse(&a.config_json).map_err(|e| PluginError::invalid_config(e.what()))?;
-    let args = Args::from_config(&cfg).map_err(|e| PluginError::invalid_config(e.what()))?;
-    let quant = cfg.quantization().map_err(|e| PluginError::invalid_config(e.what()))?;
-    let dtype = match a.compute_dtype {
-        ROption::RSome(d) => Some(dtype_from_raw(d.0).map_err(|e| PluginError::invalid_input(e.what()))?),
-        ROption::RNone => None,
-    };
-    let mut weights = Weights::load(Path::new(a.dir.as_str())).map_err(|e| PluginError::io(e.what()))?;
+    let mut ck = Checkpoint::open(a)?;
+    let args = Args::from_config(&ck.cfg).map_err(config_error)?;
     // mlx-lm's sanitize: precomputed rotary frequencies are not weights, and a
     // tied model's lm_head duplicates the embedding.
-    weights.drop_matching(|k| k.contains("self_attn.rotary_emb.inv_freq"));
+    ck.weights.drop_matching(|k| k.contains("self_attn.rotary_emb.inv_freq"));
     if args.tie_word_embeddings {
-        weights.drop_matching(|k| k == "lm_head.weight");
+        ck.weights.drop_matching(|k| k == "lm_head.weight");
     }
-    let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), dtype);
-    let model = Model::load(&mut ctx, args, &cfg).map_err(|e| PluginError::invalid_config(e.what()))?;
-    ctx.materialize().map_err(|e| PluginError::io(e.what()))?;
-    let left = weights.remaining();
-    if !left.is_empty() {
-        return Err(PluginError::invalid_config(format!(
-            "{} unexpected tensors in the checkpoint (first: {})",
-            left.len(),
-            left[..left.len().min(3)].join(", ")
-        )));
-    }
+    let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg))?;
     Ok(ModelGraph_TO::from_value(model, TD_Opaque))
 }
 
@@ -218,17 +200,7 @@ impl Model {
             }
         }
         let h = self.norm.forward(&h)?;
-        let logits = match args.logits {
-            LogitsMode::ALL => ROption::RSome(into_tensor(self.head(&h)?)),
-            LogitsMode::LAST => {
-                let s = h.shape();
-                let last = model_kit::ops::slice(&h, &[0, s[1] - 1, 0], &[s[0], s[1], s[2]])?;
-                ROption::RSome(into_tensor(self.head(&last)?))
-            }
-            _ => ROption::RNone,
-        };
-        let hidden = if args.want_hidden { ROption::RSome(into_tensor(h)) } else { ROption::RNone };
-        Ok(ForwardOutput { logits, hidden, taps })
+        model_kit::graph::finish(args, h, |x| self.head(x), taps)
     }
 }
 

@@ -1,0 +1,71 @@
+//! The parts of a decoder graph that every attention family shares: the
+//! plan (one cache need per layer, from config alone) and the end of a
+//! forward pass (logits by mode, final hidden state, taps).
+
+use crate::config::Config;
+use crate::{Array, Result};
+use plugin_api::abi_stable::std_types::{ROption, RVec};
+use plugin_api::{Dtype, ForwardArgs, ForwardOutput, LayerNeed, LogitsMode, ModelPlan, NeedKind, Tensor};
+use plugin_sdk::{into_tensor, rstrings};
+
+/// The geometry an attention decoder declares before any weight is read.
+pub struct AttentionShape<'a> {
+    /// Per layer: sliding-window attention (else full).
+    pub sliding: &'a [bool],
+    pub window: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub hidden: usize,
+    pub max_context: usize,
+}
+
+/// One need per layer, the checkpoint's dtype and quantization from config,
+/// and the capabilities every attention family built on model-kit has.
+pub fn attention_plan(cfg: &Config, s: &AttentionShape) -> ModelPlan {
+    let layers = s
+        .sliding
+        .iter()
+        .map(|&sl| LayerNeed {
+            kind: if sl { NeedKind::SLIDING } else { NeedKind::FULL },
+            window: if sl { s.window as u32 } else { 0 },
+            kv_heads: s.kv_heads as u32,
+            k_head_dim: s.head_dim as u32,
+            v_head_dim: s.head_dim as u32,
+            state_shapes: RVec::new(),
+        })
+        .collect();
+    let weights_dtype = match cfg.str("torch_dtype").or_else(|| cfg.str("dtype")) {
+        Some("bfloat16") => Dtype::BFLOAT16,
+        Some("float16") => Dtype::FLOAT16,
+        _ => Dtype::FLOAT32,
+    };
+    let quant = cfg.quantization().ok().flatten();
+    ModelPlan {
+        layers,
+        vocab_size: s.vocab_size as u32,
+        hidden_size: s.hidden as u32,
+        max_context: s.max_context as u32,
+        weights_dtype,
+        quant_bits: quant.as_ref().map_or(0, |q| q.default.bits as u32),
+        quant_group_size: quant.as_ref().map_or(0, |q| q.default.group_size as u32),
+        capabilities: rstrings(&[plugin_api::caps::CONTINUOUS_BATCHING, plugin_api::caps::HIDDEN_TAPS]),
+    }
+}
+
+/// Builds the forward output from the final (normed) hidden state `h`
+/// `[B, L, H]`: logits at the last position or all of them, as asked (the
+/// head runs on the last position only for LAST), and the hidden state.
+pub fn finish(args: &ForwardArgs<'_>, h: Array, head: impl Fn(&Array) -> Result<Array>, taps: RVec<Tensor>) -> Result<ForwardOutput> {
+    let logits = match args.logits {
+        LogitsMode::ALL => ROption::RSome(into_tensor(head(&h)?)),
+        LogitsMode::LAST => {
+            let s = h.shape();
+            let last = crate::ops::slice(&h, &[0, s[1] - 1, 0], &[s[0], s[1], s[2]])?;
+            ROption::RSome(into_tensor(head(&last)?))
+        }
+        _ => ROption::RNone,
+    };
+    let hidden = if args.want_hidden { ROption::RSome(into_tensor(h)) } else { ROption::RNone };
+    Ok(ForwardOutput { logits, hidden, taps })
+}
