@@ -32,6 +32,19 @@ impl Mask {
     }
 }
 
+/// The masks of one forward pass, `[full, sliding]`: one per attention kind,
+/// asked of the first layer of that kind before any cache is updated (as
+/// mlx-lm computes `fa_mask` / `swa_mask`). A kind no layer uses is `None`.
+pub fn masks_by_kind(caches: &[CacheBox], is_sliding: impl Fn(usize) -> bool, queries: i32) -> Result<[Option<Mask>; 2]> {
+    let first = |sliding: bool| -> Result<Option<Mask>> {
+        match (0..caches.len()).find(|&i| is_sliding(i) == sliding) {
+            Some(i) => Ok(Some(Mask::for_cache(&caches[i], queries)?)),
+            None => Ok(None),
+        }
+    };
+    Ok([first(false)?, first(true)?])
+}
+
 /// RoPE positions of one layer's next tokens.
 pub fn positions(cache: &CacheBox) -> Result<Position> {
     let p = boundary(cache.positions())?;

@@ -8,7 +8,7 @@
 mod args;
 
 use args::Args;
-use model_kit::attention::{positions, sdpa, update, Mask};
+use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
 use model_kit::layers::{Embedding, Linear, LoadCtx, Mlp, RmsNorm};
@@ -181,16 +181,10 @@ impl Model {
         let l = tokens.shape()[1];
         let mut h = self.embed.forward(&tokens)?;
         // One mask per attention kind, from the first layer of that kind (as mlx-lm).
-        let mask_of = |sliding: bool| -> Result<Option<Mask>> {
-            match self.layers.iter().position(|b| b.sliding == sliding) {
-                Some(i) => Ok(Some(Mask::for_cache(&caches[i], l)?)),
-                None => Ok(None),
-            }
-        };
-        let (full_mask, swa_mask) = (mask_of(false)?, mask_of(true)?);
+        let masks = masks_by_kind(caches, |i| self.layers[i].sliding, l)?;
         let mut taps = RVec::new();
         for (i, (block, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-            let mask = if block.sliding { swa_mask.as_ref() } else { full_mask.as_ref() }.expect("mask of this kind");
+            let mask = masks[usize::from(block.sliding)].as_ref().expect("a mask of this kind");
             let r = block.attn.forward(&block.input_norm.forward(&h)?, mask, cache)?;
             let hh = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
