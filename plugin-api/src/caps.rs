@@ -36,6 +36,11 @@ pub const SPECULATIVE_ADAPTERS: &str = "speculative-adapters";
 pub const TRIM: &str = "trim";
 /// begin/commit/rollback of a speculative round are implemented.
 pub const SPEC_ROUND: &str = "spec-round";
+/// Rollback restores the snapshot taken at `spec_begin` instead of trimming
+/// (recurrent state): after `spec_rollback(keep)` the layout's offset is back
+/// at the round's start and the host replays the kept tokens through the
+/// model (snapshot and replay). Trimming layouts end at `start + keep`.
+pub const SPEC_REPLAY: &str = "spec-replay";
 /// Row operations (merge/filter/extract/left padding) for batching.
 pub const ROWS: &str = "rows";
 /// `export_state` / `import_state` (prefix and disk caches).

@@ -41,12 +41,12 @@ fn floats(v: &Value) -> Vec<f64> {
 }
 
 /// Greedy 64 tokens and last-prompt logits of one tiny folder vs mlx-lm.
-fn check(name: &str) {
+pub(crate) fn check(name: &str) {
     check_prompt(name, PROMPT);
 }
 
 /// [`check`] with another prompt (comma-separated ids).
-fn check_prompt(name: &str, prompt: &str) {
+pub(crate) fn check_prompt(name: &str, prompt: &str) {
     let dir = model(&format!("tiny/{name}"));
     let d = dir.to_str().unwrap();
     let r = oracle(&dir, &["--prompt-ids", prompt, "--max-tokens", "64"]);

@@ -1,0 +1,1 @@
+//! Parity of the gemma4 family plugin with mlx-lm (filled in by that family's work).
