@@ -150,6 +150,20 @@ pub trait CacheLayout: Send {
     /// Recurrent layouts: replaces state slot `i`.
     #[sabi(last_prefix_field)]
     fn set_slot(&mut self, i: u32, value: Tensor) -> PResult<()>;
+
+    // --- v1.1: appended after the prefix; plugins built against v1.0 lack
+    // them and get the default (abi_stable calls it when the vtable is short).
+
+    /// Makes an EMPTY cache hold `pads.len()` rows whose next updates carry
+    /// `pads[r]` padding tokens at the front of row r: a cohort of prompts
+    /// of different lengths prefilled as one left-padded `[B, L]` batch.
+    /// Positions and masks then hide the padding exactly as after
+    /// `merge_rows`. A layout that cannot refuses, and the host prefills
+    /// those rows one at a time.
+    fn begin_padded(&mut self, pads: RSlice<'_, u32>) -> PResult<()> {
+        let _ = pads;
+        abi_stable::std_types::RResult::RErr(crate::error::PluginError::unsupported("this cache layout cannot start left-padded rows"))
+    }
 }
 
 /// A cache layout behind the boundary.

@@ -23,7 +23,7 @@ fn serial_texts(m: &std::path::Path) -> Vec<String> {
     (0..PROMPTS.len()).map(|i| text(&s.post("/v1/completions", &body(i)).json())).collect()
 }
 
-fn staggered_batch_equals_serial(name: &str) {
+pub(crate) fn staggered_batch_equals_serial(name: &str) {
     let m = model(name);
     let want = serial_texts(&m);
     let s = Server::start(&m, &["--batch", "8"]);
@@ -147,4 +147,37 @@ fn bf16_batched_runs_match_serial_within_the_stated_tolerance() {
         }
     }
     assert!(compared >= 40, "too few positions compared ({compared})");
+}
+
+/// A burst of requests that arrive while the scheduler is busy is admitted
+/// together and prefills as ONE left-padded cohort (`cohort_prefills` in
+/// /stats), and each row's greedy output still equals its serial run.
+#[test]
+fn a_burst_prefills_as_one_padded_cohort_and_matches_serial() {
+    let m = model("tiny/tiny-llama-f32");
+    // Heads (prompt minus last token) of 6..11 tokens: within a factor of two.
+    let prompts: Vec<Vec<u32>> = (0..6u32).map(|i| (0..7 + i).map(|k| 10 + 37 * i + 3 * k).collect()).collect();
+    let body = |p: &Vec<u32>| json!({ "prompt": p, "max_tokens": 20, "temperature": 0 });
+    let want: Vec<String> = {
+        let s = Server::start(&m, &["--batch", "1"]);
+        prompts.iter().map(|p| text(&s.post("/v1/completions", &body(p)).json())).collect()
+    };
+    let s = Server::start(&m, &["--batch", "8"]);
+    // A blocker with a long prompt keeps the scheduler in prefill while the
+    // burst queues up behind it.
+    let blocker = json!({ "prompt": (0..4000u32).map(|k| 5 + k % 3000).collect::<Vec<_>>(), "max_tokens": 1, "temperature": 0 });
+    // (4000 tokens: two prefill chunks, under the tiny model's 4096 context.)
+    let got: Vec<String> = std::thread::scope(|sc| {
+        let b = sc.spawn(|| s.post("/v1/completions", &blocker).json());
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let hs: Vec<_> = prompts.iter().map(|p| { let s = &s; sc.spawn(move || text(&s.post("/v1/completions", &body(p)).json())) }).collect();
+        let out = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(b.join().unwrap()["usage"]["completion_tokens"], 1);
+        out
+    });
+    let st = s.stats();
+    assert!(st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2, "the burst never prefilled as a cohort: {st}");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "request {i} differs between its cohort prefill and its serial run");
+    }
 }

@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod chat_template;
+pub mod cohort;
 pub mod engine;
 pub mod generate;
 pub mod plan;

@@ -5,10 +5,12 @@
 //! 1. admit queued jobs up to the batch limit (a job whose plan is serial
 //!    waits until the batch drains, then runs alone: serial and batched work
 //!    never share the device);
-//! 2. advance ONE joiner's prefill by one chunk on its own 1-row caches, so a
-//!    long prompt stalls running rows for at most one chunk; a joiner whose
-//!    prompt (all but the last token) is in its caches merges into the batch
-//!    caches (the layouts left-pad rows to a common length);
+//! 2. advance prefill by one chunk: joiners that arrived together and have
+//!    nothing cached prefill as one left-padded cohort (`cohort.rs`);
+//!    otherwise ONE joiner advances on its own 1-row caches. A long prompt
+//!    thus stalls running rows for at most one chunk. Rows whose prompt (all
+//!    but the last token) is in merge into the batch caches (the layouts
+//!    left-pad rows to a common length);
 //! 3. one decode step over every row: input `[B, 1]` (each row's pending
 //!    token), per-row logits processors, logprobs and sampler (own seed and
 //!    key), then per-row stop checks; finished or cancelled rows are filtered
@@ -18,6 +20,7 @@
 //! last token is prefilled, then the last token produces the first logits.
 
 use crate::admission::{Budget, MemoryModel};
+use crate::cohort::{self, Cohort};
 use crate::engine::{Engine, EngineError};
 use crate::generate::{token_array, Finish, Flow, GenerateResult, TokenOut};
 use crate::plan::{resolve_execution, Mechanism, ServerFeatures};
@@ -70,6 +73,10 @@ pub struct Scheduler<'a> {
     rows: Vec<Row>,
     batch: Option<Vec<CacheBox>>,
     joining: VecDeque<Joiner>,
+    /// Joiners prefilling together, and their shared caches.
+    cohort: Option<(Cohort, Vec<Joiner>)>,
+    /// False once a layout refused padded rows: joiners go one at a time.
+    padded_prefill: bool,
     /// A job whose plan is serial, waiting for the batch to drain.
     serial_next: Option<Job>,
     /// A job that fits the memory budget only once running rows finish.
@@ -81,11 +88,11 @@ pub struct Scheduler<'a> {
 
 impl<'a> Scheduler<'a> {
     pub fn new(engine: &'a Engine, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, limit: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
-        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), serial_next: None, waiting: None, memory, reserved: 0 }
+        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), cohort: None, padded_prefill: true, serial_next: None, waiting: None, memory, reserved: 0 }
     }
 
     fn idle(&self) -> bool {
-        self.rows.is_empty() && self.joining.is_empty() && self.serial_next.is_none() && self.waiting.is_none()
+        self.rows.is_empty() && self.joining.is_empty() && self.cohort.is_none() && self.serial_next.is_none() && self.waiting.is_none()
     }
 
     /// KV bytes a job may grow to.
@@ -122,14 +129,14 @@ impl<'a> Scheduler<'a> {
                     self.waiting = Some(job);
                 }
             }
-            while open && self.serial_next.is_none() && self.waiting.is_none() && self.rows.len() + self.joining.len() < self.limit {
+            while open && self.serial_next.is_none() && self.waiting.is_none() && self.rows.len() + self.joining.len() + self.cohort_rows() < self.limit {
                 match rx.try_recv() {
                     Ok(job) => self.admit(job),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
             }
-            if self.rows.is_empty() && self.joining.is_empty() {
+            if self.rows.is_empty() && self.joining.is_empty() && self.cohort.is_none() {
                 if let Some(job) = self.serial_next.take() {
                     self.run_serial(job);
                 }
@@ -205,8 +212,19 @@ impl<'a> Scheduler<'a> {
         crate::worker::run_one(self.engine, job, &self.stats, &self.shutdown);
     }
 
-    /// One prefill chunk of the first joiner; merges it when its prompt is in.
+    fn cohort_rows(&self) -> usize {
+        self.cohort.as_ref().map_or(0, |(_, m)| m.len())
+    }
+
+    /// One prefill chunk: of the cohort when there is (or can be) one, else
+    /// of the first joiner. Rows whose prompt is in join the batch.
     fn advance_joiner(&mut self) {
+        if self.cohort.is_none() {
+            self.form_cohort();
+        }
+        if self.cohort.is_some() {
+            return self.advance_cohort();
+        }
         let Some(mut j) = self.joining.pop_front() else { return };
         let head = j.job.request.prompt.len() - 1;
         let step = self.engine.prefill_step.max(1);
@@ -228,6 +246,85 @@ impl<'a> Scheduler<'a> {
         if let Err(e) = self.merge(&mut j.caches) {
             return self.fail_job(j.job, e);
         }
+        self.push_row(j);
+    }
+
+    /// Groups joiners that have nothing prefilled or cached (a burst of new
+    /// requests) into a cohort, unless a joiner is already mid-prefill.
+    fn form_cohort(&mut self) {
+        if !self.padded_prefill || self.joining.front().is_some_and(|j| j.done > 0) {
+            return;
+        }
+        let fresh: Vec<usize> = (0..self.joining.len()).filter(|&i| self.joining[i].done == 0 && self.joining[i].cached == 0).collect();
+        let heads: Vec<usize> = fresh.iter().map(|&i| self.joining[i].job.request.prompt.len() - 1).collect();
+        let picked: Vec<usize> = cohort::choose(&heads).into_iter().map(|p| fresh[p]).collect();
+        if picked.is_empty() {
+            return;
+        }
+        let mut members: Vec<Joiner> = picked.iter().rev().map(|&i| self.joining.remove(i).expect("index in range")).collect();
+        members.reverse();
+        let heads = members.iter().map(|j| j.job.request.prompt[..j.job.request.prompt.len() - 1].to_vec()).collect();
+        match Cohort::start(self.engine, heads) {
+            Ok(Some(c)) => self.cohort = Some((c, members)),
+            Ok(None) => {
+                self.padded_prefill = false;
+                for j in members.into_iter().rev() {
+                    self.joining.push_front(j);
+                }
+            }
+            Err(e) => self.fail_all(members, &e),
+        }
+    }
+
+    fn advance_cohort(&mut self) {
+        let Some((mut c, members)) = self.cohort.take() else { return };
+        match c.advance(self.engine) {
+            Ok(false) => self.cohort = Some((c, members)),
+            Ok(true) => {
+                if let Err(e) = self.land_cohort(c, &members) {
+                    return self.fail_all(members, &e);
+                }
+                self.stats.cohorts.fetch_add(1, Ordering::Relaxed);
+                self.stats.cohort_rows.fetch_add(members.len() as u64, Ordering::Relaxed);
+                for j in members {
+                    self.push_row(j);
+                }
+            }
+            Err(e) => self.fail_all(members, &e),
+        }
+    }
+
+    /// A prefilled cohort's rows into the batch caches (the cohort's caches
+    /// become the batch when there is none), and into the prefix cache.
+    fn land_cohort(&mut self, c: Cohort, members: &[Joiner]) -> Result<(), EngineError> {
+        if self.engine.prefix.lock().map(|p| p.enabled()).unwrap_or(false) {
+            for r in 0..members.len() {
+                self.engine.prefix_insert(c.head(r).to_vec(), c.row_state(r)?);
+            }
+        }
+        if self.batch.is_none() {
+            self.batch = Some(c.caches);
+            return Ok(());
+        }
+        let batch = self.batch.as_mut().unwrap();
+        for (b, layer) in batch.iter_mut().zip(&c.caches) {
+            let mut states = RVec::new();
+            for r in 0..members.len() {
+                states.push(layer.extract_row(r as u32).into_result().map_err(|e| EngineError::Model(format!("extract_row: {e}")))?);
+            }
+            b.merge_rows(states).into_result().map_err(|e| EngineError::Model(format!("merge_rows: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn fail_all(&mut self, members: Vec<Joiner>, e: &EngineError) {
+        for j in members {
+            self.fail_job(j.job, EngineError::Model(e.to_string()));
+        }
+    }
+
+    /// A joiner whose prompt is in its batch row becomes a running row.
+    fn push_row(&mut self, j: Joiner) {
         let req = &j.job.request;
         let sampler = match Sampler::new(req.params.clone()) {
             Ok(s) => s,

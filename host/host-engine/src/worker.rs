@@ -44,6 +44,9 @@ pub struct Stats {
     /// Decode steps run, and the most rows any one of them carried.
     pub decode_steps: AtomicU64,
     pub max_batch_rows: AtomicU64,
+    /// Cohort prefills run, and the rows they carried.
+    pub cohorts: AtomicU64,
+    pub cohort_rows: AtomicU64,
     /// Time to first token: histogram counts per bucket (seconds, see
     /// `TTFT_BUCKETS`), plus the sum in microseconds.
     pub ttft_buckets: [AtomicU64; TTFT_BUCKETS.len()],

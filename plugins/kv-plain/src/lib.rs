@@ -423,4 +423,18 @@ impl CacheLayout for PlainKv {
     fn set_slot(&mut self, _i: u32, _value: Tensor) -> PResult<()> {
         PResult::RErr(PluginError::unsupported("kv-plain has no recurrent slots"))
     }
+
+    fn begin_padded(&mut self, pads: RSlice<'_, u32>) -> PResult<()> {
+        guard(|| {
+            if self.idx > 0 {
+                return Err(PluginError::invalid_input("kv-plain: begin_padded on a cache that holds tokens"));
+            }
+            // The padding columns are written by the next update (whatever the
+            // model computes for them) and hidden by the mask from then on.
+            self.keys = None;
+            self.values = None;
+            self.left_pad = pads.iter().map(|&p| p as usize).collect();
+            Ok(())
+        })
+    }
 }
