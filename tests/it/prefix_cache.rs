@@ -50,6 +50,10 @@ fn multi_turn_reuse(batch: &str) {
     assert_eq!(value("mlx_engine_time_to_first_token_seconds_count"), 3.0);
     assert!(metrics.contains("# TYPE mlx_engine_time_to_first_token_seconds histogram"));
     assert!(metrics.contains("mlx_engine_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"));
+    // Per-request rates: three prefills; the decode rate needs >= 2 tokens.
+    assert_eq!(value("mlx_engine_request_prefill_tokens_per_second_count"), 3.0);
+    assert!(value("mlx_engine_request_prefill_tokens_per_second_sum") > 0.0);
+    assert!(value("mlx_engine_request_decode_tokens_per_second_count") >= 1.0);
 }
 
 #[test]

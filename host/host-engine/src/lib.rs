@@ -10,6 +10,7 @@ pub mod chat_template;
 pub mod cohort;
 pub mod engine;
 pub mod generate;
+pub mod histogram;
 pub mod plan;
 pub mod prefix_cache;
 pub mod probe;

@@ -7,6 +7,7 @@
 //! a cancelled request stops within one decode step and its caches are freed
 //! with the job.
 
+use crate::histogram::{Histogram, TOKENS_PER_SECOND, TTFT_SECONDS};
 use crate::engine::{Engine, EngineError};
 use crate::generate::{Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,12 +48,12 @@ pub struct Stats {
     /// Cohort prefills run, and the rows they carried.
     pub cohorts: AtomicU64,
     pub cohort_rows: AtomicU64,
-    /// Time to first token: histogram counts per bucket (seconds, see
-    /// `TTFT_BUCKETS`), plus the sum in microseconds.
-    pub ttft_buckets: [AtomicU64; TTFT_BUCKETS.len()],
-    pub ttft_count: AtomicU64,
-    pub ttft_sum_us: AtomicU64,
-    /// The last finished request's prefill and decode tokens/s (f64 bits).
+    /// Per-request time to first token (seconds), prefill rate (prompt
+    /// tokens / time to first token) and decode rate (tokens/s after the
+    /// first), as histograms; the last finished request's rates as gauges.
+    pub ttft: Histogram,
+    pub prefill_rate: Histogram,
+    pub decode_rate: Histogram,
     pub last_prefill_tps: AtomicU64,
     pub last_decode_tps: AtomicU64,
     /// Prefix cache counters, copied from the engine after each request.
@@ -65,19 +66,14 @@ pub struct Stats {
     pub admission_refusals: AtomicU64,
 }
 
-/// Upper bounds (seconds) of the time-to-first-token histogram buckets.
-pub const TTFT_BUCKETS: [f64; 10] = [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-
 impl Stats {
     /// Records a finished request's timings and the engine's cache counters.
     pub(crate) fn record(&self, r: &GenerateResult, engine: &Engine) {
-        for (i, le) in TTFT_BUCKETS.iter().enumerate() {
-            if r.prefill_s <= *le {
-                self.ttft_buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
+        self.ttft.observe(TTFT_SECONDS, r.prefill_s);
+        self.prefill_rate.observe(TOKENS_PER_SECOND, r.prefill_tps());
+        if r.tokens.len() >= 2 {
+            self.decode_rate.observe(TOKENS_PER_SECOND, r.decode_tps());
         }
-        self.ttft_count.fetch_add(1, Ordering::Relaxed);
-        self.ttft_sum_us.fetch_add((r.prefill_s * 1e6) as u64, Ordering::Relaxed);
         self.last_prefill_tps.store(r.prefill_tps().to_bits(), Ordering::Relaxed);
         self.last_decode_tps.store(r.decode_tps().to_bits(), Ordering::Relaxed);
         let c = engine.prefix_counters();

@@ -4,7 +4,7 @@ use crate::state::AppState;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use host_engine::worker::TTFT_BUCKETS;
+use host_engine::histogram::{TOKENS_PER_SECOND, TTFT_SECONDS};
 use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -36,13 +36,9 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
     metric(&mut o, "http_requests_total", "counter", "HTTP requests received.", s.http_requests.load(Relaxed));
     metric(&mut o, "http_client_errors_total", "counter", "HTTP 4xx answers.", s.client_errors.load(Relaxed));
     metric(&mut o, "client_disconnects_total", "counter", "Clients gone before their response ended.", s.client_disconnects.load(Relaxed));
-    let _ = writeln!(o, "# HELP mlx_engine_time_to_first_token_seconds Time from request start to its first token.\n# TYPE mlx_engine_time_to_first_token_seconds histogram");
-    for (i, le) in TTFT_BUCKETS.iter().enumerate() {
-        let _ = writeln!(o, "mlx_engine_time_to_first_token_seconds_bucket{{le=\"{le}\"}} {}", w.ttft_buckets[i].load(Relaxed));
-    }
-    let count = w.ttft_count.load(Relaxed);
-    let _ = writeln!(o, "mlx_engine_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {count}");
-    let _ = writeln!(o, "mlx_engine_time_to_first_token_seconds_sum {}", w.ttft_sum_us.load(Relaxed) as f64 / 1e6);
-    let _ = writeln!(o, "mlx_engine_time_to_first_token_seconds_count {count}");
+    w.ttft.render(&mut o, "mlx_engine_time_to_first_token_seconds", "Time from request start to its first token.", TTFT_SECONDS);
+    w.prefill_rate.render(&mut o, "mlx_engine_request_prefill_tokens_per_second", "Per request: prompt tokens / time to first token.", TOKENS_PER_SECOND);
+    w.decode_rate.render(&mut o, "mlx_engine_request_decode_tokens_per_second", "Per request: tokens/s after the first token.", TOKENS_PER_SECOND);
+    metric(&mut o, "cohort_prefills_total", "counter", "Bursts of new requests prefilled as one padded batch.", w.cohorts.load(Relaxed));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], o)
 }
