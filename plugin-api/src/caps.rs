@@ -57,3 +57,7 @@ pub const DRAFT_PROBABILITIES: &str = "draft-probabilities";
 pub const NEEDS_DRAFT_MODEL: &str = "needs-draft-model";
 /// The drafter borrows the target's embeddings/LM head/taps.
 pub const NEEDS_TARGET: &str = "needs-target";
+/// Drafts are a function of the history passed in (no per-request state):
+/// one drafter instance serves every row of a batch (speculation inside
+/// continuous batching).
+pub const HISTORY_ONLY: &str = "history-only";

@@ -12,4 +12,5 @@ mod parity_hybrid;
 mod parity_moe;
 mod prefix_cache;
 mod speculation;
+mod speculation_batched;
 mod plugins;

@@ -137,14 +137,25 @@ impl Engine {
         let tags: Vec<Vec<&str>> = self.model.layout_caps.iter().map(|(_, t)| t.iter().map(String::as_str).collect()).collect();
         let layouts: Vec<(&str, &[&str])> = self.model.layout_caps.iter().zip(&tags).map(|((n, _), t)| (n.as_str(), t.as_slice())).collect();
         let mut caps = crate::plan::Capabilities::from_tags(&model, &layouts, drafter);
-        // The batch scheduler does not run speculative rows yet: a model's
-        // `grouped:speculative` cannot be honoured by this host.
-        caps.grouped_methods.retain(|m| m != "speculative");
+        // The batch scheduler runs speculative rows with a drafter that keeps
+        // no per-request state, over layouts that roll back by trim (per-row
+        // replay of recurrent state is not built): otherwise a model's
+        // `grouped:speculative` cannot be honoured and such requests run serial.
+        if !self.batch_speculation() {
+            caps.grouped_methods.retain(|m| m != "speculative");
+        }
         caps
     }
 }
 
 impl Engine {
+    /// Whether speculative rows can run inside the batch (see `capabilities`).
+    pub fn batch_speculation(&self) -> bool {
+        let history_only = self.drafter_caps.iter().any(|t| t == plugin_api::caps::HISTORY_ONLY);
+        let replay = self.model.layout_caps.iter().any(|(_, t)| t.iter().any(|t| t == plugin_api::caps::SPEC_REPLAY));
+        self.drafter.is_some() && history_only && !replay
+    }
+
     /// Installs a drafter. The prefix cache namespace then names it too
     /// (state is only reused under the same drafter).
     pub fn set_drafter(&mut self, drafter: plugin_api::DrafterBox, kind: &str, plugin: &str, caps: Vec<String>, depth: usize) {

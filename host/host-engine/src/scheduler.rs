@@ -48,6 +48,8 @@ struct Row {
     start: Instant,
     first_at: Option<Instant>,
     stopped_by_caller: bool,
+    /// Speculative rounds inside the batch (`scheduler_spec.rs`).
+    spec: Option<RowSpec>,
 }
 
 struct Joiner {
@@ -59,6 +61,10 @@ struct Joiner {
     cached: usize,
     start: Instant,
 }
+
+#[path = "scheduler_spec.rs"]
+mod spec;
+use spec::RowSpec;
 
 enum Outcome {
     Continue,
@@ -333,7 +339,8 @@ impl<'a> Scheduler<'a> {
         let eos = if req.stop_on_eos { self.engine.eos_ids() } else { Vec::new() };
         let pending = *req.prompt.last().unwrap();
         let reserved = self.need(&j.job);
-        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, cached: j.cached, reserved, job: j.job });
+        let spec = RowSpec::for_request(self.engine, req);
+        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, cached: j.cached, reserved, spec, job: j.job });
     }
 
     /// Appends a 1-row cache set to the batch caches, layer by layer.
@@ -353,6 +360,9 @@ impl<'a> Scheduler<'a> {
 
     /// One decode step over every row.
     fn step(&mut self) -> Result<(), EngineError> {
+        if let Some(drafts) = self.draft_rows() {
+            return self.spec_step(drafts);
+        }
         let ids: Vec<u32> = self.rows.iter().map(|r| r.pending).collect();
         self.stats.decode_steps.fetch_add(1, Ordering::Relaxed);
         self.stats.max_batch_rows.fetch_max(ids.len() as u64, Ordering::Relaxed);
@@ -398,6 +408,12 @@ impl<'a> Scheduler<'a> {
                 Outcome::Done(f) => finished.push((i, f)),
             }
         }
+        self.retire(finished, keep)
+    }
+
+    /// Removes finished rows (answering them) and filters the batch caches
+    /// down to the rows in `keep`.
+    fn retire(&mut self, finished: Vec<(usize, Finish)>, keep: Vec<u32>) -> Result<(), EngineError> {
         if finished.is_empty() {
             return Ok(());
         }
@@ -495,7 +511,7 @@ fn finish_row(mut r: Row, finish: Finish, stats: &Stats, engine: &Engine) {
         decode_s: first.elapsed().as_secs_f64(),
         tokens: std::mem::take(&mut r.out),
         finish,
-        speculation: None,
+        speculation: r.spec.take().map(|s| s.stats),
     };
     stats.record(&result, engine);
     let _ = (r.job.on_event)(Event::Done(result));

@@ -8,7 +8,9 @@
 //! samples keeps the target's distribution); d_(i+1) is accepted while it
 //! equals t_i; the first mismatch emits the target's token (a full accept
 //! emits the bonus token). The caches are rolled back through the layouts'
-//! speculative round to keep `pending + accepted drafts`.
+//! speculative round to keep `pending + accepted drafts`: by trim, or for
+//! recurrent state by restoring the round's snapshot and replaying the kept
+//! tokens (`replay_if_restored`).
 //!
 //! Adaptive: each round drafts up to two tokens past what the last round
 //! accepted; when acceptance stays low the request falls back to plain steps
@@ -55,13 +57,33 @@ impl SpecStats {
 const PROBATION_ROUNDS: u64 = 4;
 const MIN_ACCEPTANCE: f64 = 0.15;
 
+impl SpecStats {
+    /// Counts one round that drafted `drafted` and accepted `accepted`, and
+    /// returns the next depth: about as far as this round got, plus a little
+    /// (long drafts cut short cost verify work for nothing). Switches the
+    /// request to plain steps when acceptance stays too low to pay.
+    pub fn record_round(&mut self, drafted: usize, accepted: usize, max_depth: usize) -> usize {
+        self.rounds += 1;
+        self.drafted += drafted as u64;
+        self.accepted += accepted as u64;
+        for p in self.accepted_by_position.iter_mut().take(accepted) {
+            *p += 1;
+        }
+        let rate = self.accepted as f64 / self.drafted.max(1) as f64;
+        if self.rounds >= PROBATION_ROUNDS && rate < MIN_ACCEPTANCE && self.disabled.is_none() {
+            self.disabled = Some(format!("acceptance {:.0}% after {} rounds is below {:.0}%: plain steps from here", rate * 100.0, self.rounds, MIN_ACCEPTANCE * 100.0));
+        }
+        (accepted + 2).clamp(1, max_depth.max(1))
+    }
+}
+
 fn tensor_ref(a: &Array) -> TensorRef<'_> {
     unsafe { TensorRef::from_raw(a.as_ptr()) }
 }
 
 impl Engine {
     /// Logits `[k+1, V]` at every position of `tokens` `[1, k+1]`.
-    fn forward_all(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<Array, EngineError> {
+    pub(crate) fn forward_all(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<Array, EngineError> {
         let args = ForwardArgs { tokens: tensor_ref(tokens), logits: LogitsMode::ALL, want_hidden: false, taps: RSlice::from_slice(&[]) };
         let out = self.model.graph.forward(args, caches.into()).into_result().map_err(|e| EngineError::Model(e.to_string()))?;
         let l = match out.logits {
@@ -70,6 +92,26 @@ impl Engine {
         };
         let v = l.shape()[l.ndim() - 1];
         Ok(l.reshape(&[-1, v])?)
+    }
+
+    /// Snapshot-and-replay rollback (`caps::SPEC_REPLAY`): a layout that
+    /// cannot trim (recurrent state) restores the state it had at the
+    /// round's start instead of keeping `kept` tokens. Then every layout is
+    /// brought back to the round's start and the kept tokens run through
+    /// the model again, so all layers agree on what the cache holds.
+    pub(crate) fn replay_if_restored(&self, starts: &[u64], kept: &[u32], caches: &mut [CacheBox]) -> Result<bool, EngineError> {
+        let n = kept.len() as u64;
+        if caches.iter().zip(starts).all(|(c, &s)| c.offset() == s + n) {
+            return Ok(false);
+        }
+        for (c, &s) in caches.iter_mut().zip(starts) {
+            let extra = c.offset().saturating_sub(s);
+            if extra > 0 && c.trim(extra) != extra {
+                return Err(EngineError::Model(format!("rollback: a layout holds {extra} tokens past the round's start and cannot trim them (signature {})", c.signature())));
+            }
+        }
+        self.forward(&token_array(kept), caches, false)?.eval()?;
+        Ok(true)
     }
 
     pub fn generate_speculative(&self, req: &GenerateRequest, drafter: &mut DrafterBox, max_depth: usize, kind: &str, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<(GenerateResult, SpecStats), EngineError> {
@@ -108,6 +150,7 @@ impl Engine {
             };
             let pending = *history.last().unwrap();
             let mut drafts = drafts;
+            let starts: Vec<u64> = caches.iter().map(|c| c.offset()).collect();
             if !drafts.is_empty() {
                 // A layout may refuse a round (a wrapped ring cannot roll back):
                 // then this request takes plain steps, and says why.
@@ -140,19 +183,7 @@ impl Engine {
             let t: Vec<u32> = t.as_slice::<u32>().to_vec();
             let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();
             if !drafts.is_empty() {
-                stats.rounds += 1;
-                stats.drafted += drafts.len() as u64;
-                stats.accepted += n as u64;
-                for p in stats.accepted_by_position.iter_mut().take(n) {
-                    *p += 1;
-                }
-                // Draft about as far as the last round got, plus a little:
-                // long drafts that are cut short cost verify work for nothing.
-                depth = (n + 2).clamp(1, max_depth);
-                let rate = stats.accepted as f64 / stats.drafted.max(1) as f64;
-                if stats.rounds >= PROBATION_ROUNDS && rate < MIN_ACCEPTANCE {
-                    stats.disabled = Some(format!("acceptance {:.0}% after {} rounds is below {:.0}%: plain steps from here", rate * 100.0, stats.rounds, MIN_ACCEPTANCE * 100.0));
-                }
+                depth = stats.record_round(drafts.len(), n, max_depth);
             }
             // Keep pending + the accepted drafts; drop the rest.
             let keep = [(n + 1) as u64];
@@ -162,6 +193,9 @@ impl Engine {
                 } else {
                     c.spec_rollback(RSlice::from_slice(&keep)).into_result().map_err(|e| EngineError::Model(format!("spec_rollback: {e}")))?;
                 }
+            }
+            if !drafts.is_empty() && n < drafts.len() {
+                self.replay_if_restored(&starts, &input[..n + 1], &mut caches)?;
             }
             if !drafts.is_empty() && stats.disabled.is_none() {
                 if let Err(e) = drafter.commit(n as u32).into_result() {

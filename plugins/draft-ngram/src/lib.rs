@@ -21,7 +21,7 @@ fn manifest() -> PluginManifest {
         PluginKind::DRAFTER,
         "prompt lookup over the request's own tokens",
         Claims { draft_kinds: rstrings(&["ngram"]), ..Default::default() },
-        &[],
+        &[caps::HISTORY_ONLY],
     )
 }
 

@@ -5,7 +5,15 @@
 //! Storage `[B, H, capacity, D]` grows in steps of `spec.step` tokens and is
 //! written in place with slice updates (never concatenated per token). Rows
 //! of different lengths are left-padded; each row's RoPE position is
-//! `write index - left padding`, and masks hide the padding.
+//! `write index - left padding`, and masks hide the padding. A batched
+//! speculative round whose rows keep different counts leaves per-row holes
+//! (`holes.rs`), hidden the same way.
+
+mod holes;
+#[cfg(test)]
+mod tests;
+
+use holes::{compact_plan, gather_columns, Holes, COMPACT_AFTER};
 
 use model_kit::ops::{dtype_from_raw, slice, slice_update, zeros};
 use model_kit::{error, Array, Dtype, Result};
@@ -41,6 +49,7 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
         values: None,
         idx: 0,
         left_pad: vec![0; spec.rows as usize],
+        holes: Holes::none(spec.rows as usize),
         step: spec.step.max(1) as usize,
         heads: spec.need.kv_heads as i32,
         k_dim: spec.need.k_head_dim as i32,
@@ -57,6 +66,7 @@ struct PlainKv {
     /// Columns written (the same for every row; shorter rows are left-padded).
     idx: usize,
     left_pad: Vec<usize>,
+    holes: Holes,
     step: usize,
     heads: i32,
     k_dim: i32,
@@ -71,8 +81,28 @@ impl PlainKv {
         self.left_pad.len()
     }
 
+    /// Whether some row has columns that others do not (padding, holes):
+    /// then positions are per row and masks explicit.
     fn padded(&self) -> bool {
-        self.left_pad.iter().any(|&p| p > 0)
+        self.left_pad.iter().any(|&p| p > 0) || self.holes.any()
+    }
+
+    /// Row r's live tokens (its RoPE position for the next token).
+    fn row_len(&self, r: usize) -> usize {
+        self.idx - self.left_pad[r] - self.holes.count(r)
+    }
+
+    /// Squeezes holes (and padding beyond what rows need) out of storage.
+    fn compact(&mut self) -> Result<()> {
+        let (rows, pads) = compact_plan(&self.holes, &self.left_pad, self.idx);
+        if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
+            self.keys = Some(gather_columns(&self.used(&k)?, &rows)?);
+            self.values = Some(gather_columns(&self.used(&v)?, &rows)?);
+        }
+        self.idx = rows.first().map_or(0, Vec::len);
+        self.left_pad = pads;
+        self.holes = Holes::none(self.left_pad.len());
+        Ok(())
     }
 
     fn used(&self, a: &Array) -> Result<Array> {
@@ -123,10 +153,19 @@ impl PlainKv {
         let causal = rows.ge(&cols)?;
         let pads: Vec<i32> = self.left_pad.iter().map(|&p| p as i32).collect();
         let pads = Array::from_slice(&pads, &[self.rows() as i32, 1, 1, 1]);
-        causal.logical_and(cols.ge(&pads)?)
+        let mask = causal.logical_and(cols.ge(&pads)?)?;
+        if self.holes.any() {
+            return mask.logical_and(&self.holes.live_mask(total as usize));
+        }
+        Ok(mask)
     }
 
     fn state(&self) -> Result<CacheState> {
+        if self.holes.any() {
+            let mut compact = self.clone();
+            compact.compact()?;
+            return compact.state();
+        }
         let mut tensors = RVec::new();
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             tensors.push(into_tensor(self.used(k)?));
@@ -155,12 +194,14 @@ impl PlainKv {
                 self.values = Some(v);
                 self.idx = meta[0];
                 self.left_pad = meta[1..].to_vec();
+                self.holes = Holes::none(rows);
             }
             _ => {
                 self.keys = None;
                 self.values = None;
                 self.idx = 0;
                 self.left_pad = vec![0; meta.len().saturating_sub(1).max(1)];
+                self.holes = Holes::none(self.left_pad.len());
             }
         }
         self.mark = None;
@@ -180,9 +221,10 @@ impl PlainKv {
             }
         }
         let existing_pad = self.left_pad.clone();
+        let mut holes = Holes::none(0);
         let mut new_rows = Vec::new();
         for st in rows {
-            let mut one = PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0], mark: None, ..*self.geometry() };
+            let mut one = PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0], holes: Holes::none(1), mark: None, ..*self.geometry() };
             one.load(st)?;
             if one.rows() != 1 {
                 return Err(error("merge_rows takes 1-row states"));
@@ -206,6 +248,8 @@ impl PlainKv {
             ks.push(pad_front(k, extra, self.k_dim, b)?);
             vs.push(pad_front(v, extra, self.v_dim, b)?);
             pads.extend(existing_pad.iter().map(|p| p + extra));
+            holes = self.holes.clone();
+            holes.shift_right(extra);
         }
         for r in new_rows {
             let extra = len - r.idx;
@@ -220,11 +264,13 @@ impl PlainKv {
                 }
             }
             pads.push(extra + r.left_pad[0]);
+            holes.0.push(Vec::new());
         }
         self.keys = Some(mlx_rs::ops::concatenate(&ks, 0)?);
         self.values = Some(mlx_rs::ops::concatenate(&vs, 0)?);
         self.idx = len;
         self.left_pad = pads;
+        self.holes = holes;
         Ok(())
     }
 
@@ -243,6 +289,7 @@ impl PlainKv {
             self.values = Some(v.take_axis(&sel, 0)?);
         }
         self.left_pad = keep.iter().map(|&r| self.left_pad[r as usize]).collect();
+        self.holes = Holes(keep.iter().map(|&r| self.holes.0[r as usize].clone()).collect());
         // Drop columns that are padding in every remaining row.
         let common = self.left_pad.iter().copied().min().unwrap_or(0);
         if common > 0 {
@@ -253,6 +300,7 @@ impl PlainKv {
             }
             self.idx -= common;
             self.left_pad.iter_mut().for_each(|p| *p -= common);
+            self.holes.shift_left(common);
         }
         Ok(())
     }
@@ -262,13 +310,15 @@ impl PlainKv {
         if r >= self.rows() {
             return Err(error(format!("extract_row: row {r} out of range (rows = {})", self.rows())));
         }
-        let mut one = PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0], mark: None, ..*self.geometry() };
+        let mut one = PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0], holes: Holes::none(1), mark: None, ..*self.geometry() };
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            let p = self.left_pad[r] as i32;
             let (ks, vs) = (k.shape(), v.shape());
-            one.keys = Some(slice(k, &[r as i32, 0, p, 0], &[r as i32 + 1, ks[1], self.idx as i32, ks[3]])?);
-            one.values = Some(slice(v, &[r as i32, 0, p, 0], &[r as i32 + 1, vs[1], self.idx as i32, vs[3]])?);
-            one.idx = self.idx - self.left_pad[r];
+            let row_k = slice(k, &[r as i32, 0, 0, 0], &[r as i32 + 1, ks[1], self.idx as i32, ks[3]])?;
+            let row_v = slice(v, &[r as i32, 0, 0, 0], &[r as i32 + 1, vs[1], self.idx as i32, vs[3]])?;
+            let live = vec![self.holes.live_columns(r, self.left_pad[r], self.idx)];
+            one.idx = live[0].len();
+            one.keys = Some(gather_columns(&row_k, &live)?);
+            one.values = Some(gather_columns(&row_v, &live)?);
         }
         one.state()
     }
@@ -289,6 +339,7 @@ impl Clone for PlainKv {
             values: self.values.clone(),
             idx: self.idx,
             left_pad: self.left_pad.clone(),
+            holes: self.holes.clone(),
             step: self.step,
             heads: self.heads,
             k_dim: self.k_dim,
@@ -311,7 +362,7 @@ impl CacheLayout for PlainKv {
     fn positions(&self) -> PResult<Positions> {
         guard_mlx(|| {
             let per_row = if self.padded() {
-                let offs: Vec<i32> = self.left_pad.iter().map(|&p| (self.idx - p) as i32).collect();
+                let offs: Vec<i32> = (0..self.rows()).map(|r| self.row_len(r) as i32).collect();
                 ROption::RSome(into_tensor(Array::from_slice(&offs, &[offs.len() as i32])))
             } else {
                 ROption::RNone
@@ -355,6 +406,7 @@ impl CacheLayout for PlainKv {
         let floor = self.left_pad.iter().copied().max().unwrap_or(0);
         let n = (n as usize).min(self.idx.saturating_sub(floor));
         self.idx -= n;
+        self.holes.cut(self.idx);
         n as u64
     }
 
@@ -387,15 +439,21 @@ impl CacheLayout for PlainKv {
     fn spec_rollback(&mut self, keep: RSlice<'_, u64>) -> PResult<()> {
         guard(|| {
             let mark = self.mark.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
-            let first = *keep.first().ok_or_else(|| PluginError::invalid_input("spec_rollback: empty keep"))?;
-            if keep.iter().any(|&k| k != first) {
-                // One write index for all rows: rows keeping different counts
-                // need per-row lengths, which this layout does not track.
-                return Err(PluginError::unsupported("kv-plain: per-row rollback with different keep counts"));
+            if keep.is_empty() || (keep.len() != 1 && keep.len() != self.rows()) {
+                return Err(PluginError::invalid_input(format!("spec_rollback: {} keep counts for {} rows", keep.len(), self.rows())));
             }
             let appended = self.idx - mark;
-            let drop = appended.saturating_sub(first as usize);
-            self.idx -= drop;
+            let keep_of = |r: usize| (keep[if keep.len() == 1 { 0 } else { r }] as usize).min(appended);
+            let most = (0..self.rows().max(1)).map(keep_of).max().unwrap_or(0);
+            self.idx = mark + most;
+            // Rows that kept fewer than the most-keeping row: the rest of
+            // their round is dead columns, masked from now on.
+            for r in 0..self.rows() {
+                self.holes.add(r, mark + keep_of(r), mark + most);
+            }
+            if self.holes.max_count() > COMPACT_AFTER {
+                self.compact().map_err(|e| PluginError::mlx(e.what()))?;
+            }
             Ok(())
         })
     }
@@ -434,6 +492,7 @@ impl CacheLayout for PlainKv {
             self.keys = None;
             self.values = None;
             self.left_pad = pads.iter().map(|&p| p as usize).collect();
+            self.holes = Holes::none(pads.len());
             Ok(())
         })
     }

@@ -1,0 +1,176 @@
+//! Speculative rounds inside continuous batching.
+//!
+//! Each step, every speculating row asks the drafter (one instance that
+//! keeps no per-request state: `caps::HISTORY_ONLY`) for 0..depth tokens.
+//! When any row drafted, ONE target forward verifies them all: input
+//! `[B, k+1]` where row r is `[pending, its drafts, filler...]` (k = the
+//! longest draft; filler columns are causal-after the real ones, so they
+//! change no real position's logits). Per row, the target's choice at each
+//! position is drawn as in plain decoding; drafts are accepted while they
+//! equal it; the first mismatch (or the bonus position) emits the target's
+//! token. Rows without drafts ride along and use position 0 only. The
+//! caches then keep `1 + accepted` tokens per row (`spec_rollback` with one
+//! count per row; a layout leaves holes where rows kept fewer).
+
+use super::{handle_token, Outcome, Scheduler};
+use crate::engine::{Engine, EngineError};
+use crate::generate::{token_array, GenerateRequest};
+use crate::sampling::Sampler;
+use crate::speculative::SpecStats;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+use plugin_api::abi_stable::std_types::RSlice;
+use plugin_api::DraftArgs;
+use std::sync::atomic::Ordering;
+
+/// A row's speculation state.
+pub struct RowSpec {
+    pub stats: SpecStats,
+    depth: usize,
+    max_depth: usize,
+}
+
+impl RowSpec {
+    /// Speculation for a batched row, when the engine runs it in the batch
+    /// and the request allows it (penalties need each token's history
+    /// before the next is chosen, so such rows take plain steps).
+    pub fn for_request(engine: &Engine, req: &GenerateRequest) -> Option<Self> {
+        if !req.speculate || req.params.has_penalties() || !engine.batch_speculation() {
+            return None;
+        }
+        let d = engine.drafter.as_ref()?.lock().ok()?;
+        let (kind, max_depth) = (d.1.clone(), d.2);
+        Some(Self { stats: SpecStats { kind, accepted_by_position: vec![0; max_depth], ..Default::default() }, depth: max_depth, max_depth })
+    }
+
+    fn active(&self) -> bool {
+        self.stats.disabled.is_none()
+    }
+}
+
+fn model_err(what: &str) -> impl Fn(plugin_api::PluginError) -> EngineError + '_ {
+    move |e| EngineError::Model(format!("{what}: {e}"))
+}
+
+impl Scheduler<'_> {
+    /// Each row's drafts, or None when no row drafted (a plain step).
+    pub(super) fn draft_rows(&mut self) -> Option<Vec<Vec<u32>>> {
+        if !self.rows.iter().any(|r| r.spec.as_ref().is_some_and(RowSpec::active)) {
+            return None;
+        }
+        let mut guard = self.engine.drafter.as_ref()?.lock().ok()?;
+        let drafter = &mut guard.0;
+        let drafts: Vec<Vec<u32>> = self
+            .rows
+            .iter_mut()
+            .map(|r| {
+                let room = r.job.request.max_tokens - r.out.len();
+                let Some(s) = r.spec.as_mut().filter(|s| s.active() && room >= 2) else { return Vec::new() };
+                let n = s.depth.min(room - 1);
+                match drafter.draft(DraftArgs { history: RSlice::from_slice(&r.history), max_tokens: n as u32 }).into_result() {
+                    Ok(d) => d.tokens.into_iter().take(n).collect(),
+                    // A drafter that fails costs this row its speculation, not its answer.
+                    Err(e) => {
+                        s.stats.disabled = Some(format!("the drafter failed ({e}): plain steps from here"));
+                        Vec::new()
+                    }
+                }
+            })
+            .collect();
+        drafts.iter().any(|d| !d.is_empty()).then_some(drafts)
+    }
+
+    /// One verify forward over every row's drafts, per-row acceptance and
+    /// per-row rollback.
+    pub(super) fn spec_step(&mut self, drafts: Vec<Vec<u32>>) -> Result<(), EngineError> {
+        let b = self.rows.len();
+        let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(b * (k + 1));
+        for (r, d) in self.rows.iter().zip(&drafts) {
+            ids.push(r.pending);
+            ids.extend_from_slice(d);
+            let filler = *ids.last().unwrap();
+            ids.extend(std::iter::repeat(filler).take(k - d.len()));
+        }
+        self.stats.decode_steps.fetch_add(1, Ordering::Relaxed);
+        self.stats.max_batch_rows.fetch_max(b as u64, Ordering::Relaxed);
+        let batch = self.batch.as_mut().expect("rows have batch caches");
+        for c in batch.iter_mut() {
+            c.spec_begin().into_result().map_err(model_err("spec_begin"))?;
+        }
+        let input = token_array(&ids).reshape(&[b as i32, (k + 1) as i32])?;
+        let logits = self.engine.forward_all(&input, batch)?;
+        let v = logits.shape()[logits.ndim() - 1];
+        let logits = logits.reshape(&[b as i32, (k + 1) as i32, v])?;
+        let (tokens, lps) = self.choose(&logits, &drafts)?;
+
+        let mut keep_rows = Vec::new();
+        let mut finished = Vec::new();
+        let mut keep_counts = Vec::with_capacity(b);
+        for (i, (r, d)) in self.rows.iter_mut().zip(&drafts).enumerate() {
+            let t = &tokens[i];
+            let n = d.iter().zip(t).take_while(|(d, t)| d == t).count();
+            if let Some(s) = r.spec.as_mut().filter(|_| !d.is_empty()) {
+                s.depth = s.stats.record_round(d.len(), n, s.max_depth);
+            }
+            keep_counts.push((n + 1) as u64);
+            let mut outcome = Outcome::Continue;
+            for (j, &id) in t.iter().take(n + 1).enumerate() {
+                outcome = handle_token(r, id, &lps[i].index(j as i32..j as i32 + 1), &self.stats, &self.shutdown)?;
+                if !matches!(outcome, Outcome::Continue) {
+                    break;
+                }
+            }
+            match outcome {
+                Outcome::Continue => keep_rows.push(i as u32),
+                Outcome::Done(f) => finished.push((i, f)),
+            }
+        }
+        let batch = self.batch.as_mut().unwrap();
+        let all_kept = keep_counts.iter().all(|&n| n as usize == k + 1);
+        for c in batch.iter_mut() {
+            if all_kept {
+                c.spec_commit().into_result().map_err(model_err("spec_commit"))?;
+            } else {
+                c.spec_rollback(RSlice::from_slice(&keep_counts)).into_result().map_err(model_err("spec_rollback"))?;
+            }
+        }
+        self.retire(finished, keep_rows)
+    }
+
+    /// The target's choices: per row, one token per verified position
+    /// (1 + its drafts), and the logprobs they were drawn from `[k+1, V]`.
+    /// All rows' choices are evaluated together (one device sync).
+    fn choose(&mut self, logits: &Array, drafts: &[Vec<u32>]) -> Result<(Vec<Vec<u32>>, Vec<Array>), EngineError> {
+        let mut lps = Vec::with_capacity(self.rows.len());
+        let mut picks = Vec::with_capacity(self.rows.len());
+        for (i, (r, d)) in self.rows.iter_mut().zip(drafts).enumerate() {
+            let row = logits.index(i as i32);
+            let lp = if r.sampler.params.has_penalties() {
+                // Only plain rows have penalties: position 0 is all they use.
+                Sampler::logprobs(&r.sampler.process(row.index(0..1), &r.history)?)?
+            } else {
+                Sampler::logprobs(&row)?
+            };
+            let used = d.len() as i32 + 1;
+            let pick = if r.sampler.params.is_greedy() {
+                mlx_rs::ops::indexing::argmax_axis(&lp.index(0..used), -1, None)?
+            } else {
+                let draws = (0..used).map(|j| r.sampler.sample(&lp.index(j..j + 1))).collect::<Result<Vec<_>, _>>()?;
+                mlx_rs::ops::concatenate(&draws, 0)?
+            };
+            picks.push(pick.as_dtype(mlx_rs::Dtype::Uint32)?);
+            lps.push(lp);
+        }
+        let all = mlx_rs::ops::concatenate(&picks, 0)?;
+        all.eval()?;
+        let flat: Vec<u32> = all.as_slice::<u32>().to_vec();
+        let mut out = Vec::with_capacity(drafts.len());
+        let mut at = 0;
+        for d in drafts {
+            out.push(flat[at..at + d.len() + 1].to_vec());
+            at += d.len() + 1;
+        }
+        Ok((out, lps))
+    }
+}

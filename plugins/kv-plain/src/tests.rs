@@ -1,0 +1,73 @@
+//! Per-row speculative rollback: rows that keep different counts leave
+//! holes that positions, masks, exports and extracted rows all honour.
+
+use super::*;
+
+fn cache(rows: usize) -> PlainKv {
+    PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0; rows], holes: Holes::none(rows), step: 4, heads: 1, k_dim: 1, v_dim: 1, dtype: Dtype::Float32, mark: None }
+}
+
+/// Appends per-row values `[B, 1, L, 1]`.
+fn push(c: &mut PlainKv, rows: &[&[f32]]) {
+    let l = rows[0].len() as i32;
+    let flat: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+    let a = Array::from_slice(&flat, &[rows.len() as i32, 1, l, 1]);
+    c.store(a.clone(), a).unwrap();
+}
+
+fn values(s: CacheState) -> Vec<f32> {
+    let k = into_array(s.tensors.into_iter().next().unwrap());
+    let out = k.flatten(None, None).unwrap();
+    out.eval().unwrap();
+    out.as_slice::<f32>().to_vec()
+}
+
+fn bools(a: Array) -> Vec<bool> {
+    let a = a.flatten(None, None).unwrap();
+    a.eval().unwrap();
+    a.as_slice::<bool>().to_vec()
+}
+
+#[test]
+fn rows_keeping_different_counts_leave_masked_holes() {
+    let mut c = cache(2);
+    push(&mut c, &[&[1.0, 2.0], &[11.0, 12.0]]);
+    c.spec_begin();
+    // Round of 4 columns: row 0 keeps 3, row 1 keeps 1.
+    push(&mut c, &[&[3.0, 4.0, 5.0, 6.0], &[13.0, 14.0, 15.0, 16.0]]);
+    CacheLayout::spec_rollback(&mut c, RSlice::from_slice(&[3, 1])).unwrap();
+    assert_eq!(c.idx, 5, "the write index follows the most-keeping row");
+    assert_eq!((c.row_len(0), c.row_len(1)), (5, 3));
+    // The next token of row 1 attends to its 3 live columns only.
+    let m = bools(c.mask_array(1).unwrap());
+    assert_eq!(m, vec![true, true, true, true, true, true, /* row 1 */ true, true, true, false, false, true]);
+    // Exported rows are compact: the holes are gone, the live tokens stay in order.
+    assert_eq!(values(c.extract(1).unwrap()), vec![11.0, 12.0, 13.0]);
+    assert_eq!(values(c.extract(0).unwrap()), vec![1.0, 2.0, 3.0, 4.0, 5.0]);
+    // A trim past the holes forgets them.
+    assert_eq!(CacheLayout::trim(&mut c, 2), 2);
+    assert!(!c.holes.any());
+}
+
+#[test]
+fn holes_survive_filter_and_merge_and_compaction_keeps_the_tokens() {
+    let mut c = cache(2);
+    push(&mut c, &[&[1.0], &[11.0]]);
+    c.spec_begin();
+    push(&mut c, &[&[2.0, 3.0], &[12.0, 13.0]]);
+    CacheLayout::spec_rollback(&mut c, RSlice::from_slice(&[1, 2])).unwrap();
+    assert_eq!(values(c.extract(0).unwrap()), vec![1.0, 2.0]);
+    // A new row joins: everyone is left-padded, holes shift with the columns.
+    let mut one = cache(1);
+    push(&mut one, &[&[21.0, 22.0, 23.0, 24.0]]);
+    c.merge(vec![one.state().unwrap()]).unwrap();
+    assert_eq!(values(c.extract(0).unwrap()), vec![1.0, 2.0]);
+    assert_eq!(values(c.extract(2).unwrap()), vec![21.0, 22.0, 23.0, 24.0]);
+    c.filter(&[0, 2]).unwrap();
+    assert_eq!(values(c.extract(0).unwrap()), vec![1.0, 2.0]);
+    c.compact().unwrap();
+    assert!(!c.holes.any());
+    assert_eq!((c.row_len(0), c.row_len(1)), (2, 4));
+    assert_eq!(values(c.extract(0).unwrap()), vec![1.0, 2.0]);
+    assert_eq!(values(c.extract(1).unwrap()), vec![21.0, 22.0, 23.0, 24.0]);
+}
