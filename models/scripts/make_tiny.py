@@ -190,6 +190,155 @@ VARIANTS = {
         "attn_logit_softcapping": None,
         "tie_word_embeddings": True,
     },
+    # Gemma 4 text (mlx-lm models/gemma4_text.py), every dense feature at
+    # once: layers S S F S S F (window 8); global layers with their own head
+    # dim (32 vs 16), K = V (attention_k_eq_v) over 1 KV head (2 on sliding
+    # layers) and proportional RoPE on a quarter of the dims; q/k norms and a
+    # scale-free v norm; the last 2 layers share the K/V of layers 3 (S) and
+    # 2 (F) and have double-wide MLPs; per-layer input embeddings (32 per
+    # layer, so the 192-wide table is 4-bit quantized in q4); logits soft-
+    # capped at 30; tied. build() gives layer_scalar a spread around 1.
+    "gemma4": {
+        "model_type": "gemma4_text",
+        "architectures": ["Gemma4ForCausalLM"],
+        "num_hidden_layers": 6,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 8,
+        "sliding_window_pattern": 3,
+        "layer_types": [
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+        ],
+        "rope_parameters": {
+            "full_attention": {
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+                "rope_type": "proportional",
+            },
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+        "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True,
+        "hidden_size_per_layer_input": 32,
+        "vocab_size_per_layer_input": 49152,
+        "final_logit_softcapping": 30.0,
+        "enable_moe_block": False,
+        "tie_word_embeddings": True,
+    },
+    # Gemma 4 with the MoE block (as the 26B-A4B): beside each dense MLP a
+    # router (top-2 of 4 experts, 8-bit in q4 by the quant_predicate) and
+    # gelu_approx GLU experts of width 64 (all quantized in q4). No KV
+    # sharing, no per-layer inputs; rope_parameters left to mlx-lm's
+    # defaults (proportional RoPE on the global layer); untied lm_head.
+    "gemma4-moe": {
+        "model_type": "gemma4_text",
+        "architectures": ["Gemma4ForCausalLM"],
+        "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 8,
+        "sliding_window_pattern": 3,
+        "num_kv_shared_layers": 0,
+        "hidden_size_per_layer_input": 0,
+        "final_logit_softcapping": 30.0,
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 64,
+        "tie_word_embeddings": False,
+    },
+    # Qwen3-MoE (mlx-lm models/qwen3_moe.py): qwen3 attention; layers 0 and
+    # 2 route each token to 2 of 8 SwiGLU experts (softmax router,
+    # renormalised top-2), layer 1 is dense (mlp_only_layers). Expert width
+    # 64 so that q4 quantizes every expert projection (group 64; the router
+    # gets 8 bits through the model's quant_predicate). Untied.
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [1],
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 3,
+        "tie_word_embeddings": False,
+    },
+    # Qwen3.5 (mlx-lm models/qwen3_5.py), the hybrid: layers 0 and 2 are
+    # gated DeltaNet (2 key heads of 16 repeated to 4 value heads of 16, a
+    # 4-tap conv; recurrent state), layers 1 and 3 gated full attention
+    # (full_attention_interval 2; q/k norms, RoPE on a quarter of head_dim
+    # 16). build() draws A_log / dt_bias as mlx-lm initialises them and keeps
+    # A_log in float32 (the model's cast_predicate). Tied.
+    "qwen3_5": {
+        "model_type": "qwen3_5",
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+        "tie_word_embeddings": True,
+    },
+    # Qwen3.5-MoE (mlx-lm models/qwen3_5_moe.py): the same hybrid, every MLP
+    # sparse: 2 of 8 SwiGLU experts of width 64 (softmax router, renormalised
+    # top-2) plus a shared expert behind a sigmoid gate; q4 gives the router
+    # and the shared gate 8 bits (the model's quant_predicate). Untied.
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe",
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "num_hidden_layers": 4,
+        "full_attention_interval": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "tie_word_embeddings": False,
+    },
 }
 
 # flavour -> (torch_dtype written in config.json, quantization or None).
@@ -241,11 +390,35 @@ def build(name, flavour):
         # when the checkpoint has none: drop it as loading a tied one does.
         model.sanitize({})
     random_params(model, seed_of(name))
-    # As mlx_lm.convert: cast floating parameters to torch_dtype.
+    if config["model_type"] == "gemma4_text":
+        # layer_scalar multiplies the whole residual stream (a std-0.2 draw
+        # around 0 would shrink it layer after layer), and the router's
+        # scales are multipliers too: keep them near 1.
+        scalars = [
+            (k, 1.0 + 0.25 * mx.random.normal(v.shape))
+            for k, v in tree_flatten(model.parameters())
+            if k.endswith(("layer_scalar", "router.scale", "per_expert_scale"))
+        ]
+        model.update(tree_unflatten(scalars))
+    if config["model_type"] in ("qwen3_5", "qwen3_5_moe"):
+        # Gated DeltaNet as mlx-lm initialises it (dt_bias = 1, A = exp(A_log)
+        # > 0), but A log-uniform over [0.01, 16] rather than uniform over
+        # [0, 16], so some heads decay slowly and the state carries far.
+        mx.random.seed(seed_of(name) + 1)
+        gdn = []
+        for k, v in tree_flatten(model.parameters()):
+            if k.endswith("A_log"):
+                gdn.append((k, mx.random.uniform(-4.6, 2.77, v.shape)))
+            elif k.endswith("dt_bias"):
+                gdn.append((k, 1.0 + 0.1 * mx.random.normal(v.shape)))
+        model.update(tree_unflatten(gdn))
+    # As mlx_lm.convert: cast floating parameters to torch_dtype, except
+    # those the model's cast_predicate keeps (qwen3_5's A_log).
     dtype = getattr(mx, dtype_name)
+    cast = getattr(model, "cast_predicate", lambda _: True)
     model.update(
         tree_unflatten(
-            [(k, v.astype(dtype)) for k, v in tree_flatten(model.parameters())]
+            [(k, v.astype(dtype) if cast(k) else v) for k, v in tree_flatten(model.parameters())]
         )
     )
     if quant is not None:
@@ -303,12 +476,22 @@ def main():
                     model, _ = load(str(path))
                 else:  # what mlx_lm.load does, minus the tokenizer
                     model, _ = load_model(path)
-                toks = greedy(model, [1, 2, 3, 4, 5], 64)
+                try:
+                    toks = greedy(model, [1, 2, 3, 4, 5], 64)
+                except RuntimeError as e:
+                    # MLX's CPU gather_mm (dense MoE experts) is float32-only:
+                    # mlx-lm cannot run a bf16 MoE natively on the CPU, so
+                    # check that folder's weights in float32.
+                    if "GatherMM" not in str(e):
+                        raise
+                    model.set_dtype(mx.float32)
+                    toks = greedy(model, [1, 2, 3, 4, 5], 64)
+                    check += " (run in f32: CPU gather_mm is f32-only)"
                 if len(toks) != 64:
                     sys.exit(f"{path}: generated {len(toks)} tokens")
                 if len(set(toks)) < 4:
                     sys.exit(f"{path}: degenerate greedy output {toks}")
-                check = f" distinct={len(set(toks))}/64"
+                check = f" distinct={len(set(toks))}/64" + check
                 if "layer_types" in VARIANTS[name]:
                     # Sliding layers must get mlx-lm's RotatingKVCache.
                     kinds = [type(c).__name__ for c in make_prompt_cache(model)]

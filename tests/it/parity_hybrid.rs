@@ -1,1 +1,164 @@
-//! Parity of the hybrid family plugin with mlx-lm (filled in by that family's work).
+//! Parity of the Qwen3.5 hybrid (model-qwen3-5 over state-recurrent for its
+//! gated DeltaNet layers and kv-plain for its attention layers) with mlx-lm.
+//! The tiny models have 4 layers, DeltaNet at 0 and 2, attention at 1 and 3;
+//! the MoE variant routes every MLP to 2 of 8 experts plus a shared expert.
+//!
+//! bf16 MoE: MLX's CPU `gather_mm` is float32-only, so mlx-lm cannot run
+//! that folder natively here; it is compared in float32 instead (as the
+//! dense bf16 folder also is, which covers the cast at load).
+
+use crate::parity::{check, check_prompt};
+use it::{host_bin, model, python, run_ok, Scratch, Server};
+use serde_json::{json, Value};
+
+#[test]
+fn qwen3_5_f32() {
+    check("tiny-qwen3_5-f32");
+}
+
+#[test]
+fn qwen3_5_bf16() {
+    check("tiny-qwen3_5-bf16");
+}
+
+#[test]
+fn qwen3_5_q4() {
+    check("tiny-qwen3_5-q4");
+}
+
+#[test]
+fn qwen3_5_moe_f32() {
+    check("tiny-qwen3_5_moe-f32");
+}
+
+#[test]
+fn qwen3_5_moe_q4() {
+    check("tiny-qwen3_5_moe-q4");
+}
+
+fn long_prompt() -> String {
+    (0..40u64).map(|i| ((i * 7919) % 49000 + 10).to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// 40 prompt ids: the prefill runs the recurrence over 39 steps in one
+/// forward (and the logits forward over 40), so the state carries a long
+/// chain of updates before the first decode step; the MoE folders route 78
+/// (token, expert) pairs, past mlx-lm's sorted-gather threshold of 64.
+#[test]
+fn qwen3_5_long_prompt() {
+    for name in ["tiny-qwen3_5-f32", "tiny-qwen3_5-bf16", "tiny-qwen3_5-q4", "tiny-qwen3_5_moe-f32", "tiny-qwen3_5_moe-q4"] {
+        check_prompt(name, &long_prompt());
+    }
+}
+
+/// 64 greedy tokens from mlx-lm's own load of `dir` (every parameter cast
+/// to float32 when `f32`) and from ours (`--dtype float32` or native).
+fn both_engines(dir: &std::path::Path, prompt: &str, f32: bool) -> (Value, Value) {
+    let script = "import sys, json, mlx.core as mx\n\
+        from mlx_lm.utils import load\nfrom mlx_lm.generate import generate_step\n\
+        m, _ = load(sys.argv[1])\nif sys.argv[3] == 'f32': m.set_dtype(mx.float32)\n\
+        ids = mx.array([int(t) for t in sys.argv[2].split(',')])\n\
+        print(json.dumps([t for t, _ in generate_step(ids, m, max_tokens=64)]))";
+    let dtype = if f32 { "float32" } else { "native" };
+    let want: Value = serde_json::from_str(run_ok(python().args(["-c", script]).arg(dir).arg(prompt).arg(if f32 { "f32" } else { "native" })).trim()).unwrap();
+    let mut cmd = std::process::Command::new(host_bin());
+    cmd.current_dir(it::repo_root()).args(["generate", "--model"]).arg(dir);
+    cmd.args(["--prompt-ids", prompt, "--max-tokens", "64", "--ignore-eos", "--dtype", dtype, "--json"]);
+    let got: Value = serde_json::from_str(&run_ok(&mut cmd)).unwrap();
+    (got["tokens"].clone(), want)
+}
+
+/// The bf16 folders computed in float32 (`--dtype float32`) against mlx-lm
+/// with every parameter cast to float32.
+#[test]
+fn qwen3_5_bf16_folders_in_float32_match_mlx_lm() {
+    for name in ["tiny-qwen3_5-bf16", "tiny-qwen3_5_moe-bf16"] {
+        let dir = model(&format!("tiny/{name}"));
+        for prompt in ["1,2,3,4,5".to_owned(), long_prompt()] {
+            let (got, want) = both_engines(&dir, &prompt, true);
+            assert_eq!(got, want, "{name}, prompt {prompt}");
+        }
+    }
+}
+
+/// A Hugging Face checkpoint as published (the multimodal layout): config
+/// under `text_config`, tensors under `model.language_model.*` and
+/// `lm_head`, conv weights `[C, 1, K]`, norm weights stored minus one, the
+/// experts fused (`experts.gate_up_proj`, `experts.down_proj`), plus vision
+/// and multi-token-prediction tensors to skip. mlx-lm's sanitize undoes all
+/// of it at load, and so does ours.
+#[test]
+fn qwen3_5_loads_unsanitized_hugging_face_checkpoints() {
+    let script = "import sys, json, shutil, mlx.core as mx\n\
+        src, dst = sys.argv[1], sys.argv[2]\n\
+        norms = ('.input_layernorm.weight', '.post_attention_layernorm.weight', 'model.norm.weight', '.q_norm.weight', '.k_norm.weight')\n\
+        out = {}\n\
+        for k, v in mx.load(src + '/model.safetensors').items():\n\
+        \x20   if 'conv1d.weight' in k: v = v.moveaxis(1, 2)\n\
+        \x20   if k.endswith(norms): v = v - 1.0\n\
+        \x20   out[k.replace('language_model.model.', 'model.language_model.').replace('language_model.lm_head', 'lm_head')] = v\n\
+        for k in [k for k in out if k.endswith('.switch_mlp.gate_proj.weight')]:\n\
+        \x20   p = k[:-len('.switch_mlp.gate_proj.weight')]\n\
+        \x20   gate, up = out.pop(k), out.pop(p + '.switch_mlp.up_proj.weight')\n\
+        \x20   out[p + '.experts.gate_up_proj'] = mx.concatenate([gate, up], axis=1)\n\
+        \x20   out[p + '.experts.down_proj'] = out.pop(p + '.switch_mlp.down_proj.weight')\n\
+        out['model.visual.patch_embed.proj.weight'] = mx.zeros((8, 3)); out['mtp.fc.weight'] = mx.zeros((8, 8))\n\
+        mx.save_safetensors(dst + '/model.safetensors', out)\n\
+        cfg = json.load(open(src + '/config.json'))\n\
+        json.dump({'model_type': cfg['model_type'], 'architectures': cfg['architectures'], 'text_config': cfg, 'vision_config': {}}, open(dst + '/config.json', 'w'))\n\
+        [shutil.copy(src + '/' + f, dst) for f in ('tokenizer.json', 'tokenizer_config.json')]";
+    for name in ["tiny-qwen3_5-f32", "tiny-qwen3_5_moe-f32"] {
+        let dst = Scratch::new("qwen3_5-hf");
+        run_ok(python().args(["-c", script]).arg(model(&format!("tiny/{name}"))).arg(&dst.0));
+        let (got, want) = both_engines(&dst.0, "1,2,3,4,5", false);
+        assert_eq!(got, want, "{name} in the Hugging Face layout");
+    }
+}
+
+/// Continuous batching: rows prefilled on their own caches and merged into
+/// the batch (recurrent states concatenated along the batch axis, K/V
+/// left-padded) decode exactly as each request alone.
+#[test]
+fn qwen3_5_batched_rows_match_serial() {
+    crate::batching::staggered_batch_equals_serial("tiny/tiny-qwen3_5-f32");
+    crate::batching::staggered_batch_equals_serial("tiny/tiny-qwen3_5_moe-f32");
+}
+
+fn generate(prompt: &str, extra: &[&str]) -> Value {
+    let mut cmd = std::process::Command::new(host_bin());
+    cmd.current_dir(it::repo_root()).args(["generate", "--model"]).arg(model("tiny/tiny-qwen3_5-f32"));
+    cmd.args(["--prompt-ids", prompt, "--max-tokens", "40", "--ignore-eos", "--dtype", "native", "--json"]).args(extra);
+    serde_json::from_str(&run_ok(&mut cmd)).unwrap()
+}
+
+/// Speculation over a recurrent layout is snapshot and replay
+/// (`caps::SPEC_REPLAY`): after a rejected draft the state is back at the
+/// round's start and the host replays the kept tokens. Greedy output must
+/// equal the plain run. (The random model never repeats itself, so every
+/// n-gram draft is rejected here; restoring and replaying several kept
+/// tokens is covered by state-recurrent's unit tests.)
+#[test]
+fn qwen3_5_speculation_is_lossless() {
+    let prompt = "1,2,3,4,5,6,7,1,2,3,4,5,6,7,1,2,3";
+    let plain = generate(prompt, &[]);
+    let spec = generate(prompt, &["--draft-kind", "ngram"]);
+    assert!(spec["speculation"]["drafted"].as_u64().unwrap() > 0, "{}", spec["speculation"]);
+    assert_eq!(spec["tokens"], plain["tokens"], "speculation changed the greedy output: {}", spec["speculation"]);
+}
+
+/// A prompt that shares only part of a cached entry: a recurrent state
+/// cannot be trimmed to the shared prefix, so that entry is unusable, and
+/// the answer must be what a cold server gives.
+#[test]
+#[ignore = "host: prefix_cache.rs take() returns 0 after importing some layers when a later one cannot trim (see the Qwen3.5 report)"]
+fn qwen3_5_a_partial_prefix_hit_does_not_change_the_output() {
+    let m = model("tiny/tiny-qwen3_5-f32");
+    let a: Vec<u32> = (1..=20).collect();
+    let b: Vec<u32> = (1..=10).chain([99, 98, 97, 96, 95]).collect();
+    let text = |s: &Server, p: &[u32]| s.post("/v1/completions", &json!({ "prompt": p, "max_tokens": 16, "temperature": 0 })).json()["choices"][0]["text"].clone();
+    let cold = Server::start(&m, &["--prompt-cache", "0", "--batch", "1"]);
+    let want = text(&cold, &b);
+    let warm = Server::start(&m, &["--prompt-cache", "0.5", "--batch", "1"]);
+    text(&warm, &a);
+    assert_eq!(text(&warm, &b), want);
+}

@@ -48,7 +48,7 @@ impl<'a> LoadCtx<'a> {
     }
 
     /// The quantized parts of `path`, when the checkpoint has them.
-    fn quantized(&mut self, path: &str, weight: &Array) -> Result<Option<Quantized>> {
+    pub(crate) fn quantized(&mut self, path: &str, weight: &Array) -> Result<Option<Quantized>> {
         if !self.weights.contains(&format!("{path}.scales")) {
             return Ok(None);
         }
@@ -85,14 +85,14 @@ fn check_quantized_shapes(path: &str, w: &Array, s: &Array, b: &Array, p: QuantP
     Ok(())
 }
 
-struct Quantized {
-    scales: Array,
-    biases: Array,
-    params: QuantParams,
+pub(crate) struct Quantized {
+    pub(crate) scales: Array,
+    pub(crate) biases: Array,
+    pub(crate) params: QuantParams,
 }
 
 impl Quantized {
-    fn dequantize(&self, w: &Array) -> Result<Array> {
+    pub(crate) fn dequantize(&self, w: &Array) -> Result<Array> {
         ops::dequantize(w, &self.scales, &self.biases, self.params.group_size, self.params.bits)
     }
 }

@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod graph;
 pub mod layers;
+pub mod moe;
 pub mod ops;
 pub mod rope;
 pub mod weights;

@@ -1,0 +1,125 @@
+//! One Gemma 4 decoder layer: attention and a gelu_approx-gated MLP (plus
+//! the expert branch with `enable_moe_block`), each between plain RMSNorms
+//! with a residual add; then the per-layer input gate
+//! (when the model has per-layer inputs) and the layer scalar, which
+//! multiplies the whole residual stream.
+
+use crate::args::Args;
+use crate::attention::{Attention, KvSource, SharedKv};
+use crate::moe::MoeBranch;
+use model_kit::attention::Mask;
+use model_kit::layers::{Linear, LoadCtx, RmsNorm};
+use model_kit::{Array, Dtype, Result};
+use mlx_rs::ops;
+
+/// A float scalar in `dtype`, as MLX makes a Python scalar operand (weakly
+/// typed: it takes the array's dtype).
+pub fn scalar(v: f64, dtype: Dtype) -> Result<Array> {
+    Array::from_f32(v as f32).as_dtype(dtype)
+}
+
+/// `nn.gelu_approx`: `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`,
+/// the same ops in the same order, each constant in `x`'s dtype.
+pub fn gelu_approx(x: &Array) -> Result<Array> {
+    let dt = x.dtype();
+    let x3 = ops::power(x, scalar(3.0, dt)?)?;
+    let inner = x.add(scalar(0.044715, dt)?.multiply(&x3)?)?;
+    let t = ops::tanh(&scalar((2.0 / std::f64::consts::PI).sqrt(), dt)?.multiply(&inner)?)?;
+    let one_plus = scalar(1.0, dt)?.add(&t)?;
+    scalar(0.5, dt)?.multiply(x)?.multiply(&one_plus)
+}
+
+/// `down(gelu_approx(gate(x)) * up(x))`; the KV-shared layers' MLPs are
+/// twice as wide with `use_double_wide_mlp`, which the weights' shapes carry.
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    fn load(ctx: &mut LoadCtx, p: &str) -> Result<Self> {
+        Ok(Self {
+            gate: Linear::load(ctx, &format!("{p}.gate_proj"), false)?,
+            up: Linear::load(ctx, &format!("{p}.up_proj"), false)?,
+            down: Linear::load(ctx, &format!("{p}.down_proj"), false)?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        self.down.forward(&gelu_approx(&self.gate.forward(x)?)?.multiply(self.up.forward(x)?)?)
+    }
+}
+
+/// `h + norm(proj(gelu_approx(gate(h)) * per_layer_input))`.
+struct PerLayerGate {
+    gate: Linear,
+    proj: Linear,
+    norm: RmsNorm,
+}
+
+impl PerLayerGate {
+    fn forward(&self, h: &Array, input: &Array) -> Result<Array> {
+        let g = gelu_approx(&self.gate.forward(h)?)?.multiply(input)?;
+        h.add(self.norm.forward(&self.proj.forward(&g)?)?)
+    }
+}
+
+pub struct Block {
+    attn: Attention,
+    mlp: Mlp,
+    moe: Option<MoeBranch>,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ff_norm: RmsNorm,
+    post_ff_norm: RmsNorm,
+    per_layer: Option<PerLayerGate>,
+    layer_scalar: Array,
+    pub sliding: bool,
+}
+
+impl Block {
+    pub fn load(ctx: &mut LoadCtx, p: &str, a: &Args, layer: usize) -> Result<Self> {
+        let eps = a.rms_norm_eps;
+        let norm = |ctx: &mut LoadCtx, name: &str| RmsNorm::load(ctx, &format!("{p}.{name}"), eps);
+        let per_layer = if a.per_layer_hidden > 0 {
+            Some(PerLayerGate {
+                gate: Linear::load(ctx, &format!("{p}.per_layer_input_gate"), false)?,
+                proj: Linear::load(ctx, &format!("{p}.per_layer_projection"), false)?,
+                norm: norm(ctx, "post_per_layer_input_norm")?,
+            })
+        } else {
+            None
+        };
+        let layer_scalar = ctx.tensor(&format!("{p}.layer_scalar"))?;
+        ctx.loaded.push(layer_scalar.clone());
+        Ok(Self {
+            attn: Attention::load(ctx, &format!("{p}.self_attn"), a, layer)?,
+            mlp: Mlp::load(ctx, &format!("{p}.mlp"))?,
+            moe: a.moe.as_ref().map(|m| MoeBranch::load(ctx, p, a.hidden, m, eps)).transpose()?,
+            input_norm: norm(ctx, "input_layernorm")?,
+            post_attn_norm: norm(ctx, "post_attention_layernorm")?,
+            pre_ff_norm: norm(ctx, "pre_feedforward_layernorm")?,
+            post_ff_norm: norm(ctx, "post_feedforward_layernorm")?,
+            per_layer,
+            layer_scalar,
+            sliding: a.sliding[layer],
+        })
+    }
+
+    /// `per_layer_input` is this layer's slice `[B, L, per_layer_hidden]`.
+    pub fn forward(&self, x: &Array, mask: &Mask, kv: KvSource<'_>, per_layer_input: Option<&Array>) -> Result<(Array, Option<SharedKv>)> {
+        let (r, shared) = self.attn.forward(&self.input_norm.forward(x)?, mask, kv)?;
+        let h = x.add(self.post_attn_norm.forward(&r)?)?;
+        let dense = self.mlp.forward(&self.pre_ff_norm.forward(&h)?)?;
+        let r = match &self.moe {
+            Some(moe) => moe.forward(&h, &dense)?,
+            None => dense,
+        };
+        let mut h = h.add(self.post_ff_norm.forward(&r)?)?;
+        if let (Some(gate), Some(input)) = (&self.per_layer, per_layer_input) {
+            h = gate.forward(&h, input)?;
+        }
+        Ok((h.multiply(&self.layer_scalar)?, shared))
+    }
+}

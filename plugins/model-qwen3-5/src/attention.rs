@@ -1,0 +1,60 @@
+//! Gated full attention (mlx-lm `qwen3_next.Qwen3NextAttention`): q_proj
+//! yields the queries and a gate side by side per head, q/k RMSNorms over
+//! the head, RoPE on the first `partial_rotary_factor` of each head, and the
+//! attention output scaled by `sigmoid(gate)` before o_proj. K/V live in a
+//! full-attention cache layout (kv-plain).
+
+use crate::args::Args;
+use crate::norm::Norm;
+use model_kit::attention::{positions, sdpa, update, Mask};
+use model_kit::layers::{Linear, LoadCtx};
+use model_kit::rope::Rope;
+use model_kit::{Array, Result};
+use plugin_api::CacheBox;
+use plugin_sdk::mlx_rs::ops;
+
+pub struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Norm,
+    k_norm: Norm,
+    rope: Rope,
+    heads: i32,
+    kv_heads: i32,
+    scale: f32,
+}
+
+impl Attention {
+    pub fn load(ctx: &mut LoadCtx, p: &str, a: &Args, shift_norms: bool) -> Result<Self> {
+        let bias = a.attention_bias;
+        Ok(Self {
+            q: Linear::load(ctx, &format!("{p}.q_proj"), bias)?,
+            k: Linear::load(ctx, &format!("{p}.k_proj"), bias)?,
+            v: Linear::load(ctx, &format!("{p}.v_proj"), bias)?,
+            o: Linear::load(ctx, &format!("{p}.o_proj"), bias)?,
+            q_norm: Norm::load(ctx, &format!("{p}.q_norm"), a.rms_norm_eps, shift_norms)?,
+            k_norm: Norm::load(ctx, &format!("{p}.k_norm"), a.rms_norm_eps, shift_norms)?,
+            rope: Rope::new(a.rope_dims as i32, a.rope_theta, false, a.rope_scaling.as_ref())?,
+            heads: a.heads as i32,
+            kv_heads: a.kv_heads as i32,
+            scale: (a.head_dim as f64).powf(-0.5) as f32,
+        })
+    }
+
+    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let qg = self.q.forward(x)?.reshape(&[b, l, self.heads, -1])?.split_equal(2, -1)?;
+        let gate = qg[1].reshape(&[b, l, -1])?;
+        let q = self.q_norm.forward(&qg[0])?.transpose_axes(&[0, 2, 1, 3])?;
+        let k = self.k_norm.forward(&self.k.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?)?.transpose_axes(&[0, 2, 1, 3])?;
+        let v = self.v.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?.transpose_axes(&[0, 2, 1, 3])?;
+        let pos = positions(cache)?;
+        let q = self.rope.apply(&q, &pos)?;
+        let k = self.rope.apply(&k, &pos)?;
+        let (k, v) = update(cache, k, v)?;
+        let out = sdpa(&q, &k, &v, self.scale, mask)?.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o.forward(&out.multiply(ops::sigmoid(&gate)?)?)
+    }
+}

@@ -1,0 +1,183 @@
+//! The gated DeltaNet mixer (mlx-lm `qwen3_5.GatedDeltaNet` with
+//! `gated_delta.py`'s ops path, the one mlx-lm runs off Metal): projections,
+//! a depthwise causal conv over a window kept by the cache layout, L2-normed
+//! q/k, the gated delta recurrence one token at a time on a float32 state,
+//! and a gated RMSNorm before the output projection.
+//!
+//! Cache protocol (plugins/state-recurrent): `update_and_fetch(qkv)` returns
+//! the conv window and advances the layer; slot 1 holds the SSM state.
+
+use crate::args::Linear as Geometry;
+use crate::norm::scalar;
+use model_kit::layers::{Linear, LoadCtx};
+use model_kit::ops::{slice, zeros};
+use model_kit::{error, Array, Dtype, Result};
+use plugin_api::abi_stable::std_types::ROption;
+use plugin_api::CacheBox;
+use plugin_sdk::mlx_rs::ops;
+use plugin_sdk::{into_array, into_tensor, mlx_rs};
+
+/// The SSM state's slot in the recurrent layout.
+const SSM_SLOT: u32 = 1;
+
+pub struct DeltaNet {
+    in_qkv: Linear,
+    in_z: Linear,
+    in_b: Linear,
+    in_a: Linear,
+    /// Depthwise conv weight `[conv_dim, K, 1]` (MLX's layout).
+    conv: Array,
+    dt_bias: Array,
+    /// Kept in float32 whatever the compute dtype (mlx-lm's `cast_predicate`).
+    a_log: Array,
+    norm: Array,
+    eps: f32,
+    out: Linear,
+    g: Geometry,
+}
+
+fn boundary<T>(r: plugin_api::PResult<T>) -> Result<T> {
+    r.into_result().map_err(|e| error(format!("cache layout: {e}")))
+}
+
+impl DeltaNet {
+    /// `conv` is the layer's conv1d weight, already in MLX's layout.
+    pub fn load(ctx: &mut LoadCtx, p: &str, g: Geometry, eps: f32, conv: Array) -> Result<Self> {
+        let want = [g.conv_dim() as i32, g.conv_kernel as i32, 1];
+        if conv.shape() != want {
+            return Err(error(format!("{p}.conv1d.weight is {:?}, config.json implies {want:?}", conv.shape())));
+        }
+        let conv = ctx.cast(conv)?;
+        let a_log = ctx.weights.take(&format!("{p}.A_log"))?;
+        let dt_bias = ctx.tensor(&format!("{p}.dt_bias"))?;
+        let norm = ctx.tensor(&format!("{p}.norm.weight"))?;
+        for (name, a, n) in [("A_log", &a_log, g.v_heads), ("dt_bias", &dt_bias, g.v_heads), ("norm.weight", &norm, g.v_dim)] {
+            if a.shape() != [n as i32] {
+                return Err(error(format!("{p}.{name} is {:?}, config.json implies [{n}]", a.shape())));
+            }
+        }
+        ctx.loaded.extend([conv.clone(), a_log.clone(), dt_bias.clone(), norm.clone()]);
+        Ok(Self {
+            in_qkv: Linear::load(ctx, &format!("{p}.in_proj_qkv"), false)?,
+            in_z: Linear::load(ctx, &format!("{p}.in_proj_z"), false)?,
+            in_b: Linear::load(ctx, &format!("{p}.in_proj_b"), false)?,
+            in_a: Linear::load(ctx, &format!("{p}.in_proj_a"), false)?,
+            conv,
+            dt_bias,
+            a_log,
+            norm,
+            eps,
+            out: Linear::load(ctx, &format!("{p}.out_proj"), false)?,
+            g,
+        })
+    }
+
+    pub fn forward(&self, x: &Array, cache: &mut CacheBox) -> Result<Array> {
+        let (b, s) = (x.shape()[0], x.shape()[1]);
+        let g = &self.g;
+        let qkv = self.in_qkv.forward(x)?;
+        let z = self.in_z.forward(x)?.reshape(&[b, s, g.v_heads as i32, g.v_dim as i32])?;
+        let beta_in = self.in_b.forward(x)?;
+        let a = self.in_a.forward(x)?;
+        // The layout ignores `values`; it returns the window as both.
+        let window = into_array(boundary(cache.update_and_fetch(into_tensor(qkv.clone()), into_tensor(qkv)))?.keys);
+        let conv = ops::conv1d(&window, &self.conv, 1, 0, 1, g.conv_dim() as i32)?;
+        let conv = silu(&conv)?;
+        let kd = g.key_dim() as i32;
+        let parts = conv.split_at_indices(&[kd, 2 * kd], -1)?;
+        let heads = |t: &Array, h: usize, d: usize| t.reshape(&[b, s, h as i32, d as i32]);
+        let q = heads(&parts[0], g.k_heads, g.k_dim)?;
+        let k = heads(&parts[1], g.k_heads, g.k_dim)?;
+        let v = heads(&parts[2], g.v_heads, g.v_dim)?;
+        let state = match boundary(cache.get_slot(SSM_SLOT))? {
+            ROption::RSome(t) => into_array(t),
+            ROption::RNone => zeros(&[b, g.v_heads as i32, g.v_dim as i32, g.k_dim as i32], Dtype::Float32)?,
+        };
+        let (q, k) = normalize_qk(&q, &k, (g.k_dim as f64).powf(-0.5))?;
+        let beta = ops::sigmoid(&beta_in)?;
+        let decay = compute_g(&self.a_log, &a, &self.dt_bias)?;
+        let (y, state) = recurrence(&q, &k, &v, &decay, &beta, state, g.v_heads / g.k_heads)?;
+        boundary(cache.set_slot(SSM_SLOT, into_tensor(state)))?;
+        let y = self.gated_norm(&y, &z)?;
+        self.out.forward(&y.reshape(&[b, s, -1])?)
+    }
+
+    /// `Qwen3NextRMSNormGated` with a gate: `rms_norm(y)` times `silu(z)`,
+    /// both in float32 (`precise_swiglu`), back in `y`'s dtype.
+    fn gated_norm(&self, y: &Array, z: &Array) -> Result<Array> {
+        let normed = mlx_rs::fast::rms_norm(y, Some(&self.norm), self.eps)?;
+        let gate = silu(&z.as_dtype(Dtype::Float32)?)?;
+        gate.multiply(normed.as_dtype(Dtype::Float32)?)?.as_dtype(y.dtype())
+    }
+}
+
+/// `nn.silu`: `x * sigmoid(x)`.
+fn silu(x: &Array) -> Result<Array> {
+    x.multiply(ops::sigmoid(x)?)
+}
+
+/// mlx-lm's `normalize_qk`: RMS norms with the reference L2 eps (1e-6,
+/// added to the sum of squares) moved onto the mean, the `Dk**-0.5` readout
+/// scale folded into q (squared) and k.
+fn normalize_qk(q: &Array, k: &Array, inv_scale: f64) -> Result<(Array, Array)> {
+    let eps = (1e-6 * inv_scale * inv_scale) as f32;
+    let dt = q.dtype();
+    let q = scalar(inv_scale * inv_scale, dt)?.multiply(mlx_rs::fast::rms_norm(q, None, eps)?)?;
+    let k = scalar(inv_scale, k.dtype())?.multiply(mlx_rs::fast::rms_norm(k, None, eps)?)?;
+    Ok((q, k))
+}
+
+/// `compute_g`: the per-token decay `exp(-exp(A_log) * softplus(a + dt_bias))`,
+/// float32 (A_log is), with softplus = `logaddexp(x, 0)`.
+fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
+    let x = a.add(dt_bias)?;
+    let softplus = ops::logaddexp(&x, scalar(0.0, x.dtype())?)?;
+    let rate = ops::negative(ops::exp(a_log.as_dtype(Dtype::Float32)?)?)?;
+    ops::exp(rate.multiply(softplus)?)
+}
+
+/// `gated_delta_ops`: q/k repeated to the value heads, then one step per
+/// token; returns `y` `[B, T, Hv, Dv]` (q's dtype) and the final state.
+fn recurrence(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, repeat: usize) -> Result<(Array, Array)> {
+    let (q, k) = if repeat > 1 {
+        (Array::repeat_axis::<f32>(q.clone(), repeat as i32, -2)?, Array::repeat_axis::<f32>(k.clone(), repeat as i32, -2)?)
+    } else {
+        (q.clone(), k.clone())
+    };
+    let t_len = q.shape()[1];
+    let mut ys = Vec::with_capacity(t_len as usize);
+    for t in 0..t_len {
+        let at = |a: &Array| token(a, t);
+        let (y, next) = step(&at(&q)?, &at(&k)?, &at(v)?, &at(g)?, &at(beta)?, &state)?;
+        ys.push(y);
+        state = next;
+    }
+    Ok((ops::stack(&ys, 1)?, state))
+}
+
+/// `a[:, t]`.
+fn token(a: &Array, t: i32) -> Result<Array> {
+    let s = a.shape();
+    let mut start = vec![0; s.len()];
+    let mut stop = s.to_vec();
+    start[1] = t;
+    stop[1] = t + 1;
+    let one = slice(a, &start, &stop)?;
+    let mut shape = s.to_vec();
+    shape.remove(1);
+    one.reshape(&shape)
+}
+
+/// `_gated_delta_step_ops` with a scalar gate per head: decay the state,
+/// read what it predicts for k, write the beta-weighted error back along k,
+/// read the output along q.
+fn step(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> Result<(Array, Array)> {
+    let decay = g.expand_dims_axes(&[-1, -2])?;
+    let state = state.multiply(&decay)?;
+    let k_row = k.expand_dims(-2)?;
+    let kv_mem = state.multiply(&k_row)?.sum_axis(-1, None)?;
+    let delta = v.subtract(&kv_mem)?.multiply(beta.expand_dims(-1)?)?;
+    let state = state.add(k_row.multiply(delta.expand_dims(-1)?)?)?;
+    let y = state.multiply(q.expand_dims(-2)?)?.sum_axis(-1, None)?;
+    Ok((y.as_dtype(q.dtype())?, state))
+}

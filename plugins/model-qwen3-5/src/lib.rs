@@ -1,0 +1,247 @@
+//! Model family `model-qwen3-5`: the Qwen3.5 text model (HF `qwen3_5`,
+//! `Qwen3_5ForCausalLM` / the text part of
+//! `Qwen3_5ForConditionalGeneration`), a hybrid of gated DeltaNet layers
+//! (linear attention over a recurrent state, `delta.rs`) and, every
+//! `full_attention_interval`-th layer, gated full attention
+//! (`attention.rs`), each followed by a SwiGLU MLP, or in the MoE variant
+//! (`qwen3_5_moe`, `num_experts > 0`) by a sparse one with a shared expert
+//! (`moe.rs`).
+//!
+//! Reference: mlx-lm `models/qwen3_5.py` (+ `qwen3_next.py`,
+//! `gated_delta.py`), the numerical oracle, mirrored op for op.
+//! DeltaNet layers declare a RECURRENT need (served by `state-recurrent`),
+//! attention layers a FULL one (`kv-plain`).
+
+mod args;
+mod attention;
+mod delta;
+mod moe;
+mod norm;
+
+use args::Args;
+use attention::Attention;
+use delta::DeltaNet;
+use model_kit::attention::Mask;
+use model_kit::checkpoint::{config_error, Checkpoint};
+use model_kit::config::Config;
+use model_kit::layers::{Embedding, Linear, LoadCtx, Mlp};
+use model_kit::weights::Weights;
+use model_kit::{error, Array, Result};
+use moe::SparseMoeBlock;
+use norm::Norm;
+use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::abi_stable::std_types::{RSliceMut, RVec};
+use plugin_api::*;
+use plugin_sdk::{guard_mlx, into_tensor, rstrings, view};
+
+plugin_sdk::export_plugin! {
+    manifest: manifest,
+    plan_model: plan_model,
+    open_model: open_model,
+}
+
+fn manifest() -> PluginManifest {
+    plugin_sdk::manifest!(
+        PluginKind::MODEL_FAMILY,
+        "Qwen3.5 hybrid text model: gated DeltaNet + gated attention, dense or MoE (qwen3_5, qwen3_5_moe)",
+        Claims {
+            model_types: rstrings(args::MODEL_TYPES),
+            architectures: rstrings(&[
+                "Qwen3_5ForCausalLM",
+                "Qwen3_5ForConditionalGeneration",
+                "Qwen3_5MoeForCausalLM",
+                "Qwen3_5MoeForConditionalGeneration",
+            ]),
+            ..Default::default()
+        },
+        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS],
+    )
+}
+
+fn plan_model(config: &str) -> std::result::Result<ModelPlan, PluginError> {
+    let cfg = Config::parse(config).map_err(config_error)?;
+    let args = Args::from_config(&cfg).map_err(config_error)?;
+    Ok(args.plan(&cfg))
+}
+
+fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
+    let mut ck = Checkpoint::open(a)?;
+    let args = Args::from_config(&ck.cfg).map_err(config_error)?;
+    let names = Names::of(&ck.weights);
+    // mlx-lm's sanitize: no vision tower, no multi-token-prediction head, and
+    // a tied model's head is the embedding.
+    ck.weights.drop_matching(|k| k.starts_with("vision_tower") || k.starts_with("model.visual") || k.contains("mtp."));
+    if args.tie_word_embeddings {
+        let head = names.head.clone();
+        ck.weights.drop_matching(|k| k.strip_prefix(head.as_str()).is_some_and(|r| r.starts_with('.')));
+    }
+    let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, &names))?;
+    Ok(ModelGraph_TO::from_value(model, TD_Opaque))
+}
+
+/// Where the text model's tensors live: mlx-lm folders say
+/// `language_model.model.*` / `language_model.lm_head`, Hugging Face
+/// multimodal ones `model.language_model.*` / `lm_head`, text-only ones
+/// `model.*` / `lm_head`. Names keep the checkpoint's spelling, so the
+/// per-layer quantization keys of mlx-lm folders match.
+struct Names {
+    body: String,
+    head: String,
+}
+
+impl Names {
+    fn of(w: &Weights) -> Self {
+        let (body, head) = if w.contains("language_model.model.embed_tokens.weight") {
+            ("language_model.model", "language_model.lm_head")
+        } else if w.contains("model.language_model.embed_tokens.weight") {
+            ("model.language_model", "lm_head")
+        } else {
+            ("model", "lm_head")
+        };
+        Self { body: body.into(), head: head.into() }
+    }
+}
+
+enum Mixer {
+    Delta(DeltaNet),
+    Attention(Attention),
+}
+
+enum Ffn {
+    Dense(Mlp),
+    Sparse(SparseMoeBlock),
+}
+
+struct Block {
+    mixer: Mixer,
+    mlp: Ffn,
+    input_norm: Norm,
+    post_norm: Norm,
+}
+
+impl Block {
+    fn forward(&self, x: &Array, mask: Option<&Mask>, cache: &mut CacheBox) -> Result<Array> {
+        let n = self.input_norm.forward(x)?;
+        let r = match (&self.mixer, mask) {
+            (Mixer::Delta(d), _) => d.forward(&n, cache)?,
+            (Mixer::Attention(a), Some(m)) => a.forward(&n, m, cache)?,
+            (Mixer::Attention(_), None) => return Err(error("attention layer without a mask")),
+        };
+        let h = x.add(&r)?;
+        let n = self.post_norm.forward(&h)?;
+        let r = match &self.mlp {
+            Ffn::Dense(m) => m.forward(&n)?,
+            Ffn::Sparse(m) => m.forward(&n)?,
+        };
+        h.add(r)
+    }
+}
+
+struct Model {
+    plan: ModelPlan,
+    embed: Embedding,
+    layers: Vec<Block>,
+    norm: Norm,
+    lm_head: Option<Linear>,
+    /// The first attention layer: its cache gives the attention mask (as
+    /// mlx-lm's `fa_idx`).
+    first_attention: Option<usize>,
+}
+
+// The weights are immutable MLX arrays (atomically reference-counted), read
+// but never mutated after load, so sharing the graph across threads is sound.
+unsafe impl Sync for Model {}
+
+impl Model {
+    fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config, names: &Names) -> Result<Self> {
+        let body = &names.body;
+        // mlx-lm's sanitize: a conv1d weight in Hugging Face's layout
+        // `[C, 1, K]` marks an unsanitized checkpoint, whose conv weights are
+        // moved to MLX's `[C, K, 1]` and whose norm weights get +1.
+        let mut convs = Vec::new();
+        for i in (0..args.layers).filter(|&i| args.is_linear[i]) {
+            convs.push(ctx.weights.take(&format!("{body}.layers.{i}.linear_attn.conv1d.weight"))?);
+        }
+        let raw_hf = convs.iter().any(|c| c.shape().last() != Some(&1));
+        let mut convs = convs.into_iter().map(|c| if c.shape().last() != Some(&1) { c.swap_axes(1, 2) } else { Ok(c) });
+        let embed = Embedding::load(ctx, &format!("{body}.embed_tokens"))?;
+        let eps = args.rms_norm_eps;
+        let mut layers = Vec::with_capacity(args.layers);
+        for i in 0..args.layers {
+            let p = format!("{body}.layers.{i}");
+            let mixer = if args.is_linear[i] {
+                let conv = convs.next().ok_or_else(|| error("conv1d weights out of step"))??;
+                Mixer::Delta(DeltaNet::load(ctx, &format!("{p}.linear_attn"), args.linear, eps, conv)?)
+            } else {
+                Mixer::Attention(Attention::load(ctx, &format!("{p}.self_attn"), &args, raw_hf)?)
+            };
+            layers.push(Block {
+                mixer,
+                mlp: match &args.moe {
+                    Some(m) => Ffn::Sparse(SparseMoeBlock::load(ctx, &format!("{p}.mlp"), m, args.hidden)?),
+                    None => Ffn::Dense(Mlp::load(ctx, &format!("{p}.mlp"), false)?),
+                },
+                input_norm: Norm::load(ctx, &format!("{p}.input_layernorm"), eps, raw_hf)?,
+                post_norm: Norm::load(ctx, &format!("{p}.post_attention_layernorm"), eps, raw_hf)?,
+            });
+        }
+        let norm = Norm::load(ctx, &format!("{body}.norm"), eps, raw_hf)?;
+        let lm_head = if args.tie_word_embeddings { None } else { Some(Linear::load(ctx, &names.head, false)?) };
+        if embed.vocab_size() as usize != args.vocab_size {
+            return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
+        }
+        let first_attention = args.is_linear.iter().position(|&l| !l);
+        Ok(Self { plan: args.plan(cfg), embed, layers, norm, lm_head, first_attention })
+    }
+
+    fn head(&self, h: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(l) => l.forward(h),
+            None => self.embed.as_linear(h),
+        }
+    }
+
+    fn run(&self, args: &ForwardArgs<'_>, caches: &mut [CacheBox]) -> Result<ForwardOutput> {
+        if caches.len() != self.layers.len() {
+            return Err(error(format!("forward: {} caches given for {} layers", caches.len(), self.layers.len())));
+        }
+        let tokens = view(args.tokens);
+        if tokens.ndim() != 2 {
+            return Err(error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
+        }
+        let mut h = self.embed.forward(&tokens)?;
+        // Asked before any cache is updated. DeltaNet layers need no mask:
+        // their rows are never padded (see plugins/state-recurrent).
+        let mask = match self.first_attention {
+            Some(i) => Some(Mask::for_cache(&caches[i], tokens.shape()[1])?),
+            None => None,
+        };
+        let mut taps = RVec::new();
+        for (i, (block, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+            h = block.forward(&h, mask.as_ref(), cache)?;
+            if args.taps.contains(&(i as u32)) {
+                taps.push(into_tensor(h.clone()));
+            }
+        }
+        let h = self.norm.forward(&h)?;
+        model_kit::graph::finish(args, h, |x| self.head(x), taps)
+    }
+}
+
+impl ModelGraph for Model {
+    fn plan(&self) -> ModelPlan {
+        self.plan.clone()
+    }
+
+    fn forward(&self, args: ForwardArgs<'_>, mut caches: RSliceMut<'_, CacheBox>) -> PResult<ForwardOutput> {
+        guard_mlx(|| self.run(&args, caches.as_mut_slice()))
+    }
+
+    fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
+        guard_mlx(|| Ok(into_tensor(self.embed.forward(&view(tokens))?)))
+    }
+
+    fn lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
+        guard_mlx(|| Ok(into_tensor(self.head(&view(hidden))?)))
+    }
+}

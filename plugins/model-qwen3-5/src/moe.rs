@@ -1,0 +1,60 @@
+//! The sparse MLP of the MoE variant (mlx-lm `Qwen3NextSparseMoeBlock`):
+//! model-kit's softmax top-k router and SwitchGLU experts, plus a shared
+//! expert (a SwiGLU MLP) scaled by `sigmoid(shared_expert_gate(x))`.
+
+use crate::args::Moe;
+use model_kit::layers::{Linear, LoadCtx, Mlp};
+use model_kit::moe::{Router, SparseMoe, SwitchGlu, SwitchLinear};
+use model_kit::ops::slice;
+use model_kit::{error, Array, Result};
+use plugin_sdk::mlx_rs::ops;
+
+pub struct SparseMoeBlock {
+    moe: SparseMoe,
+    shared: Mlp,
+    shared_gate: Linear,
+}
+
+impl SparseMoeBlock {
+    /// `p` is the layer's `mlp` path.
+    pub fn load(ctx: &mut LoadCtx, p: &str, m: &Moe, hidden: usize) -> Result<Self> {
+        let router = Router::load(ctx, &format!("{p}.gate"), hidden, m.experts, m.top_k, m.norm_topk_prob)?;
+        let experts = if ctx.weights.contains(&format!("{p}.experts.gate_up_proj")) {
+            fused_experts(ctx, p, m, hidden)?
+        } else {
+            SwitchGlu::load(ctx, p, m.experts, hidden, m.inter)?
+        };
+        Ok(Self {
+            moe: SparseMoe { router, experts },
+            shared: Mlp::load(ctx, &format!("{p}.shared_expert"), false)?,
+            shared_gate: Linear::load(ctx, &format!("{p}.shared_expert_gate"), false)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let y = self.moe.forward(x)?;
+        let shared = ops::sigmoid(self.shared_gate.forward(x)?)?.multiply(self.shared.forward(x)?)?;
+        y.add(shared)
+    }
+}
+
+/// Hugging Face's Qwen3.5-MoE layout (mlx-lm `qwen3_5_moe.sanitize`): one
+/// `experts.gate_up_proj` `[E, 2I, D]` split in half along its rows into
+/// gate and up, and `experts.down_proj` `[E, D, I]`.
+fn fused_experts(ctx: &mut LoadCtx, p: &str, m: &Moe, hidden: usize) -> Result<SwitchGlu> {
+    let gate_up = ctx.weights.take(&format!("{p}.experts.gate_up_proj"))?;
+    let down = ctx.weights.take(&format!("{p}.experts.down_proj"))?;
+    let s = gate_up.shape().to_vec();
+    if s.len() != 3 {
+        return Err(error(format!("{p}.experts.gate_up_proj is {s:?}, expected [experts, 2 x intermediate, hidden]")));
+    }
+    let mid = s[1] / 2;
+    let gate = slice(&gate_up, &[0, 0, 0], &[s[0], mid, s[2]])?;
+    let up = slice(&gate_up, &[0, mid, 0], &[s[0], s[1], s[2]])?;
+    let (e, i) = (m.experts, m.inter);
+    Ok(SwitchGlu::new(
+        SwitchLinear::from_weight(ctx, &format!("{p}.switch_mlp.gate_proj"), gate, e, i, hidden)?,
+        SwitchLinear::from_weight(ctx, &format!("{p}.switch_mlp.up_proj"), up, e, i, hidden)?,
+        SwitchLinear::from_weight(ctx, &format!("{p}.switch_mlp.down_proj"), down, e, hidden, i)?,
+    ))
+}

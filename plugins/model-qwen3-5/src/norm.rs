@@ -1,0 +1,34 @@
+//! The model's RMSNorm, loaded with mlx-lm's sanitize rule for raw Hugging
+//! Face checkpoints (their norm weights are stored minus one).
+
+use model_kit::layers::LoadCtx;
+use model_kit::{Array, Dtype, Result};
+use plugin_sdk::mlx_rs;
+
+/// A float scalar in `dtype`, as MLX makes a Python scalar operand (weakly
+/// typed: it takes the array's dtype, through float32).
+pub fn scalar(v: f64, dtype: Dtype) -> Result<Array> {
+    Array::from_f32(v as f32).as_dtype(dtype)
+}
+
+/// `nn.RMSNorm` (the fused kernel).
+pub struct Norm {
+    weight: Array,
+    eps: f32,
+}
+
+impl Norm {
+    /// `shift`: add 1 to the stored weight, in its stored dtype and before
+    /// any cast, as mlx-lm's sanitize does for unsanitized checkpoints.
+    pub fn load(ctx: &mut LoadCtx, path: &str, eps: f32, shift: bool) -> Result<Self> {
+        let w = ctx.weights.take(&format!("{path}.weight"))?;
+        let w = if shift && w.ndim() == 1 { w.add(scalar(1.0, w.dtype())?)? } else { w };
+        let weight = ctx.cast(w)?;
+        ctx.loaded.push(weight.clone());
+        Ok(Self { weight, eps })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps)
+    }
+}

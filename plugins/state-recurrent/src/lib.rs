@@ -1,0 +1,308 @@
+//! Cache layout `state-recurrent`: the fixed-size state of a linear-attention
+//! layer (gated DeltaNet and kin), as mlx-lm's `ArraysCache` keeps it.
+//!
+//! The layer need declares the per-row shape of each slot
+//! (`LayerNeed::state_shapes`); slot 0 is always the causal conv's window of
+//! the last `K - 1` inputs `[K-1, C]`, the others are the layer's own (for
+//! gated DeltaNet slot 1 is the SSM state `[Hv, Dv, Dk]`, float32).
+//!
+//! The graph's protocol for one layer:
+//! 1. `update_and_fetch(inputs, _)` with the new conv inputs `[B, L, C]`
+//!    (`values` is ignored): returns the conv window `[B, K-1+L, C]` (the
+//!    stored inputs, zeros before the first call, then the new ones) as
+//!    `keys` and `values`, keeps its last `K-1` as slot 0, and advances every
+//!    row by L tokens. This is the only call that counts tokens.
+//! 2. `get_slot(i)` / `set_slot(i, state)` for the other slots (None until
+//!    first written: the graph starts from zeros, as mlx-lm does).
+//!
+//! No positions or masks: rows never need padding here, because the host
+//! prefills every row on its own caches and merges it afterwards; a state
+//! then carries its row alone. Not trimmable (a state cannot forget the last
+//! n tokens): a speculative round snapshots the state at `spec_begin` and a
+//! rollback that drops anything restores it, leaving the layout at the
+//! round's start for the host to replay the kept tokens (`spec-replay`).
+//! Nothing grows with the context, so `bytes_per_token` is 0.
+
+mod state;
+
+use model_kit::ops::dtype_from_raw;
+use model_kit::{error, Array, Dtype, Result};
+use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
+use plugin_api::*;
+use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, rstrings};
+use state::State;
+
+plugin_sdk::export_plugin! {
+    manifest: manifest,
+    new_cache: new_cache,
+}
+
+fn manifest() -> PluginManifest {
+    plugin_sdk::manifest!(
+        PluginKind::CACHE_LAYOUT,
+        "fixed-size recurrent state (conv window + SSM state) of linear-attention layers, as mlx-lm's ArraysCache",
+        Claims { cache_needs: rstrings(&["recurrent"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
+        &[caps::SPEC_ROUND, caps::SPEC_REPLAY, caps::STATE_IO, caps::ROWS],
+    )
+}
+
+/// Elements one slot may hold per row; bigger declarations are refused
+/// before MLX is asked to allocate them.
+const MAX_SLOT_ELEMENTS: i64 = 1 << 30;
+
+fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
+    if spec.need.kind != NeedKind::RECURRENT {
+        return Err(PluginError::unsupported(format!("state-recurrent serves recurrent layers, not `{}`", spec.need.kind.as_str())));
+    }
+    if spec.scheme.as_str() != "plain" {
+        return Err(PluginError::unsupported(format!("state-recurrent has no scheme `{}`", spec.scheme)));
+    }
+    let dtype = dtype_from_raw(spec.dtype.0).map_err(|e| PluginError::invalid_input(e.what()))?;
+    let shapes: Vec<Vec<i64>> = spec.need.state_shapes.iter().map(|s| s.to_vec()).collect();
+    let bad = |why: &str| Err(PluginError::invalid_input(format!("state-recurrent: state_shapes {shapes:?}: {why}")));
+    if shapes.is_empty() {
+        return bad("no slots declared");
+    }
+    if shapes[0].len() != 2 {
+        return bad("slot 0 must be the conv window [K-1, C]");
+    }
+    for s in &shapes {
+        let mut n: i64 = 1;
+        for &d in s {
+            if d <= 0 || d >= 1 << 31 {
+                return bad("every dimension must be positive and below 2^31");
+            }
+            n = n.saturating_mul(d);
+        }
+        if n > MAX_SLOT_ELEMENTS {
+            return bad("a slot is too large");
+        }
+    }
+    let layout = Recurrent { state: State::empty(shapes.len(), spec.rows as usize), shapes, dtype, round: None };
+    Ok(CacheLayout_TO::from_value(layout, TD_Opaque))
+}
+
+struct Recurrent {
+    state: State,
+    /// Per-row shape of each slot (the need's `state_shapes`).
+    shapes: Vec<Vec<i64>>,
+    /// The model's dtype (identity only: each slot keeps the dtype written).
+    dtype: Dtype,
+    /// The state at `spec_begin` (arrays are immutable: handles suffice).
+    round: Option<State>,
+}
+
+/// Runs an infallible method body under `guard` (no panic crosses the
+/// boundary), answering `fallback` if it panicked.
+fn quietly<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    guard(|| Ok(f())).into_result().unwrap_or(fallback)
+}
+
+impl Recurrent {
+    fn signature(&self) -> RString {
+        let shapes: Vec<String> = self.shapes.iter().map(|s| s.iter().map(i64::to_string).collect::<Vec<_>>().join("x")).collect();
+        format!("state:recurrent:{:?}:{}", self.dtype, shapes.join(":")).to_lowercase().into()
+    }
+
+    /// `[rows, ..shapes[i]]`.
+    fn full_shape(&self, i: usize, rows: usize) -> Vec<i32> {
+        std::iter::once(rows as i32).chain(self.shapes[i].iter().map(|&d| d as i32)).collect()
+    }
+
+    fn slot_index(&self, i: u32) -> std::result::Result<usize, PluginError> {
+        let i = i as usize;
+        if i >= self.shapes.len() {
+            return Err(PluginError::invalid_input(format!("state-recurrent: slot {i} does not exist ({} declared)", self.shapes.len())));
+        }
+        Ok(i)
+    }
+
+    fn fetch(&mut self, inputs: Array) -> Result<Array> {
+        let want = [self.state.rows() as i32, self.shapes[0][1] as i32];
+        let s = inputs.shape();
+        if s.len() != 3 || [s[0], s[2]] != want {
+            return Err(error(format!("state-recurrent: conv inputs {s:?} do not match [rows, L, C] = [{}, L, {}]", want[0], want[1])));
+        }
+        self.state.conv_window(&inputs, self.shapes[0][0] as i32)
+    }
+
+    /// Exported as: the written slots (in slot order), and meta =
+    /// `[rows, bitmask of written slots, offset of each row]`.
+    fn export(&self, st: &State) -> CacheState {
+        let mut mask = 0u64;
+        let mut tensors = RVec::new();
+        for (i, s) in st.slots.iter().enumerate() {
+            if let Some(a) = s {
+                mask |= 1 << i;
+                tensors.push(into_tensor(a.clone()));
+            }
+        }
+        let mut meta: RVec<u64> = RVec::new();
+        meta.push(st.offsets.len() as u64);
+        meta.push(mask);
+        meta.extend(st.offsets.iter().copied());
+        CacheState { signature: self.signature(), offset: st.offsets.iter().copied().max().unwrap_or(0), tensors, meta }
+    }
+
+    fn import(&self, state: CacheState) -> std::result::Result<State, PluginError> {
+        if state.signature != self.signature() {
+            return Err(PluginError::invalid_input(format!("state of `{}` cannot be imported into `{}`", state.signature, self.signature())));
+        }
+        let bad = |why: String| PluginError::invalid_input(format!("state-recurrent state: {why}"));
+        let meta = state.meta.as_slice();
+        let (rows, mask) = match meta {
+            [rows, mask, ..] if meta.len() as u64 == 2 + rows && *mask >> self.shapes.len() == 0 => (*rows as usize, *mask),
+            _ => return Err(bad(format!("malformed metadata {meta:?}"))),
+        };
+        if state.tensors.len() != mask.count_ones() as usize {
+            return Err(bad(format!("{} tensors for slot mask {mask:#b}", state.tensors.len())));
+        }
+        let mut tensors = state.tensors.into_iter();
+        let mut slots = Vec::with_capacity(self.shapes.len());
+        for i in 0..self.shapes.len() {
+            if mask & (1 << i) == 0 {
+                slots.push(None);
+                continue;
+            }
+            let a = into_array(tensors.next().ok_or_else(|| bad("missing tensor".into()))?);
+            if a.shape() != self.full_shape(i, rows).as_slice() {
+                return Err(bad(format!("slot {i} is {:?}, expected {:?}", a.shape(), self.full_shape(i, rows))));
+            }
+            slots.push(Some(a));
+        }
+        Ok(State { slots, offsets: meta[2..].to_vec() })
+    }
+
+    fn rollback(&mut self, keep: &[u64]) -> std::result::Result<(), PluginError> {
+        let start = self.round.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
+        let rows = self.state.rows();
+        if keep.len() != 1 && keep.len() != rows {
+            return Err(PluginError::invalid_input(format!("spec_rollback: {} keep counts for {rows} rows", keep.len())));
+        }
+        let kept_all = (0..rows).all(|r| {
+            let appended = self.state.offsets[r].saturating_sub(start.offsets.get(r).copied().unwrap_or(0));
+            keep[r.min(keep.len() - 1)] >= appended
+        });
+        if !kept_all {
+            // A state cannot drop its last tokens: back to the round's start;
+            // the host replays the kept ones.
+            self.state = start;
+        }
+        Ok(())
+    }
+
+    fn merge(&mut self, rows: Vec<CacheState>) -> std::result::Result<(), PluginError> {
+        let states = rows.into_iter().map(|s| self.import(s)).collect::<std::result::Result<Vec<_>, _>>()?;
+        self.state.append(states, &self.shapes).map_err(plugin_sdk::mlx_error)
+    }
+}
+
+impl CacheLayout for Recurrent {
+    fn signature(&self) -> RString {
+        quietly(RString::new(), || Recurrent::signature(self))
+    }
+
+    fn offset(&self) -> u64 {
+        quietly(0, || self.state.offsets.iter().copied().max().unwrap_or(0))
+    }
+
+    /// The token count only: a recurrent layer has no positions.
+    fn positions(&self) -> PResult<Positions> {
+        guard(|| Ok(Positions { offset: self.state.offsets.iter().copied().max().unwrap_or(0), per_row: ROption::RNone }))
+    }
+
+    /// Never a mask: rows are never padded here.
+    fn attention_mask(&self, _queries: u32) -> PResult<AttentionMask> {
+        guard(|| Ok(AttentionMask { mode: MaskMode::NONE, array: ROption::RNone }))
+    }
+
+    fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
+        guard_mlx(|| {
+            drop(values);
+            let window = self.fetch(into_array(keys))?;
+            Ok(KvPair { keys: into_tensor(window.clone()), values: into_tensor(window) })
+        })
+    }
+
+    fn is_trimmable(&self) -> bool {
+        false
+    }
+
+    fn trim(&mut self, _n: u64) -> u64 {
+        0
+    }
+
+    fn bytes_per_token(&self) -> u64 {
+        0
+    }
+
+    fn export_state(&self) -> PResult<CacheState> {
+        guard(|| Ok(self.export(&self.state)))
+    }
+
+    fn import_state(&mut self, state: CacheState) -> PResult<()> {
+        guard(|| {
+            self.state = self.import(state)?;
+            self.round = None;
+            Ok(())
+        })
+    }
+
+    fn spec_begin(&mut self) -> PResult<()> {
+        guard(|| {
+            self.round = Some(self.state.clone());
+            Ok(())
+        })
+    }
+
+    fn spec_commit(&mut self) -> PResult<()> {
+        guard(|| {
+            self.round = None;
+            Ok(())
+        })
+    }
+
+    fn spec_rollback(&mut self, keep: RSlice<'_, u64>) -> PResult<()> {
+        guard(|| self.rollback(keep.as_slice()))
+    }
+
+    fn rows(&self) -> u32 {
+        quietly(0, || self.state.rows() as u32)
+    }
+
+    fn filter_rows(&mut self, keep: RSlice<'_, u32>) -> PResult<()> {
+        guard_mlx(|| self.state.filter(keep.as_slice()))
+    }
+
+    fn extract_row(&self, row: u32) -> PResult<CacheState> {
+        guard_mlx(|| Ok(self.export(&self.state.row(row as usize)?)))
+    }
+
+    fn merge_rows(&mut self, rows: RVec<CacheState>) -> PResult<()> {
+        guard(|| self.merge(rows.into_vec()))
+    }
+
+    fn get_slot(&self, i: u32) -> PResult<ROption<Tensor>> {
+        guard(|| {
+            let i = self.slot_index(i)?;
+            Ok(self.state.slots[i].clone().map(into_tensor).into())
+        })
+    }
+
+    fn set_slot(&mut self, i: u32, value: Tensor) -> PResult<()> {
+        guard(|| {
+            let i = self.slot_index(i)?;
+            let a = into_array(value);
+            let want = self.full_shape(i, self.state.rows());
+            if a.shape() != want.as_slice() {
+                return Err(PluginError::invalid_input(format!("state-recurrent: slot {i} must be {want:?}, got {:?}", a.shape())));
+            }
+            self.state.slots[i] = Some(a);
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
