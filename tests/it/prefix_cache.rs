@@ -65,3 +65,18 @@ fn multi_turn_chat_reuses_the_prefix_and_matches_a_cold_run_serial() {
 fn multi_turn_chat_reuses_the_prefix_and_matches_a_cold_run_batched() {
     multi_turn_reuse("8");
 }
+
+/// A hybrid model (recurrent DeltaNet state that cannot be trimmed): each
+/// turn reuses the previous prompt-boundary snapshot at its exact length,
+/// and the answers equal a cold run's.
+#[test]
+fn multi_turn_chat_on_a_recurrent_model_reuses_exact_snapshots() {
+    let m = model("tiny/tiny-qwen3_5-f32");
+    for batch in ["1", "8"] {
+        let (want, _) = conversation(&Server::start(&m, &["--prompt-cache", "0", "--batch", batch]));
+        let (got, cached) = conversation(&Server::start(&m, &["--prompt-cache", "0.5", "--batch", batch]));
+        assert_eq!(got, want, "--batch {batch}: prefix reuse changed the output");
+        assert_eq!(cached[0], 0);
+        assert!(cached[1] > 0 && cached[2] > cached[1], "--batch {batch}: later turns should reuse more and more: {cached:?}");
+    }
+}

@@ -32,8 +32,13 @@ pub fn place_plugins(root: &Path, dir: &Path) -> Result<()> {
             .find_map(|l| l.trim().strip_prefix("library").map(|r| r.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string()))
             .with_context(|| format!("{}: no `library` key", manifest.display()))?;
         let built = root.join("target/release").join(&library);
-        std::fs::copy(&built, folder.join(&library))
-            .with_context(|| format!("copying {} (is the crate a cdylib?)", built.display()))?;
+        // Copy beside, then rename over: a host that has the old library
+        // mapped keeps its (unlinked) file; writing in place would change
+        // code under a running process.
+        let dest = folder.join(&library);
+        let tmp = folder.join(format!(".{library}.new"));
+        std::fs::copy(&built, &tmp).with_context(|| format!("copying {} (is the crate a cdylib?)", built.display()))?;
+        std::fs::rename(&tmp, &dest).with_context(|| format!("replacing {}", dest.display()))?;
     }
     step(format!("plugin libraries placed under {}", dir.strip_prefix(root).unwrap_or(dir).display()));
     Ok(())

@@ -16,6 +16,10 @@ const GIB: f64 = (1u64 << 30) as f64;
 pub struct MemoryModel {
     pub weights_bytes: u64,
     pub kv_bytes_per_token: u64,
+    /// Fixed per-request state (recurrent layers: conv + SSM state), from
+    /// the plan's `state_shapes`, counted at 4 bytes per element (an upper
+    /// bound: f32 or narrower).
+    pub state_bytes: u64,
     pub hidden: u64,
     pub vocab: u64,
     pub prefill_step: u64,
@@ -44,9 +48,11 @@ impl MemoryModel {
             .new_caches()
             .map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum())
             .unwrap_or(0);
+        let state_bytes = engine.model.plan.layers.iter().flat_map(|l| l.state_shapes.iter()).map(|s| s.iter().product::<i64>().max(0) as u64 * 4).sum();
         Self {
             weights_bytes: crate::runtime::active_memory() as u64,
             kv_bytes_per_token: kv,
+            state_bytes,
             hidden: engine.model.plan.hidden_size as u64,
             vocab: engine.model.plan.vocab_size as u64,
             prefill_step: engine.prefill_step as u64,
@@ -59,7 +65,7 @@ impl MemoryModel {
         // Activations of one prefill chunk (residual, q/k/v, MLP, norms: a
         // generous 16 hidden-sized f32 vectors per token) and a logits row.
         let chunk = prompt.min(self.prefill_step).max(1);
-        Need { kv: tokens * self.kv_bytes_per_token, transient: chunk * self.hidden * 4 * 16 + self.vocab * 4 * 2 }
+        Need { kv: tokens * self.kv_bytes_per_token + self.state_bytes, transient: chunk * self.hidden * 4 * 16 + self.vocab * 4 * 2 }
     }
 
     /// Why a request can never run under `budget`, if it cannot.
@@ -124,7 +130,7 @@ mod tests {
     use super::*;
 
     fn model() -> MemoryModel {
-        MemoryModel { weights_bytes: 1 << 30, kv_bytes_per_token: 1 << 20, hidden: 1024, vocab: 32_000, prefill_step: 2048, max_context: 0 }
+        MemoryModel { weights_bytes: 1 << 30, kv_bytes_per_token: 1 << 20, state_bytes: 0, hidden: 1024, vocab: 32_000, prefill_step: 2048, max_context: 0 }
     }
 
     #[test]

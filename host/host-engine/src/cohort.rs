@@ -74,7 +74,7 @@ impl Cohort {
             }
         }
         let input = crate::generate::token_array(&ids).reshape(&[b as i32, cols as i32])?;
-        engine.forward(&input, &mut self.caches, false)?.eval()?;
+        engine.prefill_chunk(&input, &mut self.caches)?;
         self.done += cols;
         Ok(self.done >= self.width)
     }

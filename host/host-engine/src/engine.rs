@@ -179,7 +179,8 @@ impl Engine {
 
     /// Imports the longest cached prefix of `prompt` into fresh `caches`.
     pub fn prefix_take(&self, prompt: &[u32], caches: &mut [plugin_api::CacheBox]) -> usize {
-        self.prefix.lock().map(|mut p| p.take(&self.namespace, prompt, caches)).unwrap_or(0)
+        let fresh = || self.new_caches().ok();
+        self.prefix.lock().map(|mut p| p.take(&self.namespace, prompt, caches, &fresh)).unwrap_or(0)
     }
 
     /// Stores `caches`, which must hold exactly `tokens`.
@@ -189,10 +190,11 @@ impl Engine {
         }
     }
 
-    /// Stores exported 1-row states for `tokens`.
-    pub fn prefix_insert(&self, tokens: Vec<u32>, states: Vec<plugin_api::CacheState>) {
+    /// Stores exported 1-row states for `tokens`; `trimmable` as the
+    /// layouts they came from report it.
+    pub fn prefix_insert(&self, tokens: Vec<u32>, states: Vec<plugin_api::CacheState>, trimmable: bool) {
         if let Ok(mut p) = self.prefix.lock() {
-            p.insert(&self.namespace, tokens, states);
+            p.insert(&self.namespace, tokens, states, trimmable);
         }
     }
 

@@ -103,9 +103,27 @@ impl Engine {
     /// Prefills `tokens` into `caches` in chunks, evaluating each chunk.
     pub fn prefill(&self, tokens: &[u32], caches: &mut [CacheBox]) -> Result<(), EngineError> {
         for chunk in tokens.chunks(self.prefill_step.max(1)) {
-            let ids = token_array(chunk);
-            let h = self.forward(&ids, caches, false)?;
-            h.eval()?;
+            self.prefill_chunk(&token_array(chunk), caches)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` `[B, L]` into `caches` and evaluates what the caches
+    /// hold, not the final hidden state: as mlx-lm evaluates its cache
+    /// states, the lazy graph then skips work nothing stored depends on
+    /// (layers that share another layer's K/V, the final norm, the last
+    /// layer's MLP).
+    pub(crate) fn prefill_chunk(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<(), EngineError> {
+        let _hidden = self.forward(tokens, caches, false)?;
+        let mut held = Vec::new();
+        for c in caches.iter() {
+            let state = c.export_state().into_result().map_err(|e| EngineError::Model(format!("export_state: {e}")))?;
+            held.extend(state.tensors.into_iter().map(|t| unsafe { Array::from_ptr(t.into_raw()) }));
+        }
+        if held.is_empty() {
+            _hidden.eval()?;
+        } else {
+            mlx_rs::transforms::eval(held.iter())?;
         }
         Ok(())
     }

@@ -7,8 +7,11 @@
 //! reused. `take` finds the longest usable common prefix of a prompt (at most
 //! `len - 1` tokens: the last prompt token must run to produce logits),
 //! imports it into fresh caches and trims them to the prefix (a layout that
-//! cannot trim, like a wrapped ring, is only reused at its exact length:
-//! that is why prompt-boundary snapshots are stored).
+//! cannot trim, like a wrapped ring or a recurrent state, is only reused at
+//! its exact length: that is why prompt-boundary snapshots are stored, and
+//! why an entry that cannot trim never supersedes the shorter ones). When a
+//! candidate cannot be cut down, the caches are replaced by fresh ones and
+//! the next-longest candidate is tried: a half-imported state never leaks.
 
 use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::{CacheBox, CacheState, Tensor};
@@ -66,45 +69,53 @@ impl PrefixCache {
     }
 
     /// Imports the longest usable prefix of `prompt` into `caches` (fresh,
-    /// 1-row) and returns how many tokens it covers (0 on a miss).
-    pub fn take(&mut self, ns: &str, prompt: &[u32], caches: &mut [CacheBox]) -> usize {
+    /// 1-row) and returns how many tokens it covers (0 on a miss). `fresh`
+    /// makes a new cache set, to start over after a candidate that could
+    /// not be cut down to the shared prefix.
+    pub fn take(&mut self, ns: &str, prompt: &[u32], caches: &mut [CacheBox], fresh: &dyn Fn() -> Option<Vec<CacheBox>>) -> usize {
         if !self.enabled() || prompt.len() < 2 {
             return 0;
         }
         let usable = &prompt[..prompt.len() - 1];
-        let mut best: Option<(usize, usize)> = None; // (entry index, prefix length)
-        for (i, e) in self.entries.iter().enumerate() {
-            if e.ns != ns {
+        // Longest shared prefix first; at equal length an entry that needs
+        // no trim (exactly that long) first.
+        let mut candidates: Vec<(usize, usize)> = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.ns == ns)
+            .map(|(i, e)| (i, common_prefix(&e.tokens, usable)))
+            .filter(|&(_, k)| k > 0)
+            .collect();
+        candidates.sort_by_key(|&(i, k)| (std::cmp::Reverse(k), self.entries[i].tokens.len() - k));
+        for (n, (i, k)) in candidates.into_iter().enumerate() {
+            if n > 0 {
+                match fresh() {
+                    Some(f) => caches.iter_mut().zip(f).for_each(|(c, f)| *c = f),
+                    None => break,
+                }
+            }
+            let e = &self.entries[i];
+            let excess = (e.tokens.len() - k) as u64;
+            let fits = caches.iter_mut().zip(&e.states).all(|(c, s)| {
+                // A layout that cannot cut the entry down to the shared prefix
+                // (a wrapped ring, a recurrent state) makes it unusable here.
+                c.import_state(share(s)).into_result().is_ok() && (excess == 0 || (c.is_trimmable() && c.trim(excess) == excess))
+            });
+            if !fits {
                 continue;
             }
-            let k = common_prefix(&e.tokens, usable);
-            if k == 0 || best.is_some_and(|(_, b)| b >= k) {
-                continue;
-            }
-            best = Some((i, k));
+            self.clock += 1;
+            self.entries[i].used = self.clock;
+            self.counters.hits += 1;
+            self.counters.hit_tokens += k as u64;
+            return k;
         }
-        let Some((i, k)) = best else {
-            self.counters.misses += 1;
-            return 0;
-        };
-        let e = &mut self.entries[i];
-        let excess = (e.tokens.len() - k) as u64;
-        for (c, s) in caches.iter_mut().zip(&e.states) {
-            if c.import_state(share(s)).into_result().is_err() {
-                self.counters.misses += 1;
-                return 0;
-            }
-            if excess > 0 && (!c.is_trimmable() || c.trim(excess) != excess) {
-                // This layout cannot cut the entry down to the shared prefix.
-                self.counters.misses += 1;
-                return 0;
-            }
+        if let Some(f) = fresh() {
+            caches.iter_mut().zip(f).for_each(|(c, f)| *c = f);
         }
-        self.clock += 1;
-        e.used = self.clock;
-        self.counters.hits += 1;
-        self.counters.hit_tokens += k as u64;
-        k
+        self.counters.misses += 1;
+        0
     }
 
     /// Stores the state of `caches`, which hold exactly `tokens`.
@@ -122,11 +133,13 @@ impl PrefixCache {
                 Err(_) => return,
             }
         }
-        self.insert(ns, tokens.to_vec(), states);
+        let trimmable = caches.iter().all(|c| c.is_trimmable());
+        self.insert(ns, tokens.to_vec(), states, trimmable);
     }
 
-    /// Stores already-exported 1-row states.
-    pub fn insert(&mut self, ns: &str, tokens: Vec<u32>, states: Vec<CacheState>) {
+    /// Stores already-exported 1-row states; `trimmable` says whether every
+    /// layout can cut them down (then shorter prefixes of it are redundant).
+    pub fn insert(&mut self, ns: &str, tokens: Vec<u32>, states: Vec<CacheState>, trimmable: bool) {
         if !self.enabled() || tokens.is_empty() || states.iter().any(|s| s.offset as usize != tokens.len()) {
             return;
         }
@@ -134,8 +147,11 @@ impl PrefixCache {
         if bytes > self.cap {
             return;
         }
-        // A stored sequence that is a prefix of the new one is superseded.
-        self.entries.retain(|e| !(e.ns == ns && e.tokens.len() < tokens.len() && tokens.starts_with(&e.tokens)));
+        // A stored sequence that is a prefix of the new one is superseded,
+        // unless the new one cannot be trimmed back to it.
+        if trimmable {
+            self.entries.retain(|e| !(e.ns == ns && e.tokens.len() < tokens.len() && tokens.starts_with(&e.tokens)));
+        }
         self.clock += 1;
         self.entries.push(Entry { ns: ns.to_owned(), tokens, states, bytes, used: self.clock });
         while self.entries.iter().map(|e| e.bytes).sum::<usize>() > self.cap {

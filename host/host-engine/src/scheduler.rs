@@ -305,7 +305,7 @@ impl<'a> Scheduler<'a> {
     fn land_cohort(&mut self, c: Cohort, members: &[Joiner]) -> Result<(), EngineError> {
         if self.engine.prefix.lock().map(|p| p.enabled()).unwrap_or(false) {
             for r in 0..members.len() {
-                self.engine.prefix_insert(c.head(r).to_vec(), c.row_state(r)?);
+                self.engine.prefix_insert(c.head(r).to_vec(), c.row_state(r)?, c.caches.iter().all(|l| l.is_trimmable()));
             }
         }
         if self.batch.is_none() {
@@ -447,7 +447,7 @@ impl Scheduler<'_> {
         let held = states.first().map(|s| s.offset as usize).unwrap_or(0);
         let known = &self.rows[i].history;
         if held > 0 && held <= known.len() {
-            self.engine.prefix_insert(known[..held].to_vec(), states);
+            self.engine.prefix_insert(known[..held].to_vec(), states, batch.iter().all(|c| c.is_trimmable()));
         }
     }
 }

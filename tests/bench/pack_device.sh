@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Lays out .device/ for the GPU machine (which has no Rust): the stripped
+# host binary, every plugin folder (plugin.toml + stripped library), libmlxc
+# and the default model's tokenizer files. Run after `cargo xtask build`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rm -rf .device && mkdir -p .device/lib .device/plugins .device/tok
+strip -o .device/host target/release/host
+cp -L .mlx/lib/libmlxc.so .device/lib/ && strip .device/lib/libmlxc.so
+for d in plugins/*/; do
+  n=$(basename "$d"); lib=$(sed -n 's/^library *= *"\(.*\)"/\1/p' "$d/plugin.toml")
+  mkdir -p ".device/plugins/$n" && cp "$d/plugin.toml" ".device/plugins/$n/"
+  strip -o ".device/plugins/$n/$lib" "target/release/$lib"
+done
+for f in tokenizer.json tokenizer_config.json special_tokens_map.json generation_config.json; do
+  cp models/smollm2-135m-instruct/$f .device/tok/ 2>/dev/null || true
+done
+du -sh .device
