@@ -2,8 +2,9 @@
 # H200, the families and n-gram run (last of four device calls; see
 # docs/benchmarks.md): expects /tmp/mlxparts/{part_aa,smq4_aa,smq4_ab} from the
 # earlier calls (the CUDA wheel's first half and the 4-bit default model in two
-# halves), .gpu_b and .device (stripped host, plugins, libmlxc, tokenizer files).
+# halves), .gpu_b and .devpack/device.tar.xz (tests/bench/pack_device.sh's .device, compressed).
 set -euo pipefail
+[ -d .device ] || tar -xJf .devpack/device.tar.xz   # .device travels compressed (size limit per call)
 source tests/bench/device_env.sh
 cat /tmp/mlxparts/smq4_aa /tmp/mlxparts/smq4_ab | tar -C /tmp -xf -
 $H plugins --plugins $P | head -12

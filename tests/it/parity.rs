@@ -137,3 +137,23 @@ fn cpu_auto_dtype_is_float32_and_says_why() {
     assert!(ours["dtype_reason"].as_str().unwrap().contains("CPU"), "{}", ours["dtype_reason"]);
     assert_eq!(ids(&ours["tokens"]).len(), 4);
 }
+
+/// mlx_lm.convert (recent transformers) writes the chat template to
+/// `chat_template.jinja` instead of tokenizer_config.json: the same chat
+/// must tokenize identically from either place.
+#[test]
+fn a_chat_template_in_chat_template_jinja_is_used() {
+    let src = model("smollm2-135m-instruct");
+    let s = Scratch::new("jinja");
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "special_tokens_map.json"] {
+        if src.join(f).exists() {
+            std::os::unix::fs::symlink(src.join(f), s.0.join(f)).unwrap();
+        }
+    }
+    let mut tc: Value = serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap()).unwrap();
+    let template = tc.as_object_mut().unwrap().remove("chat_template").expect("the default model has a template");
+    std::fs::write(s.0.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    std::fs::write(s.0.join("chat_template.jinja"), template.as_str().unwrap()).unwrap();
+    let ids = |d: &std::path::Path| ids(&host_json(&["generate", "--model", d.to_str().unwrap(), "--chat", "What is 2+2?", "--max-tokens", "1", "--json"])["prompt_tokens"]);
+    assert_eq!(ids(&s.0), ids(&src));
+}

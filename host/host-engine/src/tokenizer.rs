@@ -75,10 +75,8 @@ impl TextSide {
                 eos_ids.push(id);
             }
         }
-        let template = tc
-            .get("chat_template")
-            .and_then(Value::as_str)
-            .map(|t| ChatTemplate::new(t, bos_token.clone(), eos_token.clone()))
+        let template = template_text(dir, &tc)
+            .map(|t| ChatTemplate::new(&t, bos_token.clone(), eos_token.clone()))
             .transpose()
             .map_err(TokenizerError::Load)?;
         let f = |k: &str| gc.get(k).and_then(Value::as_f64).map(|x| x as f32);
@@ -199,4 +197,23 @@ mod tests {
             assert_eq!(out, t.decode(&ids), "{text}");
         }
     }
+}
+
+/// The chat template as transformers finds it: `chat_template.jinja` (what
+/// recent versions save, and mlx_lm.convert copies), else
+/// `chat_template.json`, else `tokenizer_config.json`'s `chat_template`
+/// (a string, or a list of named templates of which `default` is used).
+fn template_text(dir: &Path, tokenizer_config: &Value) -> Option<String> {
+    if let Ok(t) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
+        return Some(t);
+    }
+    let from = |v: Option<&Value>| -> Option<String> {
+        match v? {
+            Value::String(s) => Some(s.clone()),
+            Value::Array(named) => named.iter().find(|t| t.get("name").and_then(Value::as_str) == Some("default")).and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+            _ => None,
+        }
+    };
+    let json = read_json(&dir.join("chat_template.json")).unwrap_or(Value::Null);
+    from(json.get("chat_template")).or_else(|| from(tokenizer_config.get("chat_template")))
 }
