@@ -4,6 +4,7 @@
 mod admission;
 mod architecture;
 mod batching;
+mod batching_sliding;
 mod foundation;
 mod http;
 mod parity;

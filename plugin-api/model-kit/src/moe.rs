@@ -1,7 +1,8 @@
 //! Mixture of experts as mlx-lm computes it (`models/switch_layers.py` and
 //! the Qwen MoE blocks): a router picks `k` experts per token, each picked
-//! expert's SwiGLU runs through `gather_mm` / `gather_qmm` on stacked expert
-//! weights, and the outputs are mixed by the router's scores.
+//! expert's gated MLP (SwiGLU, or another gate activation) runs through
+//! `gather_mm` / `gather_qmm` on stacked expert weights, and the outputs
+//! are mixed by the router's scores.
 //!
 //! A sparse block is three calls, and a family adds what it needs around
 //! them (Qwen3-Next / Qwen3.5 add `sigmoid(shared_expert_gate(x)) *
@@ -102,16 +103,33 @@ impl SwitchLinear {
     }
 }
 
-/// `SwitchGLU`: per token and picked expert, `down(silu(gate(x)) * up(x))`.
+/// The gate's activation in a gated expert: `act(gate(x)) * up(x)`.
+pub type Activation = fn(&Array) -> Result<Array>;
+
+/// `nn.silu` as mlx-lm's `swiglu` computes it: `x * sigmoid(x)`.
+pub fn silu(x: &Array) -> Result<Array> {
+    x.multiply(ops::sigmoid(x)?)
+}
+
+/// `SwitchGLU`: per token and picked expert, `down(act(gate(x)) * up(x))`,
+/// SwiGLU (`act` = silu) unless a family asks for another activation
+/// (Gemma 4's experts are GeGLU).
 pub struct SwitchGlu {
     gate: SwitchLinear,
     up: SwitchLinear,
     down: SwitchLinear,
+    act: Activation,
 }
 
 impl SwitchGlu {
+    /// SwiGLU experts.
     pub fn new(gate: SwitchLinear, up: SwitchLinear, down: SwitchLinear) -> Self {
-        Self { gate, up, down }
+        Self { gate, up, down, act: silu }
+    }
+
+    /// The same experts gated by `act` instead of silu.
+    pub fn with_activation(self, act: Activation) -> Self {
+        Self { act, ..self }
     }
 
     /// The experts of the MLP at `mlp` (e.g. `model.layers.3.mlp`): stacked
@@ -131,7 +149,7 @@ impl SwitchGlu {
             }
             SwitchLinear::from_weight(ctx, &stacked, ops::stack(&parts, 0)?, experts, out, inp)
         };
-        Ok(Self { gate: proj("gate_proj", inter, hidden)?, up: proj("up_proj", inter, hidden)?, down: proj("down_proj", hidden, inter)? })
+        Ok(Self::new(proj("gate_proj", inter, hidden)?, proj("up_proj", inter, hidden)?, proj("down_proj", hidden, inter)?))
     }
 
     /// `x` `[.., D]` and the picked experts `indices` `[.., k]` → `[.., k, D]`.
@@ -146,8 +164,7 @@ impl SwitchGlu {
         };
         let up = self.up.forward(&x, &idx, sorted)?;
         let gate = self.gate.forward(&x, &idx, sorted)?;
-        // mlx-lm's swiglu: silu(gate) * up, silu = g * sigmoid(g).
-        let act = gate.multiply(ops::sigmoid(&gate)?)?.multiply(&up)?;
+        let act = (self.act)(&gate)?.multiply(&up)?;
         let y = self.down.forward(&act, &idx, sorted)?;
         let y = match inv {
             Some(inv) => ops::unflatten(y.take_axis(&inv, 0)?, 0, indices.shape())?,
@@ -281,10 +298,9 @@ mod tests {
         assert!(close(&all, &one_by_one));
     }
 
-    #[test]
-    fn each_pair_runs_its_own_expert() {
-        let (glu, x, inds) = fixture();
-        let y = glu.forward(&x, &inds).unwrap();
+    /// Pair (17, 1) of the fixture computed by hand with `act` on the gate.
+    fn one_pair_by_hand(glu: &SwitchGlu, x: &Array, inds: &Array, act: Activation) {
+        let y = glu.forward(x, inds).unwrap();
         assert_eq!(y.shape(), [1, 40, 2, 8]);
         inds.eval().unwrap();
         let ids = inds.as_slice::<u32>().to_vec();
@@ -294,10 +310,29 @@ mod tests {
         let xt = crate::ops::slice(&x, &[0, t as i32, 0], &[1, t as i32 + 1, 8]).unwrap().reshape(&[1, 8]).unwrap();
         let g = xt.matmul(w(&glu.gate).transpose_axes(&[1, 0]).unwrap()).unwrap();
         let u = xt.matmul(w(&glu.up).transpose_axes(&[1, 0]).unwrap()).unwrap();
-        let h = g.multiply(ops::sigmoid(&g).unwrap()).unwrap().multiply(&u).unwrap();
+        let h = act(&g).unwrap().multiply(&u).unwrap();
         let want = h.matmul(w(&glu.down).transpose_axes(&[1, 0]).unwrap()).unwrap();
         let got = crate::ops::slice(&y, &[0, t as i32, j as i32, 0], &[1, t as i32 + 1, j as i32 + 1, 8]).unwrap();
         assert!(close(&values(&got), &values(&want)));
+    }
+
+    #[test]
+    fn each_pair_runs_its_own_expert() {
+        let (glu, x, inds) = fixture();
+        one_pair_by_hand(&glu, &x, &inds, |g| g.multiply(ops::sigmoid(g)?));
+    }
+
+    #[test]
+    fn the_gate_activation_is_a_parameter() {
+        let (glu, x, inds) = fixture();
+        let act: Activation = |g| ops::tanh(g);
+        let glu = glu.with_activation(act);
+        one_pair_by_hand(&glu, &x, &inds, act);
+        // Sorted and unsorted paths apply it alike.
+        let all = values(&glu.forward(&x, &inds).unwrap());
+        let first = crate::ops::slice(&x, &[0, 0, 0], &[1, 1, 8]).unwrap();
+        let first_inds = crate::ops::slice(&inds, &[0, 0, 0], &[1, 1, 2]).unwrap();
+        assert!(close(&all[..16], &values(&glu.forward(&first, &first_inds).unwrap())));
     }
 
     #[test]

@@ -18,10 +18,13 @@
 //!   window when `max_size == window`).
 //!
 //! Capabilities: `trim` while the ring has not wrapped (mlx-lm's
-//! `is_trimmable`: `offset < max_size`), `spec-round` (refused once the ring
-//! has wrapped), `state-io` (raw storage + `offset`, `_idx`, `max_size`,
-//! `keep`, as mlx-lm's `state`/`meta_state`). No row operations: batching
-//! needs a per-row ring (mlx-lm's `BatchRotatingKVCache`), not done here.
+//! `is_trimmable`: `offset < max_size`), `spec-round` (a serial ring refuses
+//! it once wrapped; the batched one rolls back per row), `state-io` (raw
+//! storage + `offset`, `_idx`, `max_size`, `keep`, as mlx-lm's
+//! `state`/`meta_state`), `rows`: a cache created for other than 1 row is
+//! the batched ring of mlx-lm's `BatchRotatingKVCache` (`batch.rs`, row
+//! operations in `rows.rs`, per-row speculative rollback in `round.rs`);
+//! its rows travel as this serial layout's 1-row states.
 
 use model_kit::ops::{dtype_from_raw, slice, slice_update, zeros};
 use model_kit::{error, Array, Dtype, Result};
@@ -29,6 +32,13 @@ use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::*;
 use plugin_sdk::{guard, into_array, into_tensor, mlx_error, mlx_rs, rstrings};
+
+mod batch;
+mod batch_layout;
+mod round;
+mod rows;
+
+use batch::BatchRotatingKv;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -40,7 +50,7 @@ fn manifest() -> PluginManifest {
         PluginKind::CACHE_LAYOUT,
         "sliding-window K/V in a ring of `window` slots, as mlx-lm's RotatingKVCache",
         Claims { cache_needs: rstrings(&["sliding"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
-        &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO],
+        &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS],
     )
 }
 
@@ -54,29 +64,30 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
     if spec.need.window == 0 {
         return Err(PluginError::invalid_input("kv-rotating: a sliding layer needs a window > 0"));
     }
-    if spec.rows != 1 {
-        return Err(PluginError::unsupported(format!("kv-rotating is serial (1 row), {} rows asked; it has no row operations", spec.rows)));
-    }
     let dtype = dtype_from_raw(spec.dtype.0).map_err(|e| PluginError::invalid_input(e.what()))?;
     let window = spec.need.window as usize;
-    Ok(CacheLayout_TO::from_value(
-        RotatingKv {
-            keys: None,
-            values: None,
-            offset: 0,
-            idx: 0,
-            max_size: window,
-            keep: 0,
-            step: spec.step.max(1) as usize,
-            window,
-            heads: spec.need.kv_heads as i32,
-            k_dim: spec.need.k_head_dim as i32,
-            v_dim: spec.need.v_head_dim as i32,
-            dtype,
-            round: None,
-        },
-        TD_Opaque,
-    ))
+    let serial = RotatingKv {
+        keys: None,
+        values: None,
+        offset: 0,
+        idx: 0,
+        max_size: window,
+        keep: 0,
+        step: spec.step.max(1) as usize,
+        window,
+        heads: spec.need.kv_heads as i32,
+        k_dim: spec.need.k_head_dim as i32,
+        v_dim: spec.need.v_head_dim as i32,
+        dtype,
+        round: None,
+    };
+    // A batch cache (0 rows, filled by merges or `begin_padded`, or B
+    // unpadded rows) is the batched ring; one row keeps the serial one.
+    if spec.rows == 1 {
+        Ok(CacheLayout_TO::from_value(serial, TD_Opaque))
+    } else {
+        Ok(CacheLayout_TO::from_value(BatchRotatingKv::new(&serial, spec.rows as usize), TD_Opaque))
+    }
 }
 
 /// What a speculative round needs to be undone.
@@ -510,16 +521,23 @@ impl CacheLayout for RotatingKv {
         quietly(1, || 1)
     }
 
-    fn filter_rows(&mut self, _keep: RSlice<'_, u32>) -> PResult<()> {
-        guard(|| Err(PluginError::unsupported("kv-rotating has no row operations")))
+    /// A serial cache is its one row: keeping row 0 changes nothing.
+    fn filter_rows(&mut self, keep: RSlice<'_, u32>) -> PResult<()> {
+        guard(|| match keep.as_slice() {
+            [0] => Ok(()),
+            k => Err(PluginError::invalid_input(format!("kv-rotating: a serial cache holds row 0 only, asked to keep {k:?}"))),
+        })
     }
 
-    fn extract_row(&self, _row: u32) -> PResult<CacheState> {
-        guard(|| Err(PluginError::unsupported("kv-rotating has no row operations")))
+    fn extract_row(&self, row: u32) -> PResult<CacheState> {
+        guard(|| match row {
+            0 => Ok(self.state()),
+            r => Err(PluginError::invalid_input(format!("extract_row: row {r} of a serial cache"))),
+        })
     }
 
     fn merge_rows(&mut self, _rows: RVec<CacheState>) -> PResult<()> {
-        guard(|| Err(PluginError::unsupported("kv-rotating has no row operations")))
+        guard(|| Err(PluginError::unsupported("kv-rotating: rows merge into a batch cache (created with 0 rows), not a serial one")))
     }
 
     fn get_slot(&self, _i: u32) -> PResult<ROption<Tensor>> {
@@ -533,3 +551,5 @@ impl CacheLayout for RotatingKv {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod batch_tests;

@@ -239,27 +239,36 @@ fn state_of_another_geometry_is_refused() {
     assert_eq!(err(CacheLayout::import_state(&mut cache(8, 8), bad)).code, ErrorCode::INVALID_INPUT);
 }
 
+/// A serial cache is its one row; rows merge into batch caches (batch_tests.rs).
 #[test]
-fn row_operations_and_slots_are_unsupported() {
+fn a_serial_cache_is_its_one_row_and_has_no_slots() {
     let mut c = cache(8, 8);
+    step(&mut c, 0, 3);
     assert_eq!(CacheLayout::rows(&c), 1);
-    assert_eq!(err(CacheLayout::filter_rows(&mut c, RSlice::from_slice(&[0]))).code, ErrorCode::UNSUPPORTED);
-    assert_eq!(err(CacheLayout::extract_row(&c, 0)).code, ErrorCode::UNSUPPORTED);
+    CacheLayout::filter_rows(&mut c, RSlice::from_slice(&[0])).unwrap();
+    assert_eq!(err(CacheLayout::filter_rows(&mut c, RSlice::from_slice(&[1]))).code, ErrorCode::INVALID_INPUT);
+    assert_eq!(CacheLayout::extract_row(&c, 0).unwrap().offset, 3);
+    assert_eq!(err(CacheLayout::extract_row(&c, 1)).code, ErrorCode::INVALID_INPUT);
     assert_eq!(err(CacheLayout::merge_rows(&mut c, RVec::new())).code, ErrorCode::UNSUPPORTED);
     assert_eq!(err(CacheLayout::get_slot(&c, 0)).code, ErrorCode::UNSUPPORTED);
     let m = manifest();
-    assert!(!m.capabilities.iter().any(|c| c.as_str() == caps::ROWS));
+    assert!(m.capabilities.iter().any(|c| c.as_str() == caps::ROWS));
     assert_eq!(m.claims.cache_needs.iter().map(|s| s.as_str()).collect::<Vec<_>>(), ["sliding"]);
 }
 
 #[test]
-fn new_cache_serves_only_serial_plain_sliding_layers() {
+fn new_cache_serves_only_plain_sliding_layers() {
     let need = |kind, window| LayerNeed { kind, window, kv_heads: 2, k_head_dim: 16, v_head_dim: 16, state_shapes: RVec::new() };
     let spec = |need, scheme: &str, rows| CacheSpec { need, scheme: scheme.into(), dtype: plugin_api::Dtype::BFLOAT16, rows, step: 256 };
     let c = new_cache(&spec(need(NeedKind::SLIDING, 8), "plain", 1)).unwrap();
     assert_eq!(c.signature().as_str(), "kv:rotating:w8:bfloat16:h2:k16:v16");
     assert_eq!(c.bytes_per_token(), 2 * 32 * 2);
-    for bad in [spec(need(NeedKind::FULL, 0), "plain", 1), spec(need(NeedKind::SLIDING, 8), "affine4", 1), spec(need(NeedKind::SLIDING, 8), "plain", 2)] {
+    // Other row counts get the batched ring, with the same signature.
+    for rows in [0, 2] {
+        let b = new_cache(&spec(need(NeedKind::SLIDING, 8), "plain", rows)).unwrap();
+        assert_eq!((b.rows(), b.signature().as_str()), (rows, "kv:rotating:w8:bfloat16:h2:k16:v16"));
+    }
+    for bad in [spec(need(NeedKind::FULL, 0), "plain", 1), spec(need(NeedKind::SLIDING, 8), "affine4", 1)] {
         assert_eq!(new_cache(&bad).err().unwrap().code, ErrorCode::UNSUPPORTED);
     }
     assert_eq!(new_cache(&spec(need(NeedKind::SLIDING, 0), "plain", 1)).err().unwrap().code, ErrorCode::INVALID_INPUT);

@@ -2,15 +2,13 @@
 //! (RMSNorm with `scale * hidden^-0.5`, a linear, top-k by argpartition,
 //! softmax over the k picked scores, times a per-expert scale) sends each
 //! token to k experts, each a gelu_approx-gated GLU run with
-//! `gather_mm`/`gather_qmm` on stacked weights (model-kit's `SwitchLinear`).
-//! The two branches are normed separately and summed.
-//!
-//! model-kit's `SwitchGlu` hard-wires SwiGLU, so the GeGLU around its
-//! `SwitchLinear`s (and mlx-lm's `_gather_sort`) is here.
+//! `gather_mm`/`gather_qmm` on stacked weights (model-kit's `SwitchGlu`
+//! with the gelu_approx activation). The two branches are normed separately
+//! and summed.
 
 use crate::block::{gelu_approx, scalar};
 use model_kit::layers::{Linear, LoadCtx, RmsNorm};
-use model_kit::moe::{SwitchLinear, SORT_THRESHOLD};
+use model_kit::moe::{SwitchGlu, SwitchLinear};
 use model_kit::{error, ops as kit_ops, Array, Result};
 use mlx_rs::ops;
 
@@ -66,72 +64,36 @@ impl Router {
     }
 }
 
-/// `SwitchGLU` with mlx-lm's `GeGLU` activation: `down(gelu_approx(gate(x)) * up(x))`.
-struct Experts {
-    gate: SwitchLinear,
-    up: SwitchLinear,
-    down: SwitchLinear,
-}
-
-impl Experts {
-    /// mlx-lm's layout (`{p}.switch_glu.{gate,up,down}_proj`), or Hugging
-    /// Face's fused `{p}.gate_up_proj` `[E, 2I, H]` and `{p}.down_proj`
-    /// (split as mlx-lm's `sanitize` does).
-    fn load(ctx: &mut LoadCtx, p: &str, hidden: usize, m: &MoeArgs) -> Result<Self> {
-        let (e, i) = (m.experts, m.inter);
-        let Some(fused) = ctx.weights.take_opt(&format!("{p}.gate_up_proj")) else {
+/// `SwitchGLU` with mlx-lm's `GeGLU` activation, `down(gelu_approx(gate(x))
+/// * up(x))`: mlx-lm's layout (`{p}.switch_glu.{gate,up,down}_proj`), or
+/// Hugging Face's fused `{p}.gate_up_proj` `[E, 2I, H]` and `{p}.down_proj`
+/// (split as mlx-lm's `sanitize` does).
+fn load_experts(ctx: &mut LoadCtx, p: &str, hidden: usize, m: &MoeArgs) -> Result<SwitchGlu> {
+    let (e, i) = (m.experts, m.inter);
+    let glu = match ctx.weights.take_opt(&format!("{p}.gate_up_proj")) {
+        None => {
             let proj = |ctx: &mut LoadCtx, name: &str, out, inp| SwitchLinear::load(ctx, &format!("{p}.switch_glu.{name}"), e, out, inp);
-            return Ok(Self { gate: proj(ctx, "gate_proj", i, hidden)?, up: proj(ctx, "up_proj", i, hidden)?, down: proj(ctx, "down_proj", hidden, i)? });
-        };
-        let down = ctx.weights.take(&format!("{p}.down_proj"))?;
-        let halves = fused.split_equal(2, -2)?;
-        let [gate, up] = <[Array; 2]>::try_from(halves).map_err(|_| error(format!("{p}.gate_up_proj: cannot split in two")))?;
-        let what = |n: &str| format!("{p}.switch_glu.{n}");
-        Ok(Self {
-            gate: SwitchLinear::from_weight(ctx, &what("gate_proj"), gate.contiguous()?, e, i, hidden)?,
-            up: SwitchLinear::from_weight(ctx, &what("up_proj"), up.contiguous()?, e, i, hidden)?,
-            down: SwitchLinear::from_weight(ctx, &what("down_proj"), down, e, hidden, i)?,
-        })
-    }
-
-    /// `x` `[.., D]`, `inds` `[.., k]` → `[.., k, D]`, sorting the (token,
-    /// expert) pairs by expert from `SORT_THRESHOLD` pairs on, as mlx-lm.
-    fn forward(&self, x: &Array, inds: &Array) -> Result<Array> {
-        let x = x.expand_dims_axes(&[-2, -3])?;
-        let sorted = inds.size() >= SORT_THRESHOLD;
-        let (x, idx, inv) = if sorted {
-            let (x, idx, inv) = gather_sort(&x, inds)?;
-            (x, idx, Some(inv))
-        } else {
-            (x, inds.clone(), None)
-        };
-        let up = self.up.forward(&x, &idx, sorted)?;
-        let gate = self.gate.forward(&x, &idx, sorted)?;
-        let y = self.down.forward(&gelu_approx(&gate)?.multiply(&up)?, &idx, sorted)?;
-        let y = match inv {
-            Some(inv) => ops::unflatten(y.take_axis(&inv, 0)?, 0, inds.shape())?,
-            None => y,
-        };
-        y.squeeze_axes(&[-2])
-    }
-}
-
-/// mlx-lm's `_gather_sort`: token rows `[N*k, 1, D]` in expert order,
-/// the sorted expert ids, and the inverse permutation.
-fn gather_sort(x: &Array, inds: &Array) -> Result<(Array, Array, Array)> {
-    let k = *inds.shape().last().ok_or_else(|| error("moe: indices must have an experts axis"))?;
-    let flat = inds.flatten(None, None)?;
-    let order = ops::argsort_axis(&flat, -1)?;
-    let inv = ops::argsort_axis(&order, -1)?;
-    // `order // k` in order's own dtype (uint32), as Python's weak scalar.
-    let rows = order.floor_divide(Array::from_slice(&[k as u32], &[]))?;
-    Ok((x.flatten(0, -3)?.take_axis(&rows, 0)?, flat.take_axis(&order, 0)?, inv))
+            SwitchGlu::new(proj(ctx, "gate_proj", i, hidden)?, proj(ctx, "up_proj", i, hidden)?, proj(ctx, "down_proj", hidden, i)?)
+        }
+        Some(fused) => {
+            let down = ctx.weights.take(&format!("{p}.down_proj"))?;
+            let halves = fused.split_equal(2, -2)?;
+            let [gate, up] = <[Array; 2]>::try_from(halves).map_err(|_| error(format!("{p}.gate_up_proj: cannot split in two")))?;
+            let what = |n: &str| format!("{p}.switch_glu.{n}");
+            SwitchGlu::new(
+                SwitchLinear::from_weight(ctx, &what("gate_proj"), gate.contiguous()?, e, i, hidden)?,
+                SwitchLinear::from_weight(ctx, &what("up_proj"), up.contiguous()?, e, i, hidden)?,
+                SwitchLinear::from_weight(ctx, &what("down_proj"), down, e, hidden, i)?,
+            )
+        }
+    };
+    Ok(glu.with_activation(gelu_approx))
 }
 
 /// The expert branch of a decoder layer and the extra norms it brings.
 pub struct MoeBranch {
     router: Router,
-    experts: Experts,
+    experts: SwitchGlu,
     /// `post_feedforward_layernorm_1` (on the dense MLP's output).
     dense_norm: RmsNorm,
     pre_norm: RmsNorm,
@@ -143,7 +105,7 @@ impl MoeBranch {
     pub fn load(ctx: &mut LoadCtx, p: &str, hidden: usize, m: &MoeArgs, eps: f32) -> Result<Self> {
         Ok(Self {
             router: Router::load(ctx, &format!("{p}.router"), hidden, m, eps)?,
-            experts: Experts::load(ctx, &format!("{p}.experts"), hidden, m)?,
+            experts: load_experts(ctx, &format!("{p}.experts"), hidden, m)?,
             dense_norm: RmsNorm::load(ctx, &format!("{p}.post_feedforward_layernorm_1"), eps)?,
             pre_norm: RmsNorm::load(ctx, &format!("{p}.pre_feedforward_layernorm_2"), eps)?,
             post_norm: RmsNorm::load(ctx, &format!("{p}.post_feedforward_layernorm_2"), eps)?,

@@ -4,8 +4,10 @@
 //! q/k, the gated delta recurrence one token at a time on a float32 state,
 //! and a gated RMSNorm before the output projection.
 //!
-//! Cache protocol (plugins/state-recurrent): `update_and_fetch(qkv)` returns
-//! the conv window and advances the layer; slot 1 holds the SSM state.
+//! Cache protocol (plugins/state-recurrent): `attention_mask(L)` first, a
+//! bool `[B, L]` mask while a left-padded cohort's padding is pending (as
+//! mlx-lm's `create_ssm_mask`); `update_and_fetch(qkv)` returns the conv
+//! window and advances the layer; slot 1 holds the SSM state.
 
 use crate::args::Linear as Geometry;
 use crate::norm::scalar;
@@ -13,7 +15,7 @@ use model_kit::layers::{Linear, LoadCtx};
 use model_kit::ops::{slice, zeros};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::ROption;
-use plugin_api::CacheBox;
+use plugin_api::{CacheBox, MaskMode};
 use plugin_sdk::mlx_rs::ops;
 use plugin_sdk::{into_array, into_tensor, mlx_rs};
 
@@ -79,6 +81,13 @@ impl DeltaNet {
         let z = self.in_z.forward(x)?.reshape(&[b, s, g.v_heads as i32, g.v_dim as i32])?;
         let beta_in = self.in_b.forward(x)?;
         let a = self.in_a.forward(x)?;
+        let mask = padding_mask(cache, b, s)?;
+        // Padded columns enter the conv as zeros, as the zeros before a
+        // row's first input do when it runs alone.
+        let qkv = match &mask {
+            Some(m) => ops::select(&m.expand_dims(-1)?, &qkv, scalar(0.0, qkv.dtype())?)?,
+            None => qkv,
+        };
         // The layout ignores `values`; it returns the window as both.
         let window = into_array(boundary(cache.update_and_fetch(into_tensor(qkv.clone()), into_tensor(qkv)))?.keys);
         let conv = ops::conv1d(&window, &self.conv, 1, 0, 1, g.conv_dim() as i32)?;
@@ -96,7 +105,8 @@ impl DeltaNet {
         let (q, k) = normalize_qk(&q, &k, (g.k_dim as f64).powf(-0.5))?;
         let beta = ops::sigmoid(&beta_in)?;
         let decay = compute_g(&self.a_log, &a, &self.dt_bias)?;
-        let (y, state) = recurrence(&q, &k, &v, &decay, &beta, state, g.v_heads / g.k_heads)?;
+        let (q, k) = repeat_heads(&q, &k, g.v_heads / g.k_heads)?;
+        let (y, state) = recurrence(&q, &k, &v, &decay, &beta, state, mask.as_ref())?;
         boundary(cache.set_slot(SSM_SLOT, into_tensor(state)))?;
         let y = self.gated_norm(&y, &z)?;
         self.out.forward(&y.reshape(&[b, s, -1])?)
@@ -108,6 +118,22 @@ impl DeltaNet {
         let normed = mlx_rs::fast::rms_norm(y, Some(&self.norm), self.eps)?;
         let gate = silu(&z.as_dtype(Dtype::Float32)?)?;
         gate.multiply(normed.as_dtype(Dtype::Float32)?)?.as_dtype(y.dtype())
+    }
+}
+
+/// The layout's `[B, L]` padding mask (true = real column), or None.
+fn padding_mask(cache: &CacheBox, b: i32, l: i32) -> Result<Option<Array>> {
+    let m = boundary(cache.attention_mask(l as u32))?;
+    match (m.mode, m.array) {
+        (MaskMode::NONE, _) => Ok(None),
+        (MaskMode::ARRAY, ROption::RSome(t)) => {
+            let m = into_array(t);
+            if m.shape() != [b, l] || m.dtype() != Dtype::Bool {
+                return Err(error(format!("recurrent layout gave a {:?} {:?} mask, expected bool [{b}, {l}]", m.dtype(), m.shape())));
+            }
+            Ok(Some(m))
+        }
+        (mode, _) => Err(error(format!("recurrent layout gave mask mode {} for a DeltaNet layer", mode.0))),
     }
 }
 
@@ -136,21 +162,30 @@ fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
     ops::exp(rate.multiply(softplus)?)
 }
 
-/// `gated_delta_ops`: q/k repeated to the value heads, then one step per
-/// token; returns `y` `[B, T, Hv, Dv]` (q's dtype) and the final state.
-fn recurrence(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, repeat: usize) -> Result<(Array, Array)> {
-    let (q, k) = if repeat > 1 {
-        (Array::repeat_axis::<f32>(q.clone(), repeat as i32, -2)?, Array::repeat_axis::<f32>(k.clone(), repeat as i32, -2)?)
+/// `gated_delta_ops`' first step: q/k repeated to the value heads.
+fn repeat_heads(q: &Array, k: &Array, repeat: usize) -> Result<(Array, Array)> {
+    if repeat > 1 {
+        Ok((Array::repeat_axis::<f32>(q.clone(), repeat as i32, -2)?, Array::repeat_axis::<f32>(k.clone(), repeat as i32, -2)?))
     } else {
-        (q.clone(), k.clone())
-    };
+        Ok((q.clone(), k.clone()))
+    }
+}
+
+/// `gated_delta_ops` after `repeat_heads`: one step per token; returns `y`
+/// `[B, T, Hv, Dv]` (q's dtype) and the final state. With a padding `mask`
+/// `[B, T]`, a padded step keeps its row's state.
+fn recurrence(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, mask: Option<&Array>) -> Result<(Array, Array)> {
     let t_len = q.shape()[1];
     let mut ys = Vec::with_capacity(t_len as usize);
     for t in 0..t_len {
         let at = |a: &Array| token(a, t);
-        let (y, next) = step(&at(&q)?, &at(&k)?, &at(v)?, &at(g)?, &at(beta)?, &state)?;
+        let (y, next) = step(&at(q)?, &at(k)?, &at(v)?, &at(g)?, &at(beta)?, &state)?;
         ys.push(y);
-        state = next;
+        state = match mask {
+            // `where(mask[:, t, None, None, None], state, old_state)`.
+            Some(m) => ops::select(&at(m)?.expand_dims_axes(&[1, 2, 3])?, &next, &state)?,
+            None => next,
+        };
     }
     Ok((ops::stack(&ys, 1)?, state))
 }

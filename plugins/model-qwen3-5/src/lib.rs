@@ -210,8 +210,8 @@ impl Model {
             return Err(error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
         }
         let mut h = self.embed.forward(&tokens)?;
-        // Asked before any cache is updated. DeltaNet layers need no mask:
-        // their rows are never padded (see plugins/state-recurrent).
+        // Asked before any cache is updated. Each DeltaNet layer asks its
+        // own layout for its padding mask (mlx-lm's `create_ssm_mask`).
         let mask = match self.first_attention {
             Some(i) => Some(Mask::for_cache(&caches[i], tokens.shape()[1])?),
             None => None,

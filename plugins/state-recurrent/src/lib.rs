@@ -11,17 +11,26 @@
 //!    (`values` is ignored): returns the conv window `[B, K-1+L, C]` (the
 //!    stored inputs, zeros before the first call, then the new ones) as
 //!    `keys` and `values`, keeps its last `K-1` as slot 0, and advances every
-//!    row by L tokens. This is the only call that counts tokens.
+//!    row by L tokens (real ones: see padding below). This is the only
+//!    call that counts tokens.
 //! 2. `get_slot(i)` / `set_slot(i, state)` for the other slots (None until
 //!    first written: the graph starts from zeros, as mlx-lm does).
 //!
-//! No positions or masks: rows never need padding here, because the host
-//! prefills every row on its own caches and merges it afterwards; a state
-//! then carries its row alone. Not trimmable (a state cannot forget the last
-//! n tokens): a speculative round snapshots the state at `spec_begin` and a
-//! rollback that drops anything restores it, leaving the layout at the
-//! round's start for the host to replay the kept tokens (`spec-replay`).
-//! Nothing grows with the context, so `bytes_per_token` is 0.
+//! Left padding exists only while a cohort prefills: `begin_padded(pads)`
+//! makes an empty cache hold rows whose next columns start with `pads[r]`
+//! padding ones (rows merged later carry their own state and need none).
+//! While padding is pending, `attention_mask(L)` (asked before the update)
+//! is `ARRAY` with a bool `[B, L]` array, true = real column (mlx-lm's
+//! `ArraysCache.make_mask`): the graph zeroes the padded conv inputs with it
+//! and leaves the state untouched on padded steps. Padding may span several
+//! updates; once every row's is consumed the mask is `NONE`. Offsets count
+//! real tokens only; exported state carries the padding still to come.
+//!
+//! Not trimmable (a state cannot forget the last n tokens): a speculative
+//! round snapshots the state at `spec_begin` and a rollback that drops
+//! anything restores it, leaving the layout at the round's start for the
+//! host to replay the kept tokens (`spec-replay`). Nothing grows with the
+//! context, so `bytes_per_token` is 0.
 
 mod state;
 
@@ -128,7 +137,8 @@ impl Recurrent {
     }
 
     /// Exported as: the written slots (in slot order), and meta =
-    /// `[rows, bitmask of written slots, offset of each row]`.
+    /// `[rows, bitmask of written slots, offset of each row]`, followed by
+    /// each row's pending padding while a padded prefill is under way.
     fn export(&self, st: &State) -> CacheState {
         let mut mask = 0u64;
         let mut tensors = RVec::new();
@@ -142,6 +152,9 @@ impl Recurrent {
         meta.push(st.offsets.len() as u64);
         meta.push(mask);
         meta.extend(st.offsets.iter().copied());
+        if st.padding_pending() {
+            meta.extend(st.pads.iter().copied());
+        }
         CacheState { signature: self.signature(), offset: st.offsets.iter().copied().max().unwrap_or(0), tensors, meta }
     }
 
@@ -151,8 +164,10 @@ impl Recurrent {
         }
         let bad = |why: String| PluginError::invalid_input(format!("state-recurrent state: {why}"));
         let meta = state.meta.as_slice();
-        let (rows, mask) = match meta {
-            [rows, mask, ..] if meta.len() as u64 == 2 + rows && *mask >> self.shapes.len() == 0 => (*rows as usize, *mask),
+        let (rows, mask, padded) = match meta {
+            [rows, mask, ..] if (meta.len() as u64 == 2 + rows || meta.len() as u64 == 2 + 2 * rows) && *mask >> self.shapes.len() == 0 => {
+                (*rows as usize, *mask, meta.len() as u64 > 2 + rows)
+            }
             _ => return Err(bad(format!("malformed metadata {meta:?}"))),
         };
         if state.tensors.len() != mask.count_ones() as usize {
@@ -171,7 +186,8 @@ impl Recurrent {
             }
             slots.push(Some(a));
         }
-        Ok(State { slots, offsets: meta[2..].to_vec() })
+        let pads = if padded { meta[2 + rows..].to_vec() } else { vec![0; rows] };
+        Ok(State { slots, offsets: meta[2..2 + rows].to_vec(), pads })
     }
 
     fn rollback(&mut self, keep: &[u64]) -> std::result::Result<(), PluginError> {
@@ -189,6 +205,15 @@ impl Recurrent {
             // the host replays the kept ones.
             self.state = start;
         }
+        Ok(())
+    }
+
+    fn begin_padded(&mut self, pads: &[u32]) -> std::result::Result<(), PluginError> {
+        if self.state.slots.iter().any(Option::is_some) || self.state.offsets.iter().any(|&o| o > 0) {
+            return Err(PluginError::invalid_input("state-recurrent: begin_padded on a cache that holds tokens"));
+        }
+        self.state = State::padded(self.shapes.len(), pads);
+        self.round = None;
         Ok(())
     }
 
@@ -212,9 +237,15 @@ impl CacheLayout for Recurrent {
         guard(|| Ok(Positions { offset: self.state.offsets.iter().copied().max().unwrap_or(0), per_row: ROption::RNone }))
     }
 
-    /// Never a mask: rows are never padded here.
-    fn attention_mask(&self, _queries: u32) -> PResult<AttentionMask> {
-        guard(|| Ok(AttentionMask { mode: MaskMode::NONE, array: ROption::RNone }))
+    /// `ARRAY` with bool `[B, queries]` (true = real column) while left
+    /// padding is pending, else `NONE`.
+    fn attention_mask(&self, queries: u32) -> PResult<AttentionMask> {
+        guard(|| {
+            Ok(match self.state.mask(queries as usize) {
+                Some(m) => AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(m)) },
+                None => AttentionMask { mode: MaskMode::NONE, array: ROption::RNone },
+            })
+        })
     }
 
     fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
@@ -301,6 +332,10 @@ impl CacheLayout for Recurrent {
             self.state.slots[i] = Some(a);
             Ok(())
         })
+    }
+
+    fn begin_padded(&mut self, pads: RSlice<'_, u32>) -> PResult<()> {
+        guard(|| Recurrent::begin_padded(self, pads.as_slice()))
     }
 }
 

@@ -11,13 +11,38 @@ pub(crate) struct State {
     /// Slot `i` is `[rows, ..shapes[i]]`, or None until the graph first
     /// writes it (mlx-lm's `cache[i] is None`: the graph starts from zeros).
     pub slots: Vec<Option<Array>>,
-    /// Tokens seen, per row.
+    /// Real tokens seen, per row (padding columns are not counted).
     pub offsets: Vec<u64>,
+    /// Padding columns still to come at the front of each row's next
+    /// updates (`begin_padded`); 0 once a row's padding is consumed.
+    pub pads: Vec<u64>,
 }
 
 impl State {
     pub fn empty(slots: usize, rows: usize) -> Self {
-        Self { slots: vec![None; slots], offsets: vec![0; rows] }
+        Self { slots: vec![None; slots], offsets: vec![0; rows], pads: vec![0; rows] }
+    }
+
+    /// An empty state of `pads.len()` rows whose next columns begin with
+    /// `pads[r]` padding ones.
+    pub fn padded(slots: usize, pads: &[u32]) -> Self {
+        Self { slots: vec![None; slots], offsets: vec![0; pads.len()], pads: pads.iter().map(|&p| p as u64).collect() }
+    }
+
+    /// Whether padding columns are still to come.
+    pub fn padding_pending(&self) -> bool {
+        self.pads.iter().any(|&p| p > 0)
+    }
+
+    /// mlx-lm's `ArraysCache.make_mask` with `left_padding`: bool `[B, l]`,
+    /// true for the real columns of the next `l`, or None when no row has
+    /// padding left (mlx-lm's all-true mask changes nothing).
+    pub fn mask(&self, l: usize) -> Option<Array> {
+        if !self.padding_pending() {
+            return None;
+        }
+        let real: Vec<bool> = self.pads.iter().flat_map(|&p| (0..l as u64).map(move |c| c >= p)).collect();
+        Some(Array::from_slice(&real, &[self.rows() as i32, l as i32]))
     }
 
     pub fn rows(&self) -> usize {
@@ -28,7 +53,10 @@ impl State {
     /// inputs (zeros in the inputs' dtype when none are stored yet) followed
     /// by the new ones. The new last `keep` become slot 0 and every row
     /// advances by L, as mlx-lm's GatedDeltaNet does with `cache[0]` and
-    /// `cache.advance(S)`.
+    /// `cache.advance(S)`: padding columns (zeroed by the graph, mlx-lm's
+    /// `where(mask, qkv, 0)`) are consumed first and not counted, so a
+    /// padded row's window ends in its real inputs, after zeros, exactly as
+    /// had it run alone.
     pub fn conv_window(&mut self, inputs: &Array, keep: i32) -> Result<Array> {
         let s = inputs.shape();
         let (b, l, c) = (s[0], s[1], s[2]);
@@ -39,7 +67,11 @@ impl State {
         let window = mlx_rs::ops::concatenate(&[stored, inputs.clone()], 1)?;
         let total = keep + l;
         self.slots[0] = Some(slice(&window, &[0, total - keep, 0], &[b, total, c])?.contiguous()?);
-        self.offsets.iter_mut().for_each(|o| *o += l as u64);
+        for (o, p) in self.offsets.iter_mut().zip(self.pads.iter_mut()) {
+            let padding = (*p).min(l as u64);
+            *p -= padding;
+            *o += l as u64 - padding;
+        }
         Ok(window)
     }
 
@@ -56,6 +88,7 @@ impl State {
             }
         }
         self.offsets = keep.iter().map(|&r| self.offsets[r as usize]).collect();
+        self.pads = keep.iter().map(|&r| self.pads[r as usize]).collect();
         Ok(())
     }
 
@@ -65,7 +98,7 @@ impl State {
             return Err(error(format!("extract_row: row {r} out of range (rows = {})", self.rows())));
         }
         let slots = self.slots.iter().map(|s| s.as_ref().map(|a| rows_of(a, r, r + 1)).transpose()).collect::<Result<_>>()?;
-        Ok(State { slots, offsets: vec![self.offsets[r]] })
+        Ok(State { slots, offsets: vec![self.offsets[r]], pads: vec![self.pads[r]] })
     }
 
     /// Appends the rows of `others` after ours, along the batch axis. Rows
@@ -86,6 +119,7 @@ impl State {
         }
         self.slots = slots;
         self.offsets = parts.iter().flat_map(|p| p.offsets.iter().copied()).collect();
+        self.pads = parts.iter().flat_map(|p| p.pads.iter().copied()).collect();
         Ok(())
     }
 }

@@ -246,3 +246,96 @@ fn new_cache_serves_only_plain_recurrent_needs_with_sane_shapes() {
     assert_eq!(tags, [caps::SPEC_ROUND, caps::SPEC_REPLAY, caps::STATE_IO, caps::ROWS]);
     assert_eq!(m.claims.cache_needs.iter().map(|s| s.as_str()).collect::<Vec<_>>(), ["recurrent"]);
 }
+
+/// The mask of the next `l` columns as rows of bools, or None for `NONE`.
+fn mask_rows(c: &CacheBox, l: u32) -> Option<Vec<Vec<bool>>> {
+    let m = c.attention_mask(l).unwrap();
+    if m.mode == MaskMode::NONE {
+        assert!(m.array.is_none());
+        return None;
+    }
+    assert_eq!(m.mode, MaskMode::ARRAY);
+    let a = into_array(m.array.into_option().unwrap());
+    assert_eq!((a.shape()[1], a.dtype()), (l as i32, Dtype::Bool));
+    a.eval().unwrap();
+    Some(a.as_slice::<bool>().chunks(l as usize).map(<[bool]>::to_vec).collect())
+}
+
+/// Columns `from..to` of a left-padded `[rows, width, 3]` batch as the graph
+/// hands them over: padding zeroed by the mask (mlx-lm's
+/// `where(mask, qkv, 0)`), real token t of row r valued as `inputs` does.
+fn padded_inputs(pads: &[usize], from: usize, to: usize) -> Array {
+    let v: Vec<f32> = pads
+        .iter()
+        .enumerate()
+        .flat_map(|(r, &p)| (from..to).flat_map(move |col| (0..3).map(move |c| if col < p { 0.0 } else { (100 * r + 10 * (col - p) + c) as f32 })))
+        .collect();
+    Array::from_slice(&v, &[pads.len() as i32, (to - from) as i32, 3])
+}
+
+#[test]
+fn padded_rows_mask_their_padding_across_updates_and_count_real_tokens_only() {
+    // Width 8: row 0 has 1 real token, row 1 eight, row 2 three, row 3 none
+    // yet in the first chunk. Chunks of 4 columns: rows 0 and 2 are padding
+    // across the chunk boundary.
+    let pads = [7usize, 0, 5, 6];
+    let mut c = new_cache(&spec(0)).unwrap();
+    c.begin_padded(RSlice::from_slice(&pads.map(|p| p as u32))).unwrap();
+    assert_eq!((c.rows(), c.offset()), (4, 0));
+    let f = false;
+    let t = true;
+    assert_eq!(mask_rows(&c, 4).unwrap(), vec![vec![f; 4], vec![t; 4], vec![f; 4], vec![f; 4]]);
+    c.update_and_fetch(into_tensor(padded_inputs(&pads, 0, 4)), into_tensor(Array::from_f32(0.0))).unwrap();
+    assert_eq!(c.offset(), 4, "only row 1's real tokens count");
+    let next = vec![vec![f, f, f, t], vec![t; 4], vec![f, t, t, t], vec![f, f, t, t]];
+    assert_eq!(mask_rows(&c, 4).unwrap(), next);
+    // Mid-padding state round-trips with the padding still to come (the
+    // host exports after every prefill chunk), and so does one row.
+    let mut copy = new_cache(&spec(0)).unwrap();
+    copy.import_state(c.export_state().unwrap()).unwrap();
+    assert_eq!((copy.rows(), copy.offset(), mask_rows(&copy, 4).unwrap()), (4, 4, next.clone()));
+    let mut row3 = cache(1);
+    row3.import_state(c.extract_row(3).unwrap()).unwrap();
+    assert_eq!((row3.offset(), mask_rows(&row3, 4).unwrap()), (0, vec![next[3].clone()]));
+    c.update_and_fetch(into_tensor(padded_inputs(&pads, 4, 8)), into_tensor(Array::from_f32(0.0))).unwrap();
+    assert_eq!(mask_rows(&c, 4), None, "padding consumed");
+    assert_eq!(mask_rows(&c, 1), None);
+    // Each row equals that row run alone over its real tokens: same offset,
+    // same conv window (zeros before a short row's real inputs).
+    for (r, &p) in pads.iter().enumerate() {
+        let row = c.extract_row(r as u32).unwrap();
+        let mut alone = cache(1);
+        let real = 8 - p;
+        let v: Vec<f32> = (0..real).flat_map(|t| (0..3).map(move |ch| (100 * r + 10 * t + ch) as f32)).collect();
+        alone.update_and_fetch(into_tensor(Array::from_slice(&v, &[1, real as i32, 3])), into_tensor(Array::from_f32(0.0))).unwrap();
+        assert_eq!(row.offset, real as u64, "row {r}");
+        let mut back = cache(1);
+        back.import_state(row).unwrap();
+        assert_eq!(slot(&back, 0), slot(&alone, 0), "row {r}'s window");
+    }
+    assert_eq!(c.offset(), 8);
+    assert!(c.positions().unwrap().per_row.is_none());
+}
+
+#[test]
+fn padding_follows_filtered_rows_and_only_an_empty_cache_starts_padded() {
+    let mut c = new_cache(&spec(0)).unwrap();
+    c.begin_padded(RSlice::from_slice(&[2, 0, 5])).unwrap();
+    c.filter_rows(RSlice::from_slice(&[2, 0])).unwrap();
+    assert_eq!(mask_rows(&c, 3).unwrap(), vec![vec![false; 3], vec![false, false, true]]);
+    // A round that drops its tokens restores the pending padding too.
+    c.spec_begin().unwrap();
+    c.update_and_fetch(into_tensor(padded_inputs(&[5, 2], 0, 3)), into_tensor(Array::from_f32(0.0))).unwrap();
+    assert_eq!(mask_rows(&c, 3).unwrap(), vec![vec![false, false, true], vec![true; 3]]);
+    c.spec_rollback(RSlice::from_slice(&[0])).unwrap();
+    assert_eq!((c.offset(), mask_rows(&c, 3).unwrap()), (0, vec![vec![false; 3], vec![false, false, true]]));
+    // No padding: no mask, as before.
+    let mut plain = new_cache(&spec(0)).unwrap();
+    plain.begin_padded(RSlice::from_slice(&[0, 0])).unwrap();
+    assert_eq!((plain.rows(), mask_rows(&plain, 2)), (2, None));
+    // A cache that holds tokens cannot start padded.
+    let mut used = cache(1);
+    step(&mut used, 1, 0, 2);
+    assert_eq!(err(used.begin_padded(RSlice::from_slice(&[1]))).code, ErrorCode::INVALID_INPUT);
+    assert_eq!(used.offset(), 2);
+}

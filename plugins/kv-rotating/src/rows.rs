@@ -1,0 +1,201 @@
+//! Row operations of the batched ring, as mlx-lm's `BatchRotatingKVCache`
+//! does them: `merge` (1-row states, each put in temporal order and cut to
+//! its last `min(offset, max_size)` tokens, left-padded to the longest),
+//! `extend` (appends such a batch to the running one, aligning write
+//! indices), `filter`, `extract` (a compact 1-row state in temporal order)
+//! and `prepare(left_padding=...)` for a cohort prefill.
+
+use crate::batch::{roll, BatchRotatingKv};
+use crate::{cat, cols, len, RotatingKv};
+use model_kit::ops::{slice, zeros};
+use model_kit::{error, Array, Result};
+use plugin_api::{CacheState, ErrorCode, PluginError};
+use plugin_sdk::{mlx_error, mlx_rs};
+
+/// Zeros `[rows, H, n, dim]`.
+fn blank(like: &Array, rows: i32, n: usize, dim: i32) -> Result<Array> {
+    zeros(&[rows, like.shape()[1], n as i32, dim], like.dtype())
+}
+
+/// Row r of `a` (axis 0).
+fn row_of(a: &Array, r: usize) -> Result<Array> {
+    let s = a.shape();
+    slice(a, &[r as i32, 0, 0, 0], &[r as i32 + 1, s[1], s[2], s[3]])
+}
+
+/// `a` with `left` zero columns in front and `right` behind (mlx `pad`).
+fn pad_cols(a: Array, left: usize, right: usize) -> Result<Array> {
+    if left == 0 && right == 0 {
+        return Ok(a);
+    }
+    let (b, dim) = (a.shape()[0], a.shape()[3]);
+    let parts = vec![blank(&a, b, left, dim)?, a.clone(), blank(&a, b, right, dim)?];
+    cat(parts)
+}
+
+impl BatchRotatingKv {
+    /// mlx-lm `BatchRotatingKVCache.merge`: a new batch of 1-row states.
+    fn from_states(&self, states: Vec<CacheState>) -> std::result::Result<BatchRotatingKv, PluginError> {
+        let mut ones: Vec<RotatingKv> = Vec::with_capacity(states.len());
+        for st in states {
+            let mut one = self.serial();
+            one.load(st)?;
+            ones.push(one);
+        }
+        let build = || -> Result<BatchRotatingKv> {
+            let mut out = BatchRotatingKv::new(&self.serial(), ones.len());
+            out.offsets = ones.iter().map(|c| c.offset as i64).collect();
+            let sizes: Vec<usize> = ones.iter().map(|c| c.offset.min(c.max_size)).collect();
+            let longest = sizes.iter().copied().max().unwrap_or(0);
+            if longest == 0 {
+                return Ok(out);
+            }
+            let (mut ks, mut vs, mut pads) = (Vec::new(), Vec::new(), Vec::new());
+            let like = ones.iter().find_map(|c| c.keys.clone()).expect("a row with tokens");
+            for (c, &size) in ones.iter().zip(&sizes) {
+                let pad = longest - size;
+                match (&c.keys, &c.values) {
+                    (Some(k), Some(v)) => {
+                        // The row's last `size` tokens, oldest first.
+                        let (k, v) = (c.temporal_order(k)?, c.temporal_order(v)?);
+                        ks.push(pad_cols(cols(&k, len(&k) - size, len(&k))?, pad, 0)?);
+                        vs.push(pad_cols(cols(&v, len(&v) - size, len(&v))?, pad, 0)?);
+                    }
+                    _ => {
+                        ks.push(blank(&like, 1, longest, self.k_dim)?);
+                        vs.push(blank(&like, 1, longest, self.v_dim)?);
+                    }
+                }
+                pads.push(pad);
+            }
+            out.left_pad = pads;
+            out.keys = Some(mlx_rs::ops::concatenate(&ks, 0)?);
+            out.values = Some(mlx_rs::ops::concatenate(&vs, 0)?);
+            out.idx = longest;
+            out.seen = longest;
+            Ok(out)
+        };
+        build().map_err(mlx_error)
+    }
+
+    /// mlx-lm `extend`: `other`'s rows after these, write indices aligned
+    /// (the rows with fewer written columns are left-padded).
+    fn extend(&mut self, mut other: BatchRotatingKv) -> Result<()> {
+        if self.rows() == 0 {
+            *self = other;
+            return Ok(());
+        }
+        if self.keys.is_none() && other.keys.is_none() {
+            self.left_pad.extend(other.left_pad);
+            self.offsets.extend(other.offsets);
+            return Ok(());
+        }
+        if self.rotated != other.rotated || self.idx != other.idx {
+            self.temporal_order()?;
+            other.temporal_order()?;
+        }
+        let idx = self.idx.max(other.idx);
+        let storage = |c: &BatchRotatingKv| c.keys.as_ref().map_or(0, len);
+        let width = storage(self).max(storage(&other));
+        let like = self.keys.clone().or_else(|| other.keys.clone()).expect("a side with storage");
+        let (k_dim, v_dim) = (self.k_dim, self.v_dim);
+        let aligned = |c: &mut BatchRotatingKv| -> Result<(Array, Array)> {
+            let rows = c.rows() as i32;
+            let k = c.keys.take().map_or_else(|| blank(&like, rows, 0, k_dim), Ok)?;
+            let v = c.values.take().map_or_else(|| blank(&like, rows, 0, v_dim), Ok)?;
+            let left = idx - c.idx;
+            // Past `width`, a side's columns are unwritten growth: cut them.
+            let keep = len(&k).min(width - left);
+            let right = width - left - keep;
+            c.left_pad.iter_mut().for_each(|p| *p += left);
+            Ok((pad_cols(cols(&k, 0, keep)?, left, right)?, pad_cols(cols(&v, 0, keep)?, left, right)?))
+        };
+        let (k1, v1) = aligned(self)?;
+        let (k2, v2) = aligned(&mut other)?;
+        self.keys = Some(mlx_rs::ops::concatenate(&[k1, k2], 0)?);
+        self.values = Some(mlx_rs::ops::concatenate(&[v1, v2], 0)?);
+        self.left_pad.extend(other.left_pad);
+        self.offsets.extend(other.offsets);
+        self.idx = idx;
+        self.seen = self.seen.max(other.seen);
+        Ok(())
+    }
+
+    /// Appends rows given as 1-row states (`CacheLayout::merge_rows`).
+    pub fn merge(&mut self, states: Vec<CacheState>) -> std::result::Result<(), PluginError> {
+        if self.round.is_some() {
+            return Err(PluginError::invalid_input("kv-rotating: merge_rows inside a speculative round"));
+        }
+        let other = self.from_states(states)?;
+        self.extend(other).map_err(mlx_error)
+    }
+
+    /// mlx-lm `filter`: keeps the listed rows, in that order.
+    pub fn filter(&mut self, keep: &[u32]) -> Result<()> {
+        if let Some(bad) = keep.iter().find(|&&r| r as usize >= self.rows()) {
+            return Err(error(format!("filter_rows: row {bad} out of range (rows = {})", self.rows())));
+        }
+        let idx: Vec<i32> = keep.iter().map(|&r| r as i32).collect();
+        let sel = Array::from_slice(&idx, &[idx.len() as i32]);
+        if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
+            self.keys = Some(k.take_axis(&sel, 0)?);
+            self.values = Some(v.take_axis(&sel, 0)?);
+        }
+        self.left_pad = keep.iter().map(|&r| self.left_pad[r as usize]).collect();
+        self.offsets = keep.iter().map(|&r| self.offsets[r as usize]).collect();
+        Ok(())
+    }
+
+    /// mlx-lm `extract`: row `r` as a serial state, in temporal order,
+    /// without its padding (copied, so it does not hold the batch storage).
+    pub fn extract(&self, r: usize) -> std::result::Result<CacheState, PluginError> {
+        if r >= self.rows() {
+            return Err(PluginError::invalid_input(format!("extract_row: row {r} out of range (rows = {})", self.rows())));
+        }
+        let mut one = self.serial();
+        let row = || -> Result<Option<(Array, Array)>> {
+            let (Some(k), Some(v)) = (&self.keys, &self.values) else { return Ok(None) };
+            let (mut k, mut v) = (row_of(k, r)?, row_of(v, r)?);
+            let mut end = self.idx;
+            if self.rotated {
+                k = roll(&k, -(self.idx as isize))?;
+                v = roll(&v, -(self.idx as isize))?;
+                end = self.max_size;
+            }
+            let start = self.left_pad[r].min(end);
+            if start == end {
+                return Ok(None);
+            }
+            Ok(Some((cols(&k, start, end)?.contiguous()?, cols(&v, start, end)?.contiguous()?)))
+        };
+        if let Some((k, v)) = row().map_err(mlx_error)? {
+            one.idx = len(&k);
+            one.keys = Some(k);
+            one.values = Some(v);
+        }
+        one.offset = self.offsets[r].max(0) as usize;
+        if one.keys.is_none() && one.offset > 0 {
+            return Err(PluginError::new(ErrorCode::INTERNAL, format!("extract_row: row {r} has {} tokens but no stored columns", one.offset)));
+        }
+        Ok(one.state())
+    }
+
+    /// mlx-lm `prepare(left_padding=pads)`: an empty cache's rows, each
+    /// starting with `pads[r]` padding tokens in its next update.
+    pub fn begin_padded(&mut self, pads: &[u32]) -> std::result::Result<(), PluginError> {
+        if self.keys.is_some() || self.seen > 0 {
+            return Err(PluginError::invalid_input("kv-rotating: begin_padded on a cache that holds tokens"));
+        }
+        if self.rows() != 0 && self.rows() != pads.len() {
+            return Err(PluginError::invalid_input(format!("kv-rotating: {} pads for {} rows", pads.len(), self.rows())));
+        }
+        if self.rows() == 0 {
+            *self = BatchRotatingKv::new(&self.serial(), pads.len());
+        }
+        for (r, &p) in pads.iter().enumerate() {
+            self.left_pad[r] += p as usize;
+            self.offsets[r] -= p as i64;
+        }
+        Ok(())
+    }
+}
