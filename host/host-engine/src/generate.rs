@@ -108,23 +108,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Runs `tokens` `[B, L]` into `caches` and evaluates what the caches
-    /// hold, not the final hidden state: as mlx-lm evaluates its cache
-    /// states, the lazy graph then skips work nothing stored depends on
-    /// (layers that share another layer's K/V, the final norm, the last
-    /// layer's MLP).
+    /// Runs `tokens` `[B, L]` into `caches` and evaluates the final hidden
+    /// state (which evaluates the caches). Evaluating the exported cache
+    /// states instead, as mlx-lm does, would skip work nothing stored needs
+    /// (KV-shared layers, the last MLP), but on the H200 it made a 40-token
+    /// prefill ~8x slower through the HTTP server (TTFT 489 vs 57 ms,
+    /// docs/benchmarks.md): the exported views are many small evaluations.
     pub(crate) fn prefill_chunk(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<(), EngineError> {
-        let _hidden = self.forward(tokens, caches, false)?;
-        let mut held = Vec::new();
-        for c in caches.iter() {
-            let state = c.export_state().into_result().map_err(|e| EngineError::Model(format!("export_state: {e}")))?;
-            held.extend(state.tensors.into_iter().map(|t| unsafe { Array::from_ptr(t.into_raw()) }));
-        }
-        if held.is_empty() {
-            _hidden.eval()?;
-        } else {
-            mlx_rs::transforms::eval(held.iter())?;
-        }
+        self.forward(tokens, caches, false)?.eval()?;
         Ok(())
     }
 
