@@ -36,14 +36,47 @@ pub struct DrafterOpenArgs {
 pub struct DraftArgs<'a> {
     pub history: RSlice<'a, u32>,
     pub max_tokens: u32,
+    /// How the request samples, so a drafter can draft from q close to the
+    /// target's p (rejection sampling accepts more the closer they are).
+    pub sampling: DraftSampling,
+}
+
+/// The request's sampling parameters, with the meaning the host gives
+/// them: log-probabilities filtered by top-p, then min-p, then top-k, then
+/// scaled by `1/temperature`.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq)]
+pub struct DraftSampling {
+    /// 0 = greedy (draft the argmax, return no probabilities).
+    pub temperature: f32,
+    /// In (0, 1) to filter; 1 (or 0) = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    /// 0 = off.
+    pub min_p: f32,
+    /// Seeds the drafter's own draws this round: a fresh value every round,
+    /// the same values for the same request seed. Independent of the
+    /// host's draws (the accept test needs drafts independent of them).
+    pub seed: u64,
+}
+
+impl DraftSampling {
+    pub const GREEDY: Self = Self { temperature: 0.0, top_p: 1.0, top_k: 0, min_p: 0.0, seed: 0 };
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
 }
 
 #[repr(C)]
 #[derive(StableAbi)]
 pub struct Draft {
     pub tokens: RVec<u32>,
-    /// `[n, V]` probability rows the tokens were drawn from, when the
-    /// drafter has them (enables rejection sampling at temperature > 0).
+    /// float32 `[n, V]` rows: row i is the normalised distribution q that
+    /// token i was drawn from, when the drafter sampled (temperature > 0;
+    /// advertise `caps::DRAFT_PROBABILITIES`). The host then verifies by
+    /// rejection sampling; without them, by exact match of its own samples.
     pub probabilities: ROption<Tensor>,
 }
 

@@ -477,7 +477,7 @@ fn out_of_tree_drafter_detects_opens_and_drafts_through_the_registry() {
     let mut drafter = open(&open_args("toy-repeat", Some(mine), 8), lend()).into_result().unwrap();
     drafter.prefill(RSlice::from_slice(&[5, 6, 7])).into_result().unwrap();
     let draft = |drafter: &mut DrafterBox, history: &[u32], max_tokens: u32| {
-        let r = drafter.draft(DraftArgs { history: RSlice::from_slice(history), max_tokens }).into_result().unwrap();
+        let r = drafter.draft(DraftArgs { history: RSlice::from_slice(history), max_tokens, sampling: DraftSampling::GREEDY }).into_result().unwrap();
         assert!(r.probabilities.is_none(), "toy-repeat has no probability rows");
         r.tokens.into_vec()
     };

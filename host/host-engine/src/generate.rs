@@ -113,7 +113,7 @@ impl Engine {
     /// states instead, as mlx-lm does, would skip work nothing stored needs
     /// (KV-shared layers, the last MLP), but on the H200 it made a 40-token
     /// prefill ~8x slower through the HTTP server (TTFT 489 vs 57 ms,
-    /// docs/benchmarks.md): the exported views are many small evaluations.
+    /// docs/benchmarks.md; the cause is not isolated yet).
     pub(crate) fn prefill_chunk(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<(), EngineError> {
         self.forward(tokens, caches, false)?.eval()?;
         Ok(())

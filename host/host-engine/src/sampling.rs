@@ -85,19 +85,19 @@ impl SamplingParams {
 pub struct Sampler {
     pub params: SamplingParams,
     key: Option<Array>,
+    /// The chain's seed (0 when greedy): drafters' seeds derive from it.
+    seed: u64,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> R<Self> {
-        let key = if params.is_greedy() {
-            None
-        } else {
-            let seed = params.seed.unwrap_or_else(|| {
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-            });
-            Some(random::key(seed)?)
-        };
-        Ok(Self { params, key })
+        if params.is_greedy() {
+            return Ok(Self { params, key: None, seed: 0 });
+        }
+        let seed = params.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        });
+        Ok(Self { params, key: Some(random::key(seed)?), seed })
     }
 
     /// Applies the penalties to `[1, V]` logits given the token history.
@@ -146,10 +146,59 @@ impl Sampler {
 
     /// Draws the next token id (`[1]`, uint32/int32) from `[1, V]` logprobs.
     pub fn sample(&mut self, logprobs: &Array) -> R<Array> {
-        let p = self.params.clone();
-        if p.is_greedy() {
+        if self.params.is_greedy() {
             return argmax_axis(logprobs, -1, None);
         }
+        let lp = self.filter(logprobs)?;
+        let key = self.next_key()?;
+        random::categorical(self.scale(&lp)?, -1, None, &key)
+    }
+
+    /// The normalised distribution `sample` draws from, float32, for each
+    /// row of `[N, V]` logprobs (temperature > 0): the filtered, scaled
+    /// logprobs through a softmax. Rejection sampling compares it with a
+    /// drafter's.
+    pub fn probabilities(&self, logprobs: &Array) -> R<Array> {
+        let scaled = self.scale(&self.filter(logprobs)?)?;
+        ops::softmax_axis(scaled.as_dtype(mlx_rs::Dtype::Float32)?, -1, true)
+    }
+
+    /// `n` uniforms in [0, 1) from the request's key chain (float32 `[n]`).
+    pub fn uniforms(&mut self, n: i32) -> R<Array> {
+        let key = self.next_key()?;
+        random::uniform::<_, f32>(0.0f32, 1.0f32, &[n], &key)
+    }
+
+    /// One draw per row of non-negative, not necessarily normalised,
+    /// weights `[N, V]` (`[N]`), from the request's key chain.
+    pub fn draw(&mut self, weights: &Array) -> R<Array> {
+        let key = self.next_key()?;
+        random::categorical(weights.log()?, -1, None, &key)
+    }
+
+    /// A seed for a drafter's own draws at `position` of the sequence:
+    /// fixed by the request's seed, different at every position, and not a
+    /// key of this chain (drafts must be independent of the accept draws).
+    pub fn draft_seed(&self, position: u64) -> u64 {
+        splitmix64(self.seed ^ splitmix64(position.wrapping_add(0x5eed)))
+    }
+
+    fn next_key(&mut self) -> R<Array> {
+        let key = self.key.take().expect("a sampling key at temperature > 0");
+        let (next, sub) = random::split(&key, 2)?;
+        self.key = Some(next);
+        Ok(sub)
+    }
+
+    /// `logprobs * (1/temperature)`, in the logprobs' dtype.
+    fn scale(&self, lp: &Array) -> R<Array> {
+        lp.multiply(Array::from_f32(1.0 / self.params.temperature))
+    }
+
+    /// top-p → min-p → top-k over each row of `[N, V]` logprobs: filtered
+    /// entries become -inf.
+    fn filter(&self, logprobs: &Array) -> R<Array> {
+        let p = &self.params;
         let mut lp = logprobs.clone();
         let neg_inf = || Array::from_f32(f32::NEG_INFINITY);
         if p.top_p > 0.0 && p.top_p < 1.0 {
@@ -177,15 +226,18 @@ impl Sampler {
             let fill = ops::full::<f32>(mask_idx.shape(), neg_inf())?.as_dtype(lp.dtype())?;
             lp = ops::indexing::put_along_axis(&lp, &mask_idx, &fill, -1)?;
         }
-        let key = self.key.take().expect("a sampling key at temperature > 0");
-        let (next, sub) = random::split(&key, 2)?;
-        self.key = Some(next);
-        let scaled = lp.multiply(Array::from_f32(1.0 / p.temperature))?;
-        random::categorical(&scaled, -1, None, &sub)
+        Ok(lp)
     }
 }
 
-/// `a[:, start:stop]` on a `[1, V]` row.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `a[:, start:stop]` on `[N, V]` rows.
 fn model_slice(a: &Array, start: i32, stop: i32) -> R<Array> {
     use mlx_rs::ops::indexing::IndexOp;
     Ok(a.index((.., start..stop)))
@@ -206,4 +258,34 @@ pub fn top_logprobs(logprobs: &Array, k: usize) -> R<Vec<(u32, f32)>> {
     let mut out: Vec<(u32, f32)> = idx.as_slice::<i32>().iter().zip(vals.as_slice::<f32>()).map(|(&i, &x)| (i as u32, x)).collect();
     out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probs(params: SamplingParams) -> Vec<f32> {
+        let lp = Array::from_slice(&[0.5f32, 0.25, 0.15, 0.1], &[1, 4]).log().unwrap();
+        let p = Sampler::new(SamplingParams { seed: Some(1), ..params }).unwrap().probabilities(&lp).unwrap();
+        p.eval().unwrap();
+        p.as_slice::<f32>().to_vec()
+    }
+
+    fn close(a: &[f32], b: &[f32]) -> bool {
+        a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5)
+    }
+
+    #[test]
+    fn probabilities_are_what_sample_draws_from() {
+        let t1 = SamplingParams { temperature: 1.0, ..Default::default() };
+        assert!(close(&probs(t1.clone()), &[0.5, 0.25, 0.15, 0.1]));
+        let two_thirds = [2.0 / 3.0, 1.0 / 3.0, 0.0, 0.0];
+        assert!(close(&probs(SamplingParams { top_k: 2, ..t1.clone() }), &two_thirds));
+        assert!(close(&probs(SamplingParams { top_p: 0.7, ..t1.clone() }), &two_thirds));
+        assert!(close(&probs(SamplingParams { min_p: 0.4, ..t1.clone() }), &two_thirds));
+        // Temperature 2: proportional to sqrt(p).
+        let r: Vec<f32> = [0.5f32, 0.25, 0.15, 0.1].iter().map(|p| p.sqrt()).collect();
+        let sum: f32 = r.iter().sum();
+        assert!(close(&probs(SamplingParams { temperature: 2.0, ..t1 }), &r.iter().map(|x| x / sum).collect::<Vec<_>>()));
+    }
 }

@@ -67,7 +67,7 @@ impl Scheduler<'_> {
                 let room = r.job.request.max_tokens - r.out.len();
                 let Some(s) = r.spec.as_mut().filter(|s| s.active() && room >= 2) else { return Vec::new() };
                 let n = s.depth.min(room - 1);
-                match drafter.draft(DraftArgs { history: RSlice::from_slice(&r.history), max_tokens: n as u32 }).into_result() {
+                match drafter.draft(DraftArgs { history: RSlice::from_slice(&r.history), max_tokens: n as u32, sampling: crate::speculative::draft_sampling(&r.sampler, r.history.len()) }).into_result() {
                     Ok(d) => d.tokens.into_iter().take(n).collect(),
                     // A drafter that fails costs this row its speculation, not its answer.
                     Err(e) => {

@@ -2,12 +2,18 @@
 //!
 //! Each round: the drafter proposes d1..dk continuing the history (k is its
 //! answer; 0 means "take a plain step"); ONE target forward over
-//! `[pending, d1..dk]` computes logits at every position; the target's own
-//! choice t_i at each position is drawn as in plain decoding (greedy argmax,
-//! or a sample with the request's key — exact-match acceptance of target
-//! samples keeps the target's distribution); d_(i+1) is accepted while it
-//! equals t_i; the first mismatch emits the target's token (a full accept
-//! emits the bonus token). The caches are rolled back through the layouts'
+//! `[pending, d1..dk]` computes logits at every position. Verification, in
+//! one device evaluation, keeps the target's distribution:
+//! - greedy, or sampling with drafts that came without probabilities: the
+//!   target's own choice t_i at each position is drawn as in plain decoding
+//!   (argmax, or a sample with the request's key); d_(i+1) is accepted while
+//!   it equals t_i; the first mismatch emits the target's token (a full
+//!   accept emits the bonus token). Sampled, this accepts d with p(d) only;
+//! - sampling with the drafter's probability rows q: rejection sampling
+//!   (`rejection`) against the target's processed distribution p, which
+//!   accepts d with min(1, p(d)/q(d)).
+//!
+//! The caches are rolled back through the layouts'
 //! speculative round to keep `pending + accepted drafts`: by trim, or for
 //! recurrent state by restoring the round's snapshot and replaying the kept
 //! tokens (`replay_if_restored`).
@@ -16,12 +22,14 @@
 //! accepted; when acceptance stays low the request falls back to plain steps
 //! and says so.
 
+mod rejection;
+
 use crate::engine::{Engine, EngineError};
 use crate::generate::{token_array, Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
 use crate::sampling::{top_logprobs, Sampler};
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::{ROption, RSlice};
-use plugin_api::{CacheBox, DraftArgs, DrafterBox, ForwardArgs, LogitsMode, TensorRef};
+use plugin_api::{CacheBox, DraftArgs, DraftSampling, DrafterBox, ForwardArgs, LogitsMode, TensorRef};
 use std::time::Instant;
 
 /// What speculation did for one request.
@@ -35,6 +43,9 @@ pub struct SpecStats {
     pub accepted_by_position: Vec<u64>,
     /// Set when the request stopped speculating, with the reason.
     pub disabled: Option<String>,
+    /// Some round verified the drafter's probability rows by rejection
+    /// sampling (else drafts were verified by exact match).
+    pub rejection_sampling: bool,
 }
 
 impl SpecStats {
@@ -48,6 +59,7 @@ impl SpecStats {
             "acceptance": if self.drafted > 0 { self.accepted as f64 / self.drafted as f64 } else { 0.0 },
             "accepted_by_position": self.accepted_by_position,
             "disabled": self.disabled,
+            "rejection_sampling": self.rejection_sampling,
         })
     }
 }
@@ -75,6 +87,24 @@ impl SpecStats {
         }
         (accepted + 2).clamp(1, max_depth.max(1))
     }
+}
+
+/// What a drafter is told about the request's sampling at `position` (the
+/// history's length): the parameters, and a seed for its own draws.
+pub(crate) fn draft_sampling(sampler: &Sampler, position: usize) -> DraftSampling {
+    let p = &sampler.params;
+    DraftSampling { temperature: p.temperature, top_p: p.top_p, top_k: p.top_k, min_p: p.min_p, seed: sampler.draft_seed(position as u64) }
+}
+
+/// A drafter's probability rows for the first `n` drafts, float32 `[n, V]`,
+/// when they have that shape (else the round verifies by exact match).
+fn draft_rows(t: plugin_api::Tensor, n: usize) -> Option<Array> {
+    use mlx_rs::ops::indexing::IndexOp;
+    let q = unsafe { Array::from_ptr(t.into_raw()) };
+    if q.ndim() != 2 || (q.shape()[0] as usize) < n {
+        return None;
+    }
+    q.index(0..n as i32).as_dtype(mlx_rs::Dtype::Float32).ok()
 }
 
 fn tensor_ref(a: &Array) -> TensorRef<'_> {
@@ -135,21 +165,26 @@ impl Engine {
         let finish = 'gen: loop {
             let room = req.max_tokens - out.len();
             // The drafter's answer is authoritative; 0 tokens = a plain step.
-            let drafts: Vec<u32> = if stats.disabled.is_some() || room < 2 {
-                Vec::new()
+            // Its probability rows q count only when the request samples.
+            let (mut drafts, mut q): (Vec<u32>, Option<Array>) = if stats.disabled.is_some() || room < 2 {
+                (Vec::new(), None)
             } else {
                 let n = depth.min(room - 1);
+                let args = DraftArgs { history: RSlice::from_slice(&history), max_tokens: n as u32, sampling: draft_sampling(&sampler, history.len()) };
                 // A drafter that fails costs this request its speculation, not its answer.
-                match drafter.draft(DraftArgs { history: RSlice::from_slice(&history), max_tokens: n as u32 }).into_result() {
-                    Ok(d) => d.tokens.into_iter().take(n).collect(),
+                match drafter.draft(args).into_result() {
+                    Ok(d) => {
+                        let tokens: Vec<u32> = d.tokens.into_iter().take(n).collect();
+                        let q = d.probabilities.into_option().filter(|_| !sampler.params.is_greedy() && !tokens.is_empty()).and_then(|t| draft_rows(t, tokens.len()));
+                        (tokens, q)
+                    }
                     Err(e) => {
                         stats.disabled = Some(format!("the drafter failed ({e}): plain steps from here"));
-                        Vec::new()
+                        (Vec::new(), None)
                     }
                 }
             };
             let pending = *history.last().unwrap();
-            let mut drafts = drafts;
             let starts: Vec<u64> = caches.iter().map(|c| c.offset()).collect();
             if !drafts.is_empty() {
                 // A layout may refuse a round (a wrapped ring cannot roll back):
@@ -157,14 +192,16 @@ impl Engine {
                 if let Some(e) = caches.iter_mut().find_map(|c| c.spec_begin().into_result().err()) {
                     stats.disabled = Some(format!("a cache layout refused a speculative round ({e}): plain steps from here"));
                     drafts.clear();
+                    q = None;
                 }
             }
             let mut input = vec![pending];
             input.extend_from_slice(&drafts);
             let logits = self.forward_all(&token_array(&input), &mut caches)?;
-            // The target's choice at every position, in one evaluation: one
-            // logprobs op over all rows (reductions stay within a row), then
-            // one argmax when greedy, or one draw per position otherwise.
+            // Verify in one evaluation: one logprobs op over all rows
+            // (reductions stay within a row), then rejection sampling
+            // against q, or the target's own choice at every position (one
+            // argmax when greedy, one draw per position otherwise).
             let all = Sampler::logprobs(&logits)?;
             let lps: Vec<Array> = (0..input.len() as i32)
                 .map(|i| {
@@ -172,16 +209,24 @@ impl Engine {
                     all.index(i..i + 1)
                 })
                 .collect();
-            let t = if sampler.params.is_greedy() {
-                mlx_rs::ops::indexing::argmax_axis(&all, -1, None)?
+            let (t, n) = if let Some(q) = &q {
+                stats.rejection_sampling = true;
+                let v = rejection::verdict(&sampler.probabilities(&all)?, q, &drafts, &mut sampler)?;
+                v.eval()?;
+                rejection::emitted(v.as_slice::<u32>(), &drafts)
             } else {
-                let draws = lps.iter().map(|lp| sampler.sample(lp)).collect::<Result<Vec<_>, _>>()?;
-                mlx_rs::ops::concatenate(&draws, 0)?
+                let t = if sampler.params.is_greedy() {
+                    mlx_rs::ops::indexing::argmax_axis(&all, -1, None)?
+                } else {
+                    let draws = lps.iter().map(|lp| sampler.sample(lp)).collect::<Result<Vec<_>, _>>()?;
+                    mlx_rs::ops::concatenate(&draws, 0)?
+                };
+                let t = t.as_dtype(mlx_rs::Dtype::Uint32)?;
+                t.eval()?;
+                let t: Vec<u32> = t.as_slice::<u32>().to_vec();
+                let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();
+                (t, n)
             };
-            let t = t.as_dtype(mlx_rs::Dtype::Uint32)?;
-            t.eval()?;
-            let t: Vec<u32> = t.as_slice::<u32>().to_vec();
-            let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();
             if !drafts.is_empty() {
                 depth = stats.record_round(drafts.len(), n, max_depth);
             }

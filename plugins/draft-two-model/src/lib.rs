@@ -1,7 +1,9 @@
 //! Drafter `draft-two-model` (kind `two-model`): a full second model with
-//! the target's tokenizer drafts greedily over its own caches. The host
-//! opens it with whatever family plugin claims it (`HostServices`), so any
-//! family can draft for any other.
+//! the target's tokenizer drafts over its own caches: greedily at
+//! temperature 0, else by sampling its processed distribution q with the
+//! request's parameters and returning q's rows (the host verifies them by
+//! rejection sampling). The host opens it with whatever family plugin
+//! claims it (`HostServices`), so any family can draft for any other.
 //!
 //! Cache bookkeeping: before a round the draft caches hold `cached` tokens
 //! of the history; a round feeds the rest of the history, then its own
@@ -12,7 +14,9 @@ use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
 use plugin_api::*;
 use plugin_sdk::mlx_rs::{self, Array};
-use plugin_sdk::{guard, into_array, rstrings};
+use plugin_sdk::{guard, into_array, into_tensor, rstrings};
+
+mod sampling;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -23,9 +27,9 @@ plugin_sdk::export_plugin! {
 fn manifest() -> PluginManifest {
     plugin_sdk::manifest!(
         PluginKind::DRAFTER,
-        "a second model drafting greedily over its own caches",
+        "a second model drafting over its own caches (greedy, or sampled with its probabilities)",
         Claims { draft_kinds: rstrings(&["two-model"]), ..Default::default() },
-        &[caps::NEEDS_DRAFT_MODEL],
+        &[caps::NEEDS_DRAFT_MODEL, caps::DRAFT_PROBABILITIES],
     )
 }
 
@@ -62,7 +66,7 @@ fn mlx(e: mlx_rs::error::Exception) -> PluginError {
 }
 
 impl TwoModel {
-    /// Runs `tokens` `[1, L]` and returns the argmax of the last position (lazy).
+    /// Runs `tokens` `[1, L]` and returns the logits `[1, V]` of the last position (lazy).
     fn next(&mut self, tokens: &Array) -> Result<Array, PluginError> {
         let args = ForwardArgs { tokens: tensor_ref(tokens), logits: LogitsMode::LAST, want_hidden: false, taps: RSlice::from_slice(&[]) };
         let out = self.graph.forward(args, self.caches.as_mut_rslice()).into_result()?;
@@ -71,7 +75,7 @@ impl TwoModel {
             ROption::RNone => return Err(PluginError::invalid_input("draft model returned no logits")),
         };
         let v = logits.shape()[logits.ndim() - 1];
-        mlx_rs::ops::indexing::argmax_axis(logits.reshape(&[1, v]).map_err(mlx)?, -1, None).map_err(mlx)
+        logits.reshape(&[1, v]).map_err(mlx)
     }
 
     fn trim_all(&mut self, n: u64) -> Result<(), PluginError> {
@@ -118,18 +122,20 @@ impl Drafter for TwoModel {
                 return Ok(Draft { tokens: RVec::new(), probabilities: ROption::RNone });
             }
             // Feed the history it has not seen, then its own drafts (lazily:
-            // each argmax feeds the next step without a host sync).
-            let mut y = self.next(&ids(&h[self.cached..]))?;
+            // each choice feeds the next step without a host sync).
+            let mut picker = sampling::Picker::new(args.sampling).map_err(mlx)?;
+            let mut y = picker.pick(&self.next(&ids(&h[self.cached..]))?).map_err(mlx)?;
             self.cached = h.len();
             let mut drafted = vec![y.clone()];
             for _ in 1..n {
-                y = self.next(&y.reshape(&[1, 1]).map_err(mlx)?)?;
+                y = picker.pick(&self.next(&y.reshape(&[1, 1]).map_err(mlx)?)?).map_err(mlx)?;
                 drafted.push(y.clone());
             }
             self.fed = n - 1;
             let all = mlx_rs::ops::concatenate(&drafted, 0).map_err(mlx)?.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx)?;
-            all.eval().map_err(mlx)?;
-            Ok(Draft { tokens: all.as_slice::<u32>().iter().copied().collect(), probabilities: ROption::RNone })
+            let q = picker.probabilities().map_err(mlx)?;
+            mlx_rs::transforms::eval(std::iter::once(&all).chain(&q)).map_err(mlx)?;
+            Ok(Draft { tokens: all.as_slice::<u32>().iter().copied().collect(), probabilities: q.map(into_tensor).into() })
         })
     }
 
