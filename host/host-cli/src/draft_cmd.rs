@@ -25,6 +25,10 @@ pub struct DraftArgs {
     /// ngram: the shortest trailing n-gram looked up (default 1).
     #[arg(long = "ngram-min")]
     pub ngram_min: Option<usize>,
+    /// Keep speculating even when rounds do not pay (low acceptance, or
+    /// rounds slower than plain steps): for measurements and experiments.
+    #[arg(long = "speculate-always")]
+    pub speculate_always: bool,
 }
 
 /// Opens and installs the drafter the flags describe (nothing if none).
@@ -55,6 +59,7 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
     let caps = reg.by_name(&plugin).map(|p| p.manifest.capabilities.iter().map(|c| c.to_string()).collect()).unwrap_or_default();
     eprintln!("speculative decoding: kind {kind} via {plugin}, up to {depth} tokens per round");
     engine.set_drafter(drafter, &kind, &plugin, caps, depth);
+    engine.speculate_always = a.speculate_always;
     Ok(())
 }
 

@@ -95,6 +95,7 @@ struct FileArgs {
     num_draft_tokens: Option<usize>,
     ngram_max: Option<usize>,
     ngram_min: Option<usize>,
+    speculate_always: Option<bool>,
 }
 
 /// Flags over the file.
@@ -131,6 +132,7 @@ fn merge(a: ServeArgs) -> Result<ServeArgs> {
             num_draft_tokens: a.draft.num_draft_tokens.or(f.num_draft_tokens),
             ngram_max: a.draft.ngram_max.or(f.ngram_max),
             ngram_min: a.draft.ngram_min.or(f.ngram_min),
+            speculate_always: a.draft.speculate_always || f.speculate_always.unwrap_or(false),
         },
     })
 }

@@ -75,6 +75,8 @@ pub struct Engine {
     pub drafter: Option<std::sync::Mutex<(plugin_api::DrafterBox, String, usize)>>,
     /// Capability tags of the drafter plugin (for resolve_execution).
     pub drafter_caps: Vec<String>,
+    /// Never switch a request to plain steps because rounds do not pay.
+    pub speculate_always: bool,
 }
 
 impl Engine {
@@ -111,7 +113,7 @@ impl Engine {
             model.scheme,
             model.layouts.join(",")
         );
-        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new() })
+        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), speculate_always: false })
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).

@@ -111,7 +111,7 @@ impl Scheduler<'_> {
             let t = &tokens[i];
             let n = d.iter().zip(t).take_while(|(d, t)| d == t).count();
             if let Some(s) = r.spec.as_mut().filter(|_| !d.is_empty()) {
-                s.depth = s.stats.record_round(d.len(), n, s.max_depth);
+                s.depth = s.stats.record_round(d.len(), n, s.max_depth, !self.engine.speculate_always);
             }
             keep_counts.push((n + 1) as u64);
             let mut outcome = Outcome::Continue;

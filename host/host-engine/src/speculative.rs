@@ -19,9 +19,11 @@
 //! tokens (`replay_if_restored`).
 //!
 //! Adaptive: each round drafts up to two tokens past what the last round
-//! accepted; when acceptance stays low the request falls back to plain steps
-//! and says so.
+//! accepted; when acceptance stays low, or timed rounds emit fewer tokens
+//! per second than timed plain steps (`clock.rs`), the request falls back
+//! to plain steps and says so.
 
+mod clock;
 mod rejection;
 
 use crate::engine::{Engine, EngineError};
@@ -74,7 +76,8 @@ impl SpecStats {
     /// returns the next depth: about as far as this round got, plus a little
     /// (long drafts cut short cost verify work for nothing). Switches the
     /// request to plain steps when acceptance stays too low to pay.
-    pub fn record_round(&mut self, drafted: usize, accepted: usize, max_depth: usize) -> usize {
+    /// With `judge` false (`--speculate-always`) the request never falls back.
+    pub fn record_round(&mut self, drafted: usize, accepted: usize, max_depth: usize, judge: bool) -> usize {
         self.rounds += 1;
         self.drafted += drafted as u64;
         self.accepted += accepted as u64;
@@ -82,7 +85,7 @@ impl SpecStats {
             *p += 1;
         }
         let rate = self.accepted as f64 / self.drafted.max(1) as f64;
-        if self.rounds >= PROBATION_ROUNDS && rate < MIN_ACCEPTANCE && self.disabled.is_none() {
+        if judge && self.rounds >= PROBATION_ROUNDS && rate < MIN_ACCEPTANCE && self.disabled.is_none() {
             self.disabled = Some(format!("acceptance {:.0}% after {} rounds is below {:.0}%: plain steps from here", rate * 100.0, self.rounds, MIN_ACCEPTANCE * 100.0));
         }
         (accepted + 2).clamp(1, max_depth.max(1))
@@ -162,11 +165,14 @@ impl Engine {
         let mut out: Vec<u32> = Vec::new();
         let mut first_at = None;
         let mut depth = max_depth.max(1);
+        let mut clock = clock::RoundClock::default();
         let finish = 'gen: loop {
             let room = req.max_tokens - out.len();
+            let step_start = Instant::now();
+            let timed_plain = !self.speculate_always && stats.disabled.is_none() && clock.wants_plain_sample(out.len());
             // The drafter's answer is authoritative; 0 tokens = a plain step.
             // Its probability rows q count only when the request samples.
-            let (mut drafts, mut q): (Vec<u32>, Option<Array>) = if stats.disabled.is_some() || room < 2 {
+            let (mut drafts, mut q): (Vec<u32>, Option<Array>) = if stats.disabled.is_some() || room < 2 || timed_plain {
                 (Vec::new(), None)
             } else {
                 let n = depth.min(room - 1);
@@ -228,8 +234,9 @@ impl Engine {
                 (t, n)
             };
             if !drafts.is_empty() {
-                depth = stats.record_round(drafts.len(), n, max_depth);
+                depth = stats.record_round(drafts.len(), n, max_depth, !self.speculate_always);
             }
+            let round_drafted = !drafts.is_empty();
             // Keep pending + the accepted drafts; drop the rest.
             let keep = [(n + 1) as u64];
             for c in caches.iter_mut().filter(|_| !drafts.is_empty()) {
@@ -245,6 +252,17 @@ impl Engine {
             if !drafts.is_empty() && stats.disabled.is_none() {
                 if let Err(e) = drafter.commit(n as u32).into_result() {
                     stats.disabled = Some(format!("the drafter failed to commit ({e}): plain steps from here"));
+                }
+            }
+            // Time the step: plain samples are the reference; a request
+            // whose rounds emit fewer tokens per second stops speculating.
+            let elapsed = step_start.elapsed().as_secs_f64();
+            if timed_plain {
+                clock.plain(elapsed);
+            } else if round_drafted {
+                clock.round(elapsed, n + 1);
+                if stats.disabled.is_none() && !self.speculate_always {
+                    stats.disabled = clock.verdict();
                 }
             }
             // Emit t_0..t_n with the serial loop's rules.
