@@ -260,7 +260,7 @@ impl Engine {
             if timed_plain {
                 clock.plain(elapsed);
             } else if round_drafted {
-                clock.round(elapsed, n + 1);
+                clock.round(elapsed, input.len(), n + 1);
                 if stats.disabled.is_none() && !self.speculate_always {
                     stats.disabled = clock.verdict();
                 }
