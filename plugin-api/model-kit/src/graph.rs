@@ -69,3 +69,43 @@ pub fn finish(args: &ForwardArgs<'_>, h: Array, head: impl Fn(&Array) -> Result<
     let hidden = if args.want_hidden { ROption::RSome(into_tensor(h)) } else { ROption::RNone };
     Ok(ForwardOutput { logits, hidden, taps })
 }
+
+/// What a model family's graph provides. [`into_model`] wraps it as the
+/// ABI's `ModelGraph` (panic guards, tensor hand-over), so a family writes
+/// only its numerics. Implementors hold immutable MLX arrays after load.
+pub trait Family: Send + Sync + 'static {
+    /// The plan computed from config.json at load.
+    fn plan(&self) -> &plugin_api::ModelPlan;
+    /// One forward pass through the caches (one per layer that holds one).
+    fn run(&self, args: &ForwardArgs<'_>, caches: &mut [plugin_api::CacheBox]) -> Result<ForwardOutput>;
+    /// The token embedding drafters borrow: `embed_tokens(ids)`, before any
+    /// scale the graph applies itself (mlx-lm's `input_embeddings`).
+    fn embed_tokens(&self, ids: &Array) -> Result<Array>;
+    /// The LM head, with whatever the family applies to its logits.
+    fn head(&self, hidden: &Array) -> Result<Array>;
+}
+
+struct Graph<F>(F);
+
+impl<F: Family> plugin_api::ModelGraph for Graph<F> {
+    fn plan(&self) -> plugin_api::ModelPlan {
+        self.0.plan().clone()
+    }
+
+    fn forward(&self, args: ForwardArgs<'_>, mut caches: plugin_api::abi_stable::std_types::RSliceMut<'_, plugin_api::CacheBox>) -> plugin_api::PResult<ForwardOutput> {
+        plugin_sdk::guard_mlx(|| self.0.run(&args, caches.as_mut_slice()))
+    }
+
+    fn embed(&self, tokens: plugin_api::TensorRef<'_>) -> plugin_api::PResult<Tensor> {
+        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.0.embed_tokens(&plugin_sdk::view(tokens))?)))
+    }
+
+    fn lm_head(&self, hidden: plugin_api::TensorRef<'_>) -> plugin_api::PResult<Tensor> {
+        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.0.head(&plugin_sdk::view(hidden))?)))
+    }
+}
+
+/// A family's graph behind the boundary.
+pub fn into_model<F: Family>(family: F) -> plugin_api::ModelBox {
+    plugin_api::ModelGraph_TO::from_value(Graph(family), plugin_api::abi_stable::sabi_trait::TD_Opaque)
+}

@@ -21,6 +21,7 @@ mod rope;
 use args::Args;
 use attention::{KvSource, SharedKv};
 use block::{scalar, Block};
+use model_kit::graph::{into_model, Family};
 use model_kit::attention::masks_by_kind;
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
@@ -29,10 +30,9 @@ use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
 use mlx_rs::ops;
 use per_layer::PerLayerInputs;
-use plugin_api::abi_stable::sabi_trait::TD_Opaque;
-use plugin_api::abi_stable::std_types::{RSliceMut, RVec};
+use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
-use plugin_sdk::{guard_mlx, into_tensor, rstrings, view};
+use plugin_sdk::{into_tensor, rstrings, view};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -65,7 +65,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
     let names = Names::of(&ck.weights);
     sanitize(&mut ck.weights, &names, &args);
     let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, &names))?;
-    Ok(ModelGraph_TO::from_value(model, TD_Opaque))
+    Ok(into_model(model))
 }
 
 /// Where the text model's tensors sit: `model.*` and `lm_head` for
@@ -150,6 +150,16 @@ impl Model {
             kv_source: args.kv_source,
         })
     }
+}
+
+impl Family for Model {
+    fn plan(&self) -> &ModelPlan {
+        &self.plan
+    }
+
+    fn embed_tokens(&self, ids: &Array) -> Result<Array> {
+        self.embed.forward(ids)
+    }
 
     /// LM head then `tanh(x / cap) * cap`.
     fn head(&self, h: &Array) -> Result<Array> {
@@ -201,26 +211,5 @@ impl Model {
         }
         let h = self.norm.forward(&h)?;
         model_kit::graph::finish(args, h, |x| self.head(x), taps)
-    }
-}
-
-impl ModelGraph for Model {
-    fn plan(&self) -> ModelPlan {
-        self.plan.clone()
-    }
-
-    fn forward(&self, args: ForwardArgs<'_>, mut caches: RSliceMut<'_, CacheBox>) -> PResult<ForwardOutput> {
-        guard_mlx(|| self.run(&args, caches.as_mut_slice()))
-    }
-
-    /// `embed_tokens(ids)`, unscaled (mlx-lm's `input_embeddings`: the graph
-    /// applies the sqrt(hidden_size) scale itself).
-    fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
-        guard_mlx(|| Ok(into_tensor(self.embed.forward(&view(tokens))?)))
-    }
-
-    /// Soft-capped logits, as the model's own forward returns them.
-    fn lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
-        guard_mlx(|| Ok(into_tensor(self.head(&view(hidden))?)))
     }
 }

@@ -21,6 +21,7 @@ mod norm;
 use args::Args;
 use attention::Attention;
 use delta::DeltaNet;
+use model_kit::graph::{into_model, Family};
 use model_kit::attention::Mask;
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
@@ -29,10 +30,9 @@ use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
 use moe::SparseMoeBlock;
 use norm::Norm;
-use plugin_api::abi_stable::sabi_trait::TD_Opaque;
-use plugin_api::abi_stable::std_types::{RSliceMut, RVec};
+use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
-use plugin_sdk::{guard_mlx, into_tensor, rstrings, view};
+use plugin_sdk::{into_tensor, rstrings, view};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -76,7 +76,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
         ck.weights.drop_matching(|k| k.strip_prefix(head.as_str()).is_some_and(|r| r.starts_with('.')));
     }
     let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, &names))?;
-    Ok(ModelGraph_TO::from_value(model, TD_Opaque))
+    Ok(into_model(model))
 }
 
 /// Where the text model's tensors live: mlx-lm folders say
@@ -193,6 +193,16 @@ impl Model {
         let first_attention = args.is_linear.iter().position(|&l| !l);
         Ok(Self { plan: args.plan(cfg), embed, layers, norm, lm_head, first_attention })
     }
+}
+
+impl Family for Model {
+    fn plan(&self) -> &ModelPlan {
+        &self.plan
+    }
+
+    fn embed_tokens(&self, ids: &Array) -> Result<Array> {
+        self.embed.forward(ids)
+    }
 
     fn head(&self, h: &Array) -> Result<Array> {
         match &self.lm_head {
@@ -225,23 +235,5 @@ impl Model {
         }
         let h = self.norm.forward(&h)?;
         model_kit::graph::finish(args, h, |x| self.head(x), taps)
-    }
-}
-
-impl ModelGraph for Model {
-    fn plan(&self) -> ModelPlan {
-        self.plan.clone()
-    }
-
-    fn forward(&self, args: ForwardArgs<'_>, mut caches: RSliceMut<'_, CacheBox>) -> PResult<ForwardOutput> {
-        guard_mlx(|| self.run(&args, caches.as_mut_slice()))
-    }
-
-    fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
-        guard_mlx(|| Ok(into_tensor(self.embed.forward(&view(tokens))?)))
-    }
-
-    fn lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
-        guard_mlx(|| Ok(into_tensor(self.head(&view(hidden))?)))
     }
 }

@@ -10,6 +10,7 @@
 mod args;
 
 use args::Args;
+use model_kit::graph::{into_model, Family};
 use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
@@ -17,10 +18,9 @@ use model_kit::layers::{Embedding, Linear, LoadCtx, Mlp, RmsNorm};
 use model_kit::moe::{Router, SparseMoe, SwitchGlu};
 use model_kit::rope::Rope;
 use model_kit::{error, Array, Result};
-use plugin_api::abi_stable::sabi_trait::TD_Opaque;
-use plugin_api::abi_stable::std_types::{RSliceMut, RVec};
+use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
-use plugin_sdk::{guard_mlx, into_tensor, rstrings, view};
+use plugin_sdk::{into_tensor, rstrings, view};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -52,7 +52,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
         ck.weights.drop_matching(|k| k == "lm_head.weight");
     }
     let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg))?;
-    Ok(ModelGraph_TO::from_value(model, TD_Opaque))
+    Ok(into_model(model))
 }
 
 struct Attention {
@@ -163,6 +163,16 @@ impl Model {
         let plan = args.plan(cfg);
         Ok(Self { plan, embed, layers, norm, lm_head })
     }
+}
+
+impl Family for Model {
+    fn plan(&self) -> &ModelPlan {
+        &self.plan
+    }
+
+    fn embed_tokens(&self, ids: &Array) -> Result<Array> {
+        self.embed.forward(ids)
+    }
 
     fn head(&self, h: &Array) -> Result<Array> {
         match &self.lm_head {
@@ -196,23 +206,5 @@ impl Model {
         }
         let h = self.norm.forward(&h)?;
         model_kit::graph::finish(args, h, |x| self.head(x), taps)
-    }
-}
-
-impl ModelGraph for Model {
-    fn plan(&self) -> ModelPlan {
-        self.plan.clone()
-    }
-
-    fn forward(&self, args: ForwardArgs<'_>, mut caches: RSliceMut<'_, CacheBox>) -> PResult<ForwardOutput> {
-        guard_mlx(|| self.run(&args, caches.as_mut_slice()))
-    }
-
-    fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
-        guard_mlx(|| Ok(into_tensor(self.embed.forward(&view(tokens))?)))
-    }
-
-    fn lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
-        guard_mlx(|| Ok(into_tensor(self.head(&view(hidden))?)))
     }
 }
