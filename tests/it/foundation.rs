@@ -16,12 +16,19 @@ type Sum = unsafe extern "C" fn(mlx_sys::mlx_array) -> mlx_sys::mlx_array;
 type Fail = unsafe extern "C" fn(*mut c_char, usize) -> usize;
 type SymbolOf = unsafe extern "C" fn() -> *const c_void;
 
-fn load() -> (Library, Library) {
-    unsafe { (Library::new(cdylib("proof_maker")).unwrap(), Library::new(cdylib("proof_consumer")).unwrap()) }
+/// Loaded once and never unloaded, as the host never unloads a plugin. Each
+/// library's mlx-rs registers its own error handler inside libmlxc on its
+/// first op; after a `Library` drop (dlclose) libmlxc could still call a
+/// handler in unmapped code, or in whatever library was mapped there next.
+/// That crashed this test binary with SIGSEGV about one run in ten.
+fn load() -> &'static (Library, Library) {
+    static LIBS: std::sync::OnceLock<(Library, Library)> = std::sync::OnceLock::new();
+    LIBS.get_or_init(|| unsafe { (Library::new(cdylib("proof_maker")).unwrap(), Library::new(cdylib("proof_consumer")).unwrap()) })
 }
 
 #[test]
 fn a_lazy_array_made_in_one_plugin_evaluates_in_the_host_and_feeds_another() {
+    let _mlx = it::mlx_exclusive();
     let (maker, consumer) = load();
     unsafe {
         let make: Symbol<Make> = maker.get(b"proof_make").unwrap();
@@ -47,6 +54,7 @@ fn a_lazy_array_made_in_one_plugin_evaluates_in_the_host_and_feeds_another() {
 
 #[test]
 fn every_plugin_reaches_the_same_shared_libmlxc() {
+    let _mlx = it::mlx_exclusive();
     let (maker, consumer) = load();
     let host = runtime::object_of(mlx_sys::mlx_array_eval as *const c_void).expect("host symbol");
     assert!(host.ends_with("/libmlxc.so"), "host resolves mlx-c in {host}");
@@ -61,6 +69,7 @@ fn every_plugin_reaches_the_same_shared_libmlxc() {
 
 #[test]
 fn mlx_errors_keep_their_message_in_host_and_plugins_after_plugins_loaded() {
+    let _mlx = it::mlx_exclusive();
     let (_maker, consumer) = load();
     // The plugin's own mlx-rs copy registers its handler on its first op.
     let fail: Symbol<Fail> = unsafe { consumer.get(b"proof_fail").unwrap() };

@@ -360,6 +360,7 @@ fn argmax_rows(logits: &Array) -> Vec<u32> {
 
 #[test]
 fn out_of_tree_family_honours_logits_modes_hidden_and_its_cache_in_process() {
+    let _mlx = it::mlx_exclusive();
     let p = Plugins::new("modes").kv_plain().family("toy-family", "good");
     let model = toy_model("modes");
     let reg = Registry::discover(&p.0, &host_info()).unwrap();
@@ -456,6 +457,7 @@ fn open_args(kind: &str, config: Option<&str>, max_depth: u32) -> DrafterOpenArg
 
 #[test]
 fn out_of_tree_drafter_detects_opens_and_drafts_through_the_registry() {
+    let _mlx = it::mlx_exclusive();
     let p = Plugins::new("drafter").kv_plain().drafter();
     let reg = Registry::discover(&p.0, &host_info()).unwrap();
     assert!(reg.refused.is_empty(), "{:?}", reg.refused);

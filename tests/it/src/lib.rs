@@ -209,3 +209,14 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// Serialises the tests that run MLX inside this test process. One MLX
+/// runtime is shared by every thread of the test harness, and its process-wide
+/// counters (active memory) and default stream are not meant for unrelated
+/// graphs evaluated at once from several threads: an allocator assertion in
+/// one test saw another test's frees. Tests that only spawn `host` need no
+/// lock. A test that panicked while holding it does not poison the others.
+pub fn mlx_exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
