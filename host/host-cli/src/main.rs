@@ -115,8 +115,10 @@ enum Command {
         json: bool,
         #[command(flatten)]
         draft: draft_cmd::DraftArgs,
-        /// Run the same request once, untimed, before the measured run (steady-state
-        /// figures: on a GPU the first run also compiles kernels).
+        /// Run the request once, untimed, before the measured run, with its prompt
+        /// cycled to `max_tokens + 16` more tokens: one-time costs (kernel
+        /// compilation on a GPU) are paid, but no shape the measured run meets was
+        /// seen before (cuDNN builds a graph per key length), as in a server.
         #[arg(long)]
         warmup: bool,
     },
@@ -194,7 +196,8 @@ fn main() -> Result<()> {
             let ids = generate_cmd::prompt_ids(&engine, &p)?;
             let params = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };
             if warmup {
-                let req = host_engine::GenerateRequest { prompt: ids.clone(), max_tokens, params: params.clone(), stop_on_eos: !ignore_eos, logprobs, speculate: true };
+                let longer = ids.iter().copied().cycle().take(ids.len() + max_tokens + 16).collect();
+                let req = host_engine::GenerateRequest { prompt: longer, max_tokens, params: params.clone(), stop_on_eos: !ignore_eos, logprobs, speculate: true };
                 engine.generate(&req, |_| host_engine::Flow::Continue)?;
             }
             generate_cmd::generate(&engine, ids, max_tokens, params, ignore_eos, logprobs, json)?;

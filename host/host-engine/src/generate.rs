@@ -158,7 +158,7 @@ impl Engine {
         }
         let start = Instant::now();
         let mut caches = self.new_caches()?;
-        let (head, last) = req.prompt.split_at(req.prompt.len() - 1);
+        let head = &req.prompt[..req.prompt.len() - 1];
         let cached = self.prefix_take(&req.prompt, &mut caches);
         self.prefill(&head[cached..], &mut caches)?;
         if cached < head.len() {
@@ -167,56 +167,10 @@ impl Engine {
             self.prefix_put(head, &caches);
         }
 
-        let mut sampler = Sampler::new(req.params.clone())?;
-        let eos = if req.stop_on_eos { self.eos_ids() } else { Vec::new() };
-        // Penalties read the full history, so those steps wait for each token;
-        // everything else keeps one step queued ahead.
-        let pipelined = !req.params.has_penalties();
-        let mut history: Vec<u32> = req.prompt.clone();
-        let mut step = |input: &Array, history: &[u32], caches: &mut [CacheBox]| -> Result<(Array, Array), EngineError> {
-            let logits = self.forward(input, caches, true)?;
-            let logits = sampler.process(logits, history)?;
-            let lp = Sampler::logprobs(&logits)?;
-            let y = sampler.sample(&lp)?;
-            mlx_rs::transforms::async_eval([&y])?;
-            Ok((y, lp))
-        };
-        let (mut y, mut lp) = step(&token_array(last), &history, &mut caches)?;
-        let mut out = Vec::new();
-        let mut first_at = None;
-        let mut finish = Finish::Length;
-        for n in 0..req.max_tokens {
-            let next = if pipelined && n + 1 < req.max_tokens { Some(step(&y.reshape(&[1, 1])?, &history, &mut caches)?) } else { None };
-            let id = y.try_item_cast::<u32>()?;
-            first_at.get_or_insert_with(Instant::now);
-            if eos.contains(&id) {
-                finish = Finish::Stop;
-                break;
-            }
-            let (logprob, top) = match req.logprobs {
-                Some(k) => {
-                    let chosen = lp.index_id(id)?;
-                    (Some(chosen), top_logprobs(&lp, k)?)
-                }
-                None => (None, Vec::new()),
-            };
-            out.push(id);
-            history.push(id);
-            if on_token(&TokenOut { id, logprob, top }) == Flow::Stop {
-                finish = Finish::Stop;
-                break;
-            }
-            if n + 1 == req.max_tokens {
-                break;
-            }
-            (y, lp) = match next {
-                Some(v) => v,
-                None => step(&token_array(&[id]), &history, &mut caches)?,
-            };
-        }
+        let mut d = Decoding::new(self, req)?;
+        let finish = self.decode_plain(&mut d, &mut caches, usize::MAX, &mut on_token)?.unwrap_or(Finish::Length);
+        let Decoding { history: known, out, first_at, .. } = d;
         let first_at = first_at.unwrap_or_else(Instant::now);
-        let mut known = req.prompt.clone();
-        known.extend_from_slice(&out);
         self.prefix_put_final(&known, &mut caches);
         Ok(GenerateResult {
             tokens: out,
@@ -227,6 +181,81 @@ impl Engine {
             prefill_s: (first_at - start).as_secs_f64(),
             decode_s: first_at.elapsed().as_secs_f64(),
         })
+    }
+}
+
+/// A request's decoding in progress. The caches hold `history` minus its
+/// last token, which the next step feeds (the same invariant in the plain
+/// loop and between speculative rounds, so either can continue the other).
+pub(crate) struct Decoding<'r> {
+    pub req: &'r GenerateRequest,
+    pub sampler: Sampler,
+    pub eos: Vec<u32>,
+    /// Prompt plus every emitted token.
+    pub history: Vec<u32>,
+    pub out: Vec<u32>,
+    pub first_at: Option<Instant>,
+}
+
+impl<'r> Decoding<'r> {
+    pub fn new(engine: &Engine, req: &'r GenerateRequest) -> Result<Self, EngineError> {
+        let eos = if req.stop_on_eos { engine.eos_ids() } else { Vec::new() };
+        Ok(Decoding { req, sampler: Sampler::new(req.params.clone())?, eos, history: req.prompt.clone(), out: Vec::new(), first_at: None })
+    }
+}
+
+impl Engine {
+    /// Plain steps until the request ends (`Some`: EOS, the caller's stop,
+    /// or `max_tokens`) or `limit` more tokens were emitted (`None`, with
+    /// nothing queued, so speculation can take over again). Penalties read
+    /// the full history, so those steps wait for each token; everything
+    /// else keeps one step queued ahead.
+    pub(crate) fn decode_plain(&self, d: &mut Decoding, caches: &mut [CacheBox], limit: usize, on_token: &mut impl FnMut(&TokenOut) -> Flow) -> Result<Option<Finish>, EngineError> {
+        let req = d.req;
+        let budget = limit.min(req.max_tokens.saturating_sub(d.out.len()));
+        if budget == 0 {
+            return Ok((d.out.len() >= req.max_tokens).then_some(Finish::Length));
+        }
+        let pipelined = !req.params.has_penalties();
+        let sampler = &mut d.sampler;
+        let mut step = |input: &Array, history: &[u32], caches: &mut [CacheBox]| -> Result<(Array, Array), EngineError> {
+            let logits = self.forward(input, caches, true)?;
+            let logits = sampler.process(logits, history)?;
+            let lp = Sampler::logprobs(&logits)?;
+            let y = sampler.sample(&lp)?;
+            mlx_rs::transforms::async_eval([&y])?;
+            Ok((y, lp))
+        };
+        let pending = *d.history.last().expect("a decoding has a prompt");
+        let (mut y, mut lp) = step(&token_array(&[pending]), &d.history, caches)?;
+        for n in 0..budget {
+            let next = if pipelined && n + 1 < budget { Some(step(&y.reshape(&[1, 1])?, &d.history, caches)?) } else { None };
+            let id = y.try_item_cast::<u32>()?;
+            d.first_at.get_or_insert_with(Instant::now);
+            if d.eos.contains(&id) {
+                return Ok(Some(Finish::Stop));
+            }
+            let (logprob, top) = match req.logprobs {
+                Some(k) => (Some(lp.index_id(id)?), top_logprobs(&lp, k)?),
+                None => (None, Vec::new()),
+            };
+            d.out.push(id);
+            d.history.push(id);
+            if on_token(&TokenOut { id, logprob, top }) == Flow::Stop {
+                return Ok(Some(Finish::Stop));
+            }
+            if d.out.len() >= req.max_tokens {
+                return Ok(Some(Finish::Length));
+            }
+            if n + 1 == budget {
+                break;
+            }
+            (y, lp) = match next {
+                Some(v) => v,
+                None => step(&token_array(&[id]), &d.history, caches)?,
+            };
+        }
+        Ok(None)
     }
 }
 

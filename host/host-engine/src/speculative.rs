@@ -20,14 +20,16 @@
 //!
 //! Adaptive: each round drafts up to two tokens past what the last round
 //! accepted; when acceptance stays low, or timed rounds emit fewer tokens
-//! per second than timed plain steps (`clock.rs`), the request falls back
-//! to plain steps and says so.
+//! per second than timed plain steps (`clock.rs`), the request hands the
+//! rest of its tokens to the pipelined plain loop (`decode_plain`, the same
+//! loop that times the plain reference) and says so. Rounds themselves are
+//! synchronous: the next round's input depends on this round's verdict.
 
 mod clock;
 mod rejection;
 
 use crate::engine::{Engine, EngineError};
-use crate::generate::{token_array, Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
+use crate::generate::{token_array, Decoding, Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
 use crate::sampling::{top_logprobs, Sampler};
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::{ROption, RSlice};
@@ -158,39 +160,51 @@ impl Engine {
         let cached = self.prefix_take(&req.prompt, &mut caches);
         self.prefill(&head[cached..], &mut caches)?;
         drafter.prefill(RSlice::from_slice(&req.prompt)).into_result().map_err(|e| EngineError::Model(format!("drafter: {e}")))?;
-        let mut sampler = Sampler::new(req.params.clone())?;
-        let eos = if req.stop_on_eos { self.eos_ids() } else { Vec::new() };
+        let mut d = Decoding::new(self, req)?;
         let mut stats = SpecStats { kind: kind.to_owned(), accepted_by_position: vec![0; max_depth], ..Default::default() };
-        let mut history = req.prompt.clone();
-        let mut out: Vec<u32> = Vec::new();
-        let mut first_at = None;
         let mut depth = max_depth.max(1);
         let mut clock = clock::RoundClock::default();
+        let judge = !self.speculate_always;
+        // Per-round timings on stderr, for diagnosing where a round's time goes.
+        let trace = std::env::var_os("HOST_SPEC_TRACE").is_some();
         let finish = 'gen: loop {
-            let room = req.max_tokens - out.len();
+            let room = req.max_tokens - d.out.len();
+            // Plain steps run in the pipelined plain loop: after a fallback
+            // (the request's remaining tokens), for the clock's reference
+            // samples, and when no room is left for a draft.
+            if stats.disabled.is_some() || room < 2 {
+                break 'gen self.decode_plain(&mut d, &mut caches, usize::MAX, &mut on_token)?.unwrap_or(Finish::Length);
+            }
+            if judge && clock.wants_plain_sample(d.out.len()) {
+                let (t0, before) = (Instant::now(), d.out.len());
+                if let Some(f) = self.decode_plain(&mut d, &mut caches, clock::PLAIN_SAMPLE_TOKENS, &mut on_token)? {
+                    break 'gen f;
+                }
+                clock.plain(t0.elapsed().as_secs_f64(), d.out.len() - before);
+                if trace {
+                    eprintln!("spec-trace plain tokens={} ms={:.2}", d.out.len() - before, t0.elapsed().as_secs_f64() * 1e3);
+                }
+                continue;
+            }
             let step_start = Instant::now();
-            let timed_plain = !self.speculate_always && stats.disabled.is_none() && clock.wants_plain_sample(out.len());
             // The drafter's answer is authoritative; 0 tokens = a plain step.
             // Its probability rows q count only when the request samples.
-            let (mut drafts, mut q): (Vec<u32>, Option<Array>) = if stats.disabled.is_some() || room < 2 || timed_plain {
-                (Vec::new(), None)
-            } else {
-                let n = depth.min(room - 1);
-                let args = DraftArgs { history: RSlice::from_slice(&history), max_tokens: n as u32, sampling: draft_sampling(&sampler, history.len()) };
-                // A drafter that fails costs this request its speculation, not its answer.
-                match drafter.draft(args).into_result() {
-                    Ok(d) => {
-                        let tokens: Vec<u32> = d.tokens.into_iter().take(n).collect();
-                        let q = d.probabilities.into_option().filter(|_| !sampler.params.is_greedy() && !tokens.is_empty()).and_then(|t| draft_rows(t, tokens.len()));
-                        (tokens, q)
-                    }
-                    Err(e) => {
-                        stats.disabled = Some(format!("the drafter failed ({e}): plain steps from here"));
-                        (Vec::new(), None)
-                    }
+            let n = depth.min(room - 1);
+            let args = DraftArgs { history: RSlice::from_slice(&d.history), max_tokens: n as u32, sampling: draft_sampling(&d.sampler, d.history.len()) };
+            // A drafter that fails costs this request its speculation, not its answer.
+            let (mut drafts, mut q): (Vec<u32>, Option<Array>) = match drafter.draft(args).into_result() {
+                Ok(r) => {
+                    let tokens: Vec<u32> = r.tokens.into_iter().take(n).collect();
+                    let q = r.probabilities.into_option().filter(|_| !d.sampler.params.is_greedy() && !tokens.is_empty()).and_then(|t| draft_rows(t, tokens.len()));
+                    (tokens, q)
+                }
+                Err(e) => {
+                    stats.disabled = Some(format!("the drafter failed ({e}): plain steps from here"));
+                    continue;
                 }
             };
-            let pending = *history.last().unwrap();
+            let drafted_at = Instant::now();
+            let pending = *d.history.last().unwrap();
             let starts: Vec<u64> = caches.iter().map(|c| c.offset()).collect();
             if !drafts.is_empty() {
                 // A layout may refuse a round (a wrapped ring cannot roll back):
@@ -217,14 +231,14 @@ impl Engine {
                 .collect();
             let (t, n) = if let Some(q) = &q {
                 stats.rejection_sampling = true;
-                let v = rejection::verdict(&sampler.probabilities(&all)?, q, &drafts, &mut sampler)?;
+                let v = rejection::verdict(&d.sampler.probabilities(&all)?, q, &drafts, &mut d.sampler)?;
                 v.eval()?;
                 rejection::emitted(v.as_slice::<u32>(), &drafts)
             } else {
-                let t = if sampler.params.is_greedy() {
+                let t = if d.sampler.params.is_greedy() {
                     mlx_rs::ops::indexing::argmax_axis(&all, -1, None)?
                 } else {
-                    let draws = lps.iter().map(|lp| sampler.sample(lp)).collect::<Result<Vec<_>, _>>()?;
+                    let draws = lps.iter().map(|lp| d.sampler.sample(lp)).collect::<Result<Vec<_>, _>>()?;
                     mlx_rs::ops::concatenate(&draws, 0)?
                 };
                 let t = t.as_dtype(mlx_rs::Dtype::Uint32)?;
@@ -233,8 +247,9 @@ impl Engine {
                 let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();
                 (t, n)
             };
+            let verified_at = Instant::now();
             if !drafts.is_empty() {
-                depth = stats.record_round(drafts.len(), n, max_depth, !self.speculate_always);
+                depth = stats.record_round(drafts.len(), n, max_depth, judge);
             }
             let round_drafted = !drafts.is_empty();
             // Keep pending + the accepted drafts; drop the rest.
@@ -256,19 +271,27 @@ impl Engine {
             }
             // Time the step: plain samples are the reference; a request
             // whose rounds emit fewer tokens per second stops speculating.
-            let elapsed = step_start.elapsed().as_secs_f64();
-            if timed_plain {
-                clock.plain(elapsed);
-            } else if round_drafted {
-                clock.round(elapsed, input.len(), n + 1);
-                if stats.disabled.is_none() && !self.speculate_always {
+            if trace {
+                let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+                eprintln!(
+                    "spec-trace width={} accepted={n} offset={} draft_ms={:.2} verify_ms={:.2} rollback_ms={:.2}",
+                    input.len(),
+                    starts.first().copied().unwrap_or(0),
+                    ms(step_start, drafted_at),
+                    ms(drafted_at, verified_at),
+                    ms(verified_at, Instant::now())
+                );
+            }
+            if round_drafted {
+                clock.round(step_start.elapsed().as_secs_f64(), input.len(), n + 1);
+                if stats.disabled.is_none() && judge {
                     stats.disabled = clock.verdict();
                 }
             }
             // Emit t_0..t_n with the serial loop's rules.
             for (i, &id) in t.iter().take(n + 1).enumerate() {
-                first_at.get_or_insert_with(Instant::now);
-                if eos.contains(&id) {
+                d.first_at.get_or_insert_with(Instant::now);
+                if d.eos.contains(&id) {
                     break 'gen Finish::Stop;
                 }
                 let (logprob, top) = match req.logprobs {
@@ -279,16 +302,17 @@ impl Engine {
                     }
                     None => (None, Vec::new()),
                 };
-                out.push(id);
-                history.push(id);
+                d.out.push(id);
+                d.history.push(id);
                 if on_token(&TokenOut { id, logprob, top }) == Flow::Stop {
                     break 'gen Finish::Stop;
                 }
-                if out.len() >= req.max_tokens {
+                if d.out.len() >= req.max_tokens {
                     break 'gen Finish::Length;
                 }
             }
         };
+        let Decoding { history, out, first_at, .. } = d;
         let first_at = first_at.unwrap_or_else(Instant::now);
         self.prefix_put_final(&history, &mut caches);
         Ok((

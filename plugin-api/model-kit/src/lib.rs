@@ -16,6 +16,7 @@ pub mod layers;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+pub mod short_attention;
 pub mod weights;
 
 pub use mlx_rs::error::Exception;

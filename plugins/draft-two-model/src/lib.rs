@@ -121,14 +121,19 @@ impl Drafter for TwoModel {
             if n == 0 || h.len() <= self.cached {
                 return Ok(Draft { tokens: RVec::new(), probabilities: ROption::RNone });
             }
-            // Feed the history it has not seen, then its own drafts (lazily:
-            // each choice feeds the next step without a host sync).
+            // Feed the history it has not seen, then its own drafts. Each
+            // choice feeds the next step lazily (no host sync) and is queued
+            // on the device at once (async eval), so the device computes
+            // step i while the host builds step i+1: without it the whole
+            // chain was built first and then run, host and device in turn.
             let mut picker = sampling::Picker::new(args.sampling).map_err(mlx)?;
             let mut y = picker.pick(&self.next(&ids(&h[self.cached..]))?).map_err(mlx)?;
+            mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
             self.cached = h.len();
             let mut drafted = vec![y.clone()];
             for _ in 1..n {
                 y = picker.pick(&self.next(&y.reshape(&[1, 1]).map_err(mlx)?)?).map_err(mlx)?;
+                mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
                 drafted.push(y.clone());
             }
             self.fed = n - 1;

@@ -4,11 +4,14 @@
 //! round that accepts half of 4 drafts still loses when verifying and
 //! drafting cost more than 3 plain steps.
 
-/// Plain steps timed right after the first token (their best is the
-/// reference), and timed rounds before judging. A round of a verify width
-/// not seen before is not timed: on a GPU a new width compiles kernels, and
-/// the adaptive depth changes the width often at first.
+/// Plain samples taken right after the first token, each a run of
+/// `PLAIN_SAMPLE_TOKENS` steps of the pipelined plain loop (the loop a
+/// request falls back to, so the reference is what falling back would
+/// give); the best per-token time is the reference. A round of a verify
+/// width not seen before is not timed: on a GPU a new width compiles
+/// kernels, and the adaptive depth changes the width often at first.
 pub const PLAIN_SAMPLES: usize = 2;
+pub const PLAIN_SAMPLE_TOKENS: usize = 3;
 const JUDGED_ROUNDS: u64 = 4;
 /// Rounds must fall below this share of the plain rate to be switched off
 /// (timing noise must not cost a request its speculation).
@@ -30,9 +33,14 @@ impl RoundClock {
         emitted_so_far > 0 && self.plain_steps < PLAIN_SAMPLES
     }
 
-    pub fn plain(&mut self, seconds: f64) {
+    /// A plain sample: `tokens` emitted in `seconds` (a sample cut short by
+    /// the end of the request does not count).
+    pub fn plain(&mut self, seconds: f64, tokens: usize) {
         self.plain_steps += 1;
-        self.plain_best = Some(self.plain_best.map_or(seconds, |b| b.min(seconds)));
+        if tokens > 0 {
+            let per_token = seconds / tokens as f64;
+            self.plain_best = Some(self.plain_best.map_or(per_token, |b| b.min(per_token)));
+        }
     }
 
     /// A round that verified `width` positions and emitted `emitted` tokens.
@@ -63,7 +71,7 @@ mod tests {
 
     fn clock(plain: &[f64], rounds: &[(f64, usize)]) -> RoundClock {
         let mut c = RoundClock::default();
-        plain.iter().for_each(|&s| c.plain(s));
+        plain.iter().for_each(|&s| c.plain(s * 3.0, 3));
         rounds.iter().for_each(|&(s, n)| c.round(s, 4, n));
         c
     }

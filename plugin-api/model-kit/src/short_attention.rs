@@ -1,0 +1,143 @@
+//! Attention for short multi-token queries (speculative verify widths, a
+//! drafter's catch-up step) as plain matmul + softmax, the way MLX's own
+//! fallback computes it.
+//!
+//! Why: on a CUDA device MLX's fused kernel serves 1-token queries only;
+//! longer ones go to cuDNN, which builds a graph for every new key length.
+//! A verify round's key length is new every round, and each build cost
+//! about 40 ms on the H200 (measured: a 4-wide verify of a 28-layer model
+//! took 45 ms on first sight of its length, 6 ms when repeated; mlx-lm
+//! showed the same). Two small matmuls have no per-length setup. On the CPU
+//! MLX already takes this path inside `fast::scaled_dot_product_attention`.
+
+use crate::attention::Mask;
+use crate::{Array, Result};
+use mlx_rs::ops::select;
+use mlx_rs::Dtype;
+
+/// Queries up to this long take the unfused path on a GPU, unless the
+/// environment variable `MLX_ENGINE_UNFUSED_MAX` says another length
+/// (a benchmark knob: 1 turns the path off).
+pub const SHORT_QUERY: i32 = 16;
+
+fn limit() -> i32 {
+    static LIMIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| std::env::var("MLX_ENGINE_UNFUSED_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(SHORT_QUERY))
+}
+
+/// Whether `queries` tokens should take [`unfused`] on the current device.
+pub fn wanted(queries: i32) -> bool {
+    (2..=limit()).contains(&queries) && on_gpu()
+}
+
+fn on_gpu() -> bool {
+    mlx_rs::Device::try_default().ok().and_then(|d| d.get_type().ok()).is_some_and(|t| matches!(t, mlx_rs::DeviceType::Gpu))
+}
+
+/// The most negative score a masked position gets (finite, so a row whose
+/// keys are all masked, a padding row, stays finite as in the fused kernel).
+fn masked_score(dtype: Dtype) -> Array {
+    let v = if dtype == Dtype::Float16 { -65504.0 } else { -1e30 };
+    Array::from_f32(v).as_dtype(dtype).expect("a float dtype")
+}
+
+/// softmax(q·kᵀ·scale + mask)·v for q `[B, Hq, L, D]` over k, v `[B, Hkv, S, D]`
+/// (grouped heads: Hq a multiple of Hkv). Masks as in `fast::scaled_dot_product_attention`:
+/// causal aligns the queries with the last L keys; an array mask is boolean
+/// (keep) or additive, broadcast over `[B, Hq, L, S]`.
+pub fn unfused(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
+    let (qs, ks) = (q.shape(), k.shape());
+    let (b, hq, l, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let (hkv, s) = (ks[1], ks[2]);
+    let rep = hq / hkv;
+    let q = q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?;
+    let (q, k, v) = if rep > 1 { (q.reshape(&[b, hkv, rep, l, d])?, k.expand_dims(2)?, v.expand_dims(2)?) } else { (q, k.clone(), v.clone()) };
+    let mut scores = q.matmul(k.swap_axes(-1, -2)?)?;
+    let low = masked_score(scores.dtype());
+    match mask {
+        Mask::None => {}
+        Mask::Causal => {
+            let rows = Array::arange::<_, i32>(s - l, s, 1)?.reshape(&[l, 1])?;
+            let cols = Array::arange::<_, i32>(0, s, 1)?;
+            scores = select(&rows.ge(&cols)?, &scores, &low)?;
+        }
+        Mask::Array(m) => {
+            // `[.., H or 1, L, S]` → grouped `[.., Hkv, rep or 1, L, S]`.
+            let m = if rep > 1 && m.ndim() >= 3 {
+                let h = m.shape()[m.ndim() - 3];
+                if h == 1 {
+                    m.expand_dims(-3)?
+                } else {
+                    let mut shape = m.shape().to_vec();
+                    let at = shape.len() - 3;
+                    shape.splice(at..at + 1, [hkv, rep]);
+                    m.reshape(&shape)?
+                }
+            } else {
+                m.clone()
+            };
+            scores = if m.dtype() == Dtype::Bool { select(&m, &scores, &low)? } else { scores.add(&m.as_dtype(scores.dtype())?)? };
+        }
+    }
+    let p = mlx_rs::ops::softmax_axis(&scores, -1, true)?;
+    let out = p.matmul(&v)?;
+    if rep > 1 {
+        out.reshape(&[b, hq, l, -1])
+    } else {
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
+
+    fn random(shape: &[i32], seed: u64) -> Array {
+        let key = mlx_rs::random::key(seed).unwrap();
+        mlx_rs::random::normal::<f32>(shape, None, None, Some(&key)).unwrap()
+    }
+
+    fn close(a: &Array, b: &Array) {
+        assert_eq!(a.shape(), b.shape());
+        let diff = a.subtract(b).unwrap().abs().unwrap().max(None).unwrap().item_cast::<f32>();
+        assert!(diff < 1e-5, "max difference {diff}");
+    }
+
+    /// Grouped heads (4 query heads over 2 kv heads), 3 queries over 7 keys.
+    fn qkv() -> (Array, Array, Array) {
+        (random(&[2, 4, 3, 8], 1), random(&[2, 2, 7, 8], 2), random(&[2, 2, 7, 8], 3))
+    }
+
+    #[test]
+    fn causal_matches_the_fused_op() {
+        let (q, k, v) = qkv();
+        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
+        close(&unfused(&q, &k, &v, 0.35, &Mask::Causal).unwrap(), &want);
+        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, None, None).unwrap();
+        close(&unfused(&q, &k, &v, 0.35, &Mask::None).unwrap(), &want);
+    }
+
+    #[test]
+    fn boolean_and_additive_masks_match_the_fused_op() {
+        let (q, k, v) = qkv();
+        // A padded row layout as kv-plain builds it: [B, 1, L, S], row 1 left-padded by 2.
+        let rows = Array::arange::<_, i32>(4, 7, 1).unwrap().reshape(&[3, 1]).unwrap();
+        let cols = Array::arange::<_, i32>(0, 7, 1).unwrap();
+        let pads = Array::from_slice(&[0i32, 2], &[2, 1, 1, 1]);
+        let keep = rows.ge(&cols).unwrap().logical_and(cols.ge(&pads).unwrap()).unwrap();
+        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Array(&keep), None).unwrap();
+        close(&unfused(&q, &k, &v, 0.35, &Mask::Array(keep.clone())).unwrap(), &want);
+        // Additive, one mask per query head: [1, 4, 3, 7].
+        let add = random(&[1, 4, 3, 7], 4);
+        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Array(&add), None).unwrap();
+        close(&unfused(&q, &k, &v, 0.35, &Mask::Array(add)).unwrap(), &want);
+    }
+
+    #[test]
+    fn only_short_multi_token_queries_on_a_gpu_take_it() {
+        // This machine's default device decides; 1-token and long queries never do.
+        assert!(!wanted(1) && !wanted(limit() + 1));
+        assert_eq!(wanted(4), on_gpu());
+    }
+}
