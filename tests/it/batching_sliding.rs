@@ -125,7 +125,9 @@ fn batched_ngram_speculation_over_a_sliding_window_is_lossless() {
         vec![11, 12, 11, 12, 11],
     ];
     let want = serial_texts(&m, &prompts);
-    let s = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram"]);
+    // --speculate-always: the cost rule depends on timing, and the counts
+    // asserted below must not (a judged row may stop drafting).
+    let s = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram", "--speculate-always"]);
     let got: Vec<Value> = std::thread::scope(|sc| {
         let hs: Vec<_> = prompts
             .iter()

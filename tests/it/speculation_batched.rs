@@ -34,7 +34,9 @@ fn batched_ngram_speculation_is_lossless_with_staggered_rows() {
             let s = Server::start(&m, &["--batch", "1"]);
             ps.iter().enumerate().map(|(i, p)| s.post("/v1/completions", &body(p, i)).json()).collect()
         };
-        let s = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram"]);
+        // --speculate-always: the cost rule depends on timing, and the counts
+        // asserted below must not (a judged row may stop drafting).
+        let s = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram", "--speculate-always"]);
         let got: Vec<Value> = std::thread::scope(|sc| {
             let hs: Vec<_> = ps
                 .iter()

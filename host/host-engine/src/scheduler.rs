@@ -24,6 +24,7 @@ use crate::cohort::{self, Cohort};
 use crate::engine::{Engine, EngineError};
 use crate::generate::{token_array, Finish, Flow, GenerateResult, TokenOut};
 use crate::plan::{resolve_execution, Mechanism, ServerFeatures};
+use crate::speculative::clock::BatchClock;
 use crate::sampling::{top_logprobs, Sampler};
 use crate::worker::{Event, Job, Stats};
 use mlx_rs::Array;
@@ -90,11 +91,13 @@ pub struct Scheduler<'a> {
     memory: Option<(MemoryModel, Budget)>,
     /// KV bytes reserved by the rows and joiners running now.
     reserved: u64,
+    /// Plain and speculative step times, for the batched cost rule.
+    spec_clock: BatchClock,
 }
 
 impl<'a> Scheduler<'a> {
     pub fn new(engine: &'a Engine, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, limit: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
-        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), cohort: None, padded_prefill: true, serial_next: None, waiting: None, memory, reserved: 0 }
+        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), cohort: None, padded_prefill: true, serial_next: None, waiting: None, memory, reserved: 0, spec_clock: BatchClock::default() }
     }
 
     fn idle(&self) -> bool {
@@ -360,8 +363,9 @@ impl<'a> Scheduler<'a> {
 
     /// One decode step over every row.
     fn step(&mut self) -> Result<(), EngineError> {
+        let started = std::time::Instant::now();
         if let Some(drafts) = self.draft_rows() {
-            return self.spec_step(drafts);
+            return self.spec_step(drafts, started);
         }
         let ids: Vec<u32> = self.rows.iter().map(|r| r.pending).collect();
         self.stats.decode_steps.fetch_add(1, Ordering::Relaxed);
@@ -400,6 +404,7 @@ impl<'a> Scheduler<'a> {
         let y = y.as_dtype(mlx_rs::Dtype::Uint32)?;
         y.eval()?;
         let tokens: Vec<u32> = y.as_slice::<u32>().to_vec();
+        self.spec_clock.plain(self.rows.len(), started.elapsed().as_secs_f64());
         let mut keep: Vec<u32> = Vec::new();
         let mut finished = Vec::new();
         for (i, (r, lp)) in self.rows.iter_mut().zip(lps).enumerate() {

@@ -16,18 +16,21 @@ use super::{handle_token, Outcome, Scheduler};
 use crate::engine::{Engine, EngineError};
 use crate::generate::{token_array, GenerateRequest};
 use crate::sampling::Sampler;
+use crate::speculative::clock::RowCost;
 use crate::speculative::SpecStats;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;
 use plugin_api::DraftArgs;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 /// A row's speculation state.
 pub struct RowSpec {
     pub stats: SpecStats,
     depth: usize,
     max_depth: usize,
+    cost: RowCost,
 }
 
 impl RowSpec {
@@ -40,7 +43,7 @@ impl RowSpec {
         }
         let d = engine.drafter.as_ref()?.lock().ok()?;
         let (kind, max_depth) = (d.1.clone(), d.2);
-        Some(Self { stats: SpecStats { kind, accepted_by_position: vec![0; max_depth], ..Default::default() }, depth: max_depth, max_depth })
+        Some(Self { stats: SpecStats { kind, accepted_by_position: vec![0; max_depth], ..Default::default() }, depth: max_depth, max_depth, cost: RowCost::default() })
     }
 
     fn active(&self) -> bool {
@@ -56,6 +59,10 @@ impl Scheduler<'_> {
     /// Each row's drafts, or None when no row drafted (a plain step).
     pub(super) fn draft_rows(&mut self) -> Option<Vec<Vec<u32>>> {
         if !self.rows.iter().any(|r| r.spec.as_ref().is_some_and(RowSpec::active)) {
+            return None;
+        }
+        // The cost rule needs a plain step at this batch size to compare with.
+        if !self.engine.speculate_always && self.spec_clock.wants_plain_sample(self.rows.len()) {
             return None;
         }
         let mut guard = self.engine.drafter.as_ref()?.lock().ok()?;
@@ -82,7 +89,8 @@ impl Scheduler<'_> {
 
     /// One verify forward over every row's drafts, per-row acceptance and
     /// per-row rollback.
-    pub(super) fn spec_step(&mut self, drafts: Vec<Vec<u32>>) -> Result<(), EngineError> {
+    /// `started`: when this step began (drafting included), for the cost rule.
+    pub(super) fn spec_step(&mut self, drafts: Vec<Vec<u32>>, started: Instant) -> Result<(), EngineError> {
         let b = self.rows.len();
         let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(b * (k + 1));
@@ -103,6 +111,9 @@ impl Scheduler<'_> {
         let v = logits.shape()[logits.ndim() - 1];
         let logits = logits.reshape(&[b as i32, (k + 1) as i32, v])?;
         let (tokens, lps) = self.choose(&logits, &drafts)?;
+        // The step's cost in plain steps (the choices above were evaluated).
+        let cost = self.spec_clock.spec_cost(b, k + 1, started.elapsed().as_secs_f64());
+        let judge = !self.engine.speculate_always;
 
         let mut keep_rows = Vec::new();
         let mut finished = Vec::new();
@@ -111,7 +122,13 @@ impl Scheduler<'_> {
             let t = &tokens[i];
             let n = d.iter().zip(t).take_while(|(d, t)| d == t).count();
             if let Some(s) = r.spec.as_mut().filter(|_| !d.is_empty()) {
-                s.depth = s.stats.record_round(d.len(), n, s.max_depth, !self.engine.speculate_always);
+                s.depth = s.stats.record_round(d.len(), n, s.max_depth, judge);
+                if let Some(c) = cost {
+                    s.cost.round(n + 1, c);
+                    if judge && s.stats.disabled.is_none() {
+                        s.stats.disabled = s.cost.verdict();
+                    }
+                }
             }
             keep_counts.push((n + 1) as u64);
             let mut outcome = Outcome::Continue;

@@ -25,7 +25,7 @@
 //! loop that times the plain reference) and says so. Rounds themselves are
 //! synchronous: the next round's input depends on this round's verdict.
 
-mod clock;
+pub(crate) mod clock;
 mod rejection;
 
 use crate::engine::{Engine, EngineError};

@@ -60,11 +60,11 @@ pub fn update(cache: &mut CacheBox, keys: Array, values: Array) -> Result<(Array
     Ok((into_array(kv.keys), into_array(kv.values)))
 }
 
-/// `mx.fast.scaled_dot_product_attention` with the mask's mode; short
-/// multi-token queries on a GPU attend unfused instead (`short_attention`
-/// says why).
+/// `mx.fast.scaled_dot_product_attention` with the mask's mode; multi-token
+/// queries on a GPU attend unfused while their scores stay small
+/// (`short_attention` says why).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
-    if crate::short_attention::wanted(q.shape()[2]) {
+    if crate::short_attention::wanted(q.shape(), k.shape()[2]) {
         return crate::short_attention::unfused(q, k, v, scale, mask);
     }
     match mask {

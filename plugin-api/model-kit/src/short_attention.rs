@@ -1,14 +1,17 @@
-//! Attention for short multi-token queries (speculative verify widths, a
-//! drafter's catch-up step) as plain matmul + softmax, the way MLX's own
-//! fallback computes it.
+//! Attention for multi-token queries (speculative verify widths, a drafter's
+//! catch-up step, prefill chunks) as plain matmul + softmax, the way MLX's
+//! own fallback computes it, when the scores it materialises stay small.
 //!
 //! Why: on a CUDA device MLX's fused kernel serves 1-token queries only;
-//! longer ones go to cuDNN, which builds a graph for every new key length.
-//! A verify round's key length is new every round, and each build cost
-//! about 40 ms on the H200 (measured: a 4-wide verify of a 28-layer model
-//! took 45 ms on first sight of its length, 6 ms when repeated; mlx-lm
-//! showed the same). Two small matmuls have no per-length setup. On the CPU
-//! MLX already takes this path inside `fast::scaled_dot_product_attention`.
+//! longer ones go to cuDNN, which builds a graph for every new shape. A
+//! verify round's key length is new every round, and so is almost every
+//! prompt's: each build cost about 40-70 ms on the H200 (measured: a 4-wide
+//! verify of a 28-layer model took 45 ms on first sight of its key length,
+//! 6 ms when repeated; prefill of a new 1000-token prompt ran at 11-16k
+//! tok/s fused and 38k unfused; docs/benchmarks.md). Matmuls have no
+//! per-shape setup. Past `MAX_SCORES` elements the fused kernel's
+//! not materialising the scores matters more. On the CPU MLX already takes
+//! this path inside `fast::scaled_dot_product_attention`.
 
 use crate::attention::Mask;
 use crate::{Array, Result};
@@ -18,16 +21,21 @@ use mlx_rs::Dtype;
 /// Queries up to this long take the unfused path on a GPU, unless the
 /// environment variable `MLX_ENGINE_UNFUSED_MAX` says another length
 /// (a benchmark knob: 1 turns the path off).
-pub const SHORT_QUERY: i32 = 16;
+pub const MAX_QUERY: i32 = 2048;
+/// The most score elements (batch x query heads x queries x keys) the
+/// unfused path materialises: 2^27, 256 MiB in bf16.
+pub const MAX_SCORES: i64 = 1 << 27;
 
 fn limit() -> i32 {
     static LIMIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| std::env::var("MLX_ENGINE_UNFUSED_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(SHORT_QUERY))
+    *LIMIT.get_or_init(|| std::env::var("MLX_ENGINE_UNFUSED_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_QUERY))
 }
 
-/// Whether `queries` tokens should take [`unfused`] on the current device.
-pub fn wanted(queries: i32) -> bool {
-    (2..=limit()).contains(&queries) && on_gpu()
+/// Whether queries `q` `[B, Hq, L, D]` over `keys` keys should take
+/// [`unfused`] on the current device.
+pub fn wanted(q: &[i32], keys: i32) -> bool {
+    let (b, h, l) = (q[0] as i64, q[1] as i64, q[2]);
+    (2..=limit()).contains(&l) && b * h * l as i64 * keys as i64 <= MAX_SCORES && on_gpu()
 }
 
 fn on_gpu() -> bool {
@@ -135,9 +143,12 @@ mod tests {
     }
 
     #[test]
-    fn only_short_multi_token_queries_on_a_gpu_take_it() {
-        // This machine's default device decides; 1-token and long queries never do.
-        assert!(!wanted(1) && !wanted(limit() + 1));
-        assert_eq!(wanted(4), on_gpu());
+    fn only_multi_token_queries_with_small_scores_on_a_gpu_take_it() {
+        // This machine's default device decides; 1-token queries, queries
+        // past the limit and scores past MAX_SCORES never do.
+        assert!(!wanted(&[1, 16, 1, 64], 100) && !wanted(&[1, 16, limit() + 1, 64], 4096));
+        assert!(!wanted(&[1, 16, 2048, 64], 32768), "16 x 2048 x 32768 scores are past MAX_SCORES");
+        assert_eq!(wanted(&[1, 16, 4, 64], 100), on_gpu());
+        assert_eq!(wanted(&[8, 16, 512, 64], 1024), on_gpu());
     }
 }

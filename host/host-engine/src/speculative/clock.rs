@@ -65,6 +65,71 @@ impl RoundClock {
     }
 }
 
+/// The batched counterpart. A batched step's cost is shared by every row,
+/// so the unit is the plain step: a speculative step that takes c times the
+/// time of a plain step at the same number of rows pays for a row only if
+/// that row's rounds emit more than c tokens each. Plain steps are timed
+/// per batch size (the first step of every rows x width shape is not timed,
+/// as above); a batch size without a plain reference takes one plain step
+/// first.
+#[derive(Default, Debug)]
+pub struct BatchClock {
+    plain_best: std::collections::BTreeMap<usize, f64>,
+    shapes_seen: std::collections::HashSet<(usize, usize)>,
+}
+
+impl BatchClock {
+    /// Whether the next step at `rows` rows should be a plain one, to be timed.
+    pub fn wants_plain_sample(&self, rows: usize) -> bool {
+        !self.plain_best.contains_key(&rows)
+    }
+
+    pub fn plain(&mut self, rows: usize, seconds: f64) {
+        if self.shapes_seen.insert((rows, 1)) {
+            return;
+        }
+        let best = self.plain_best.entry(rows).or_insert(seconds);
+        *best = best.min(seconds);
+    }
+
+    /// A speculative step's cost in plain steps of the same batch size
+    /// (None: not timed).
+    pub fn spec_cost(&mut self, rows: usize, width: usize, seconds: f64) -> Option<f64> {
+        if self.shapes_seen.insert((rows, width)) {
+            return None;
+        }
+        let plain = *self.plain_best.get(&rows)?;
+        (plain > 0.0).then(|| seconds / plain)
+    }
+}
+
+/// One batched row's side of the cost rule: what its timed rounds emitted
+/// against what they cost, in plain steps.
+#[derive(Default, Debug, Clone)]
+pub struct RowCost {
+    rounds: u64,
+    emitted: usize,
+    cost: f64,
+}
+
+impl RowCost {
+    pub fn round(&mut self, emitted: usize, cost: f64) {
+        self.rounds += 1;
+        self.emitted += emitted;
+        self.cost += cost;
+    }
+
+    /// Why this row's rounds lose, once enough are timed (None: keep going).
+    pub fn verdict(&self) -> Option<String> {
+        if self.rounds < JUDGED_ROUNDS || self.cost <= 0.0 {
+            return None;
+        }
+        let per_step = self.emitted as f64 / self.rounds as f64;
+        let cost = self.cost / self.rounds as f64;
+        (per_step < MARGIN * cost).then(|| format!("batched rounds emit {per_step:.2} tokens each and cost {cost:.2} plain steps: plain steps from here"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +165,34 @@ mod tests {
         assert_eq!(clock(&[], &[(0.03, 1); 10]).verdict(), None);
         assert!(!RoundClock::default().wants_plain_sample(0), "the first token comes from a normal step");
         assert!(RoundClock::default().wants_plain_sample(1));
+    }
+
+    #[test]
+    fn batched_rounds_are_judged_in_plain_steps_of_the_same_batch_size() {
+        let mut c = BatchClock::default();
+        assert!(c.wants_plain_sample(4));
+        c.plain(4, 0.5); // first sight of 4 x 1: compiling, not timed
+        assert!(c.wants_plain_sample(4));
+        c.plain(4, 0.010);
+        assert!(!c.wants_plain_sample(4) && c.wants_plain_sample(3), "a reference per batch size");
+        assert_eq!(c.spec_cost(4, 5, 0.3), None, "a new rows x width shape is not timed");
+        assert_eq!(c.spec_cost(3, 5, 0.02), None);
+        assert_eq!(c.spec_cost(3, 5, 0.02), None, "no plain reference at 3 rows");
+        let cost = c.spec_cost(4, 5, 0.025).expect("timed");
+        assert!((cost - 2.5).abs() < 1e-9);
+
+        // A row emitting 3 tokens per 2.5-step round pays; 2 per round does not.
+        let mut pays = RowCost::default();
+        let mut loses = RowCost::default();
+        for _ in 0..4 {
+            pays.round(3, 2.5);
+            loses.round(2, 2.5);
+        }
+        assert_eq!(pays.verdict(), None);
+        let why = loses.verdict().expect("loses");
+        assert!(why.contains("2.00 tokens") && why.contains("2.50 plain steps"), "{why}");
+        let mut early = RowCost::default();
+        early.round(1, 5.0);
+        assert_eq!(early.verdict(), None, "no verdict before enough rounds");
     }
 }
