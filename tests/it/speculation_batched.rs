@@ -1,7 +1,8 @@
-//! Speculation inside continuous batching (n-gram drafter: one instance
-//! serves every row): rows draft different depths, one `[B, k+1]` forward
-//! verifies them, each row keeps its own count. Greedy output equals the
-//! plain serial run; sampled rows keep the target's distribution.
+//! Speculation inside continuous batching: rows draft different depths,
+//! one `[B, k+1]` forward verifies them, each row keeps its own count.
+//! n-gram: one drafter instance serves every row; two-model: every row
+//! opens its own (own draft caches, shared draft weights). Greedy output
+//! equals the plain serial run; sampled rows keep the target's distribution.
 
 use it::{model, Server};
 use serde_json::{json, Value};
@@ -66,6 +67,57 @@ fn batched_ngram_speculation_is_lossless_with_staggered_rows() {
     // Some drafts were rejected while others were kept: the per-row
     // rollback (holes) path ran.
     assert!(accepted < drafted, "every draft was accepted; the per-row rollback never ran");
+}
+
+/// Two-model drafting inside the batch: each row drafts with its own
+/// instance. The self-draft accepts everything; the 4-bit copy of the same
+/// model disagrees now and then, so rows keep different counts and the
+/// per-row rollback of both the target's and the row's draft caches runs.
+#[test]
+fn batched_two_model_speculation_is_lossless_with_per_row_drafters() {
+    let m = model("tiny/tiny-llama-f32");
+    let ps = prompts();
+    let want: Vec<Value> = {
+        let s = Server::start(&m, &["--batch", "1"]);
+        ps.iter().enumerate().map(|(i, p)| s.post("/v1/completions", &body(p, i)).json()).collect()
+    };
+    let mut accepted_by_draft = Vec::new();
+    for draft in ["tiny/tiny-llama-f32", "tiny/tiny-llama-q4"] {
+        let dir = model(draft).to_string_lossy().into_owned();
+        // --speculate-always: the cost rule depends on timing; the counts below must not.
+        let s = Server::start(&m, &["--batch", "8", "--draft-model", &dir, "--num-draft-tokens", "3", "--speculate-always"]);
+        let got: Vec<Value> = std::thread::scope(|sc| {
+            let hs: Vec<_> = ps
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let s = &s;
+                    sc.spawn(move || {
+                        std::thread::sleep(std::time::Duration::from_millis(7 * i as u64));
+                        s.post("/v1/completions", &body(p, i)).json()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let st = s.stats();
+        assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{draft}: speculative rows never shared a step: {st}");
+        let (mut drafted, mut accepted) = (0, 0);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{draft}: request {i} changed under batched two-model speculation");
+            let sp = &g["usage"]["speculation"];
+            assert_eq!(sp["kind"], "two-model", "{draft}: request {i}: {g}");
+            assert!(sp["disabled"].is_null(), "{draft}: request {i} stopped speculating: {sp}");
+            drafted += sp["drafted"].as_u64().unwrap();
+            accepted += sp["accepted"].as_u64().unwrap();
+        }
+        assert!(drafted > 0, "{draft}: nothing drafted");
+        accepted_by_draft.push((draft, drafted, accepted));
+    }
+    let (_, d, a) = accepted_by_draft[0];
+    assert_eq!(a, d, "a self-draft accepts everything: {accepted_by_draft:?}");
+    let (_, d, a) = accepted_by_draft[1];
+    assert!(a > 0 && a < d, "the 4-bit draft should be kept and rejected in turn: {accepted_by_draft:?}");
 }
 
 /// The batched executor's sampling path: 300 seeded two-token samples with

@@ -55,10 +55,16 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
     if let Some(n) = a.ngram_min {
         options.push(("ngram-min".to_owned(), n.to_string()));
     }
-    let (plugin, drafter) = host_loader::services::open_drafter(reg, &kind, a.draft_model.as_deref(), depth as u32, &options, engine.compute_dtype).map_err(anyhow::Error::msg)?;
-    let caps = reg.by_name(&plugin).map(|p| p.manifest.capabilities.iter().map(|c| c.to_string()).collect()).unwrap_or_default();
+    let (factory, drafter) = host_loader::services::open_drafter(reg, &kind, a.draft_model.as_deref(), depth as u32, &options, engine.compute_dtype).map_err(anyhow::Error::msg)?;
+    let plugin = factory.plugin.clone();
+    let caps: Vec<String> = reg.by_name(&plugin).map(|p| p.manifest.capabilities.iter().map(|c| c.to_string()).collect()).unwrap_or_default();
     eprintln!("speculative decoding: kind {kind} via {plugin}, up to {depth} tokens per round");
     engine.set_drafter(drafter, &kind, &plugin, caps, depth);
+    if !engine.history_only_drafter() {
+        // Per-request state: batched rows each open their own instance
+        // (the draft model's weights are shared, its caches are not).
+        engine.drafter_factory = Some(Box::new(move || factory.open()));
+    }
     engine.speculate_always = a.speculate_always;
     Ok(())
 }

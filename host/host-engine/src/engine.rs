@@ -75,6 +75,9 @@ pub struct Engine {
     pub drafter: Option<std::sync::Mutex<(plugin_api::DrafterBox, String, usize)>>,
     /// Capability tags of the drafter plugin (for resolve_execution).
     pub drafter_caps: Vec<String>,
+    /// Opens another instance of the drafter: set for drafters that keep
+    /// per-request state (two-model), so each batched row gets its own.
+    pub drafter_factory: Option<DrafterFactory>,
     /// Never switch a request to plain steps because rounds do not pay.
     pub speculate_always: bool,
 }
@@ -113,7 +116,7 @@ impl Engine {
             model.scheme,
             model.layouts.join(",")
         );
-        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), speculate_always: false })
+        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), drafter_factory: None, speculate_always: false })
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).
@@ -139,10 +142,11 @@ impl Engine {
         let tags: Vec<Vec<&str>> = self.model.layout_caps.iter().map(|(_, t)| t.iter().map(String::as_str).collect()).collect();
         let layouts: Vec<(&str, &[&str])> = self.model.layout_caps.iter().zip(&tags).map(|((n, _), t)| (n.as_str(), t.as_slice())).collect();
         let mut caps = crate::plan::Capabilities::from_tags(&model, &layouts, drafter);
-        // The batch scheduler runs speculative rows with a drafter that keeps
-        // no per-request state, over layouts that roll back by trim (per-row
-        // replay of recurrent state is not built): otherwise a model's
-        // `grouped:speculative` cannot be honoured and such requests run serial.
+        // The batch scheduler runs speculative rows with one history-only
+        // drafter or one drafter instance per row (a factory), over layouts
+        // that roll back by trim (per-row replay of recurrent state is not
+        // built): otherwise a model's `grouped:speculative` cannot be
+        // honoured and such requests run serial.
         if !self.batch_speculation() {
             caps.grouped_methods.retain(|m| m != "speculative");
         }
@@ -150,12 +154,20 @@ impl Engine {
     }
 }
 
+/// Opens a fresh drafter instance (see `Engine::drafter_factory`).
+pub type DrafterFactory = Box<dyn Fn() -> Result<plugin_api::DrafterBox, String> + Send + Sync>;
+
 impl Engine {
     /// Whether speculative rows can run inside the batch (see `capabilities`).
     pub fn batch_speculation(&self) -> bool {
-        let history_only = self.drafter_caps.iter().any(|t| t == plugin_api::caps::HISTORY_ONLY);
         let replay = self.model.layout_caps.iter().any(|(_, t)| t.iter().any(|t| t == plugin_api::caps::SPEC_REPLAY));
-        self.drafter.is_some() && history_only && !replay
+        self.drafter.is_some() && (self.history_only_drafter() || self.drafter_factory.is_some()) && !replay
+    }
+
+    /// One drafter instance can serve every row (`caps::HISTORY_ONLY`);
+    /// otherwise each speculating row opens its own (`drafter_factory`).
+    pub fn history_only_drafter(&self) -> bool {
+        self.drafter_caps.iter().any(|t| t == plugin_api::caps::HISTORY_ONLY)
     }
 
     /// Installs a drafter. The prefix cache namespace then names it too

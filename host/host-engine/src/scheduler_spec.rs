@@ -21,7 +21,7 @@ use crate::speculative::SpecStats;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;
-use plugin_api::DraftArgs;
+use plugin_api::{DraftArgs, DrafterBox};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -31,6 +31,10 @@ pub struct RowSpec {
     depth: usize,
     max_depth: usize,
     cost: RowCost,
+    /// This row's own drafter, for drafters with per-request state
+    /// (two-model: its own draft caches over the shared draft weights).
+    /// None: the engine's one history-only drafter serves the row.
+    own: Option<DrafterBox>,
 }
 
 impl RowSpec {
@@ -41,9 +45,20 @@ impl RowSpec {
         if !req.speculate || req.params.has_penalties() || !engine.batch_speculation() {
             return None;
         }
-        let d = engine.drafter.as_ref()?.lock().ok()?;
-        let (kind, max_depth) = (d.1.clone(), d.2);
-        Some(Self { stats: SpecStats { kind, accepted_by_position: vec![0; max_depth], ..Default::default() }, depth: max_depth, max_depth, cost: RowCost::default() })
+        let (kind, max_depth) = {
+            let d = engine.drafter.as_ref()?.lock().ok()?;
+            (d.1.clone(), d.2)
+        };
+        let mut spec = Self { stats: SpecStats { kind, accepted_by_position: vec![0; max_depth], ..Default::default() }, depth: max_depth, max_depth, cost: RowCost::default(), own: None };
+        if !engine.history_only_drafter() {
+            // Its own instance, fed the prompt as the serial path does.
+            let opened = engine.drafter_factory.as_ref().ok_or_else(|| "no drafter factory".to_owned()).and_then(|open| open());
+            match opened.and_then(|mut d| d.prefill(RSlice::from_slice(&req.prompt)).into_result().map(|_| d).map_err(|e| e.to_string())) {
+                Ok(d) => spec.own = Some(d),
+                Err(e) => spec.stats.disabled = Some(format!("could not open this row's drafter ({e}): plain steps")),
+            }
+        }
+        Some(spec)
     }
 
     fn active(&self) -> bool {
@@ -66,7 +81,7 @@ impl Scheduler<'_> {
             return None;
         }
         let mut guard = self.engine.drafter.as_ref()?.lock().ok()?;
-        let drafter = &mut guard.0;
+        let shared = &mut guard.0;
         let drafts: Vec<Vec<u32>> = self
             .rows
             .iter_mut()
@@ -74,6 +89,10 @@ impl Scheduler<'_> {
                 let room = r.job.request.max_tokens - r.out.len();
                 let Some(s) = r.spec.as_mut().filter(|s| s.active() && room >= 2) else { return Vec::new() };
                 let n = s.depth.min(room - 1);
+                let drafter = match s.own.as_mut() {
+                    Some(own) => own,
+                    None => &mut *shared,
+                };
                 match drafter.draft(DraftArgs { history: RSlice::from_slice(&r.history), max_tokens: n as u32, sampling: crate::speculative::draft_sampling(&r.sampler, r.history.len()) }).into_result() {
                     Ok(d) => d.tokens.into_iter().take(n).collect(),
                     // A drafter that fails costs this row its speculation, not its answer.
@@ -122,6 +141,11 @@ impl Scheduler<'_> {
             let t = &tokens[i];
             let n = d.iter().zip(t).take_while(|(d, t)| d == t).count();
             if let Some(s) = r.spec.as_mut().filter(|_| !d.is_empty()) {
+                if let Some(own) = s.own.as_mut() {
+                    if let Err(e) = own.commit(n as u32).into_result() {
+                        s.stats.disabled = Some(format!("the drafter failed to commit ({e}): plain steps from here"));
+                    }
+                }
                 s.depth = s.stats.record_round(d.len(), n, s.max_depth, judge);
                 if let Some(c) = cost {
                     s.cost.round(n + 1, c);

@@ -4,28 +4,66 @@
 
 use crate::registry::Registry;
 use abi_stable::sabi_trait::TD_Opaque;
-use abi_stable::std_types::{ROption, RStr, RString, RVec};
+use crate::compose::ComposedModel;
+use abi_stable::std_types::{ROption, RSliceMut, RStr, RString, RVec};
 use plugin_api::*;
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub struct Services {
     pub registry: Arc<Registry>,
     /// The compute dtype the target runs in (drafts run in the same).
     pub dtype: Option<Dtype>,
+    /// Models opened for drafters, by folder, shared by every drafter this
+    /// host opens: a drafter opened per batched row gets the same weights
+    /// and fresh caches of its own.
+    pub opened: Arc<Mutex<HashMap<String, Arc<ComposedModel>>>>,
+}
+
+/// A graph shared between drafter instances (every ModelGraph method
+/// takes `&self`; state lives in the caches each instance owns).
+struct SharedGraph(Arc<ComposedModel>);
+
+impl ModelGraph for SharedGraph {
+    fn plan(&self) -> ModelPlan {
+        self.0.graph.plan()
+    }
+    fn forward(&self, args: ForwardArgs<'_>, caches: RSliceMut<'_, CacheBox>) -> PResult<ForwardOutput> {
+        self.0.graph.forward(args, caches)
+    }
+    fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
+        self.0.graph.embed(tokens)
+    }
+    fn lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
+        self.0.graph.lm_head(hidden)
+    }
+}
+
+impl Services {
+    fn composed(&self, dir: &str) -> Result<Arc<ComposedModel>, String> {
+        let mut opened = self.opened.lock().map_err(|_| "draft model table poisoned".to_owned())?;
+        if let Some(m) = opened.get(dir) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(self.registry.open_model(Path::new(dir), self.dtype, "plain").map_err(|e| format!("opening draft model {dir}: {e}"))?);
+        opened.insert(dir.to_owned(), m.clone());
+        Ok(m)
+    }
 }
 
 impl HostServices for Services {
     fn open_model(&self, dir: RStr<'_>) -> PResult<ModelInstance> {
-        let composed = match self.registry.open_model(Path::new(dir.as_str()), self.dtype, "plain") {
+        let composed = match self.composed(dir.as_str()) {
             Ok(m) => m,
-            Err(e) => return PResult::RErr(PluginError::invalid_input(format!("opening draft model {dir}: {e}"))),
+            Err(e) => return PResult::RErr(PluginError::invalid_input(e)),
         };
         let caches = match composed.new_caches(1) {
             Ok(c) => c,
             Err(e) => return PResult::RErr(PluginError::invalid_input(e.to_string())),
         };
-        PResult::ROk(ModelInstance { graph: composed.graph, caches: caches.into_iter().collect::<RVec<_>>() })
+        let graph = ModelGraph_TO::from_value(SharedGraph(composed), TD_Opaque);
+        PResult::ROk(ModelInstance { graph, caches: caches.into_iter().collect::<RVec<_>>() })
     }
 
     fn target_embed(&self, _tokens: TensorRef<'_>) -> PResult<Tensor> {
@@ -46,7 +84,7 @@ pub fn open_drafter(
     depth: u32,
     options: &[(String, String)],
     dtype: Option<Dtype>,
-) -> Result<(String, DrafterBox), String> {
+) -> Result<(DrafterFactory, DrafterBox), String> {
     let config = dir.and_then(|d| std::fs::read_to_string(d.join("config.json")).ok());
     let mut candidates: Vec<_> = registry
         .of_kind(PluginKind::DRAFTER)
@@ -78,7 +116,28 @@ pub fn open_drafter(
         max_depth: depth,
         options: options.iter().map(|(k, v)| abi_stable::std_types::Tuple2(RString::from(k.as_str()), RString::from(v.as_str()))).collect(),
     };
-    let services = HostServices_TO::from_value(Services { registry: registry.clone(), dtype }, TD_Opaque);
-    let drafter = open(&args, services).into_result().map_err(|e| format!("drafter `{}`: {e}", plugin.name()))?;
-    Ok((plugin.name().to_owned(), drafter))
+    let factory = DrafterFactory { open, args, plugin: plugin.name().to_owned(), registry: registry.clone(), dtype, opened: Arc::default() };
+    let drafter = factory.open()?;
+    Ok((factory, drafter))
+}
+
+/// Opens more drafters like the first one: the batch scheduler gives every
+/// speculating row of a drafter with per-request state (two-model) its own
+/// instance. Draft models are opened once and shared (`Services::opened`).
+type OpenDrafterFn = extern "C" fn(args: &DrafterOpenArgs, host: HostServicesBox) -> PResult<DrafterBox>;
+
+pub struct DrafterFactory {
+    open: OpenDrafterFn,
+    args: DrafterOpenArgs,
+    pub plugin: String,
+    registry: Arc<Registry>,
+    dtype: Option<Dtype>,
+    opened: Arc<Mutex<HashMap<String, Arc<ComposedModel>>>>,
+}
+
+impl DrafterFactory {
+    pub fn open(&self) -> Result<DrafterBox, String> {
+        let services = Services { registry: self.registry.clone(), dtype: self.dtype, opened: self.opened.clone() };
+        (self.open)(&self.args, HostServices_TO::from_value(services, TD_Opaque)).into_result().map_err(|e| format!("drafter `{}`: {e}", self.plugin))
+    }
 }
