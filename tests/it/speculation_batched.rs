@@ -121,27 +121,28 @@ fn batched_two_model_speculation_is_lossless_with_per_row_drafters() {
 }
 
 /// The batched executor's sampling path: 300 seeded two-token samples with
-/// and without the n-gram drafter; chi-square at 99.9% as in speculation.rs.
-#[test]
-fn batched_sampled_speculation_keeps_the_target_distribution() {
+/// and without a drafter; chi-square at 99.9% as in speculation.rs. Returns
+/// each speculative request's `usage.speculation`.
+fn sampled_distribution_matches_plain(spec_args: &[&str]) -> Vec<Value> {
     let m = model("tiny/tiny-llama-f32");
     let plain = Server::start(&m, &["--batch", "1"]);
-    let spec = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram", "--num-draft-tokens", "2"]);
+    let spec = Server::start(&m, &[&["--batch", "8"][..], spec_args].concat());
     // A prompt whose tail repeats, so the n-gram drafter proposes tokens.
     let sample = |s: &Server, seed: u64| -> ((String, String), Value) {
         let r = s.post("/v1/completions", &json!({ "prompt": [9, 8, 7, 9, 8, 7, 9, 8], "max_tokens": 2, "temperature": 1.0, "top_k": 3, "seed": seed, "logprobs": 0 })).json();
         let t = &r["choices"][0]["logprobs"]["tokens"];
-        ((t[0].as_str().unwrap().to_owned(), t[1].as_str().unwrap().to_owned()), r["usage"].clone())
+        ((t[0].as_str().unwrap().to_owned(), t[1].as_str().unwrap().to_owned()), r["usage"]["speculation"].clone())
     };
     let n = 300;
     let mut counts: std::collections::BTreeMap<(String, String), [f64; 2]> = Default::default();
-    let mut drafted = 0;
+    let mut usages = Vec::new();
     for seed in 0..n {
         counts.entry(sample(&plain, seed).0).or_default()[0] += 1.0;
         let (k, u) = sample(&spec, 10_000 + seed);
         counts.entry(k).or_default()[1] += 1.0;
-        drafted += u["speculation"]["drafted"].as_u64().unwrap_or(0);
+        usages.push(u);
     }
+    let drafted: u64 = usages.iter().map(|u| u["drafted"].as_u64().unwrap_or(0)).sum();
     assert!(drafted > 0, "speculation never drafted");
     let mut chi2 = 0.0;
     for c in counts.values() {
@@ -152,4 +153,21 @@ fn batched_sampled_speculation_keeps_the_target_distribution() {
     let crit = df * (1.0 - 2.0 / (9.0 * df) + 3.09 * (2.0 / (9.0 * df)).sqrt()).powi(3);
     assert!(counts.len() > 1, "the sampler never varied");
     assert!(chi2 < crit, "distributions differ: chi2 {chi2:.1} >= {crit:.1} (df {df}); counts {counts:?}");
+    usages
+}
+
+/// n-gram drafts carry no probabilities: exact match of the target's samples.
+#[test]
+fn batched_sampled_speculation_keeps_the_target_distribution() {
+    let usages = sampled_distribution_matches_plain(&["--draft-kind", "ngram", "--num-draft-tokens", "2"]);
+    assert!(usages.iter().all(|u| u["rejection_sampling"] == false), "n-gram has no q rows");
+}
+
+/// A sampling two-model drafter returns q: each batched row is verified by
+/// rejection sampling against its own key chain.
+#[test]
+fn batched_rejection_sampling_with_a_draft_model_keeps_the_target_distribution() {
+    let dir = model("tiny/tiny-llama-q4").to_string_lossy().into_owned();
+    let usages = sampled_distribution_matches_plain(&["--draft-model", &dir, "--num-draft-tokens", "2", "--speculate-always"]);
+    assert!(usages.iter().any(|u| u["rejection_sampling"] == true), "no batched round used the q rows: {:?}", &usages[..3]);
 }

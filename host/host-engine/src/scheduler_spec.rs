@@ -8,7 +8,9 @@
 //! change no real position's logits). Per row, the target's choice at each
 //! position is drawn as in plain decoding; drafts are accepted while they
 //! equal it; the first mismatch (or the bonus position) emits the target's
-//! token. Rows without drafts ride along and use position 0 only. The
+//! token. A sampling row whose drafter returned its probability rows q is
+//! verified by rejection sampling instead, as in the serial executor.
+//! Drafters with per-request state (two-model) get one instance per row. Rows without drafts ride along and use position 0 only. The
 //! caches then keep `1 + accepted` tokens per row (`spec_rollback` with one
 //! count per row; a layout leaves holes where rows kept fewer).
 
@@ -70,9 +72,17 @@ fn model_err(what: &str) -> impl Fn(plugin_api::PluginError) -> EngineError + '_
     move |e| EngineError::Model(format!("{what}: {e}"))
 }
 
+/// One row's drafts this step, with the drafter's probability rows q when
+/// the row samples and the drafter returned them (then the row is verified
+/// by rejection sampling; otherwise by exact match of the target's samples).
+pub(super) struct RowDraft {
+    tokens: Vec<u32>,
+    q: Option<Array>,
+}
+
 impl Scheduler<'_> {
     /// Each row's drafts, or None when no row drafted (a plain step).
-    pub(super) fn draft_rows(&mut self) -> Option<Vec<Vec<u32>>> {
+    pub(super) fn draft_rows(&mut self) -> Option<Vec<RowDraft>> {
         if !self.rows.iter().any(|r| r.spec.as_ref().is_some_and(RowSpec::active)) {
             return None;
         }
@@ -82,38 +92,43 @@ impl Scheduler<'_> {
         }
         let mut guard = self.engine.drafter.as_ref()?.lock().ok()?;
         let shared = &mut guard.0;
-        let drafts: Vec<Vec<u32>> = self
+        let none = || RowDraft { tokens: Vec::new(), q: None };
+        let drafts: Vec<RowDraft> = self
             .rows
             .iter_mut()
             .map(|r| {
                 let room = r.job.request.max_tokens - r.out.len();
-                let Some(s) = r.spec.as_mut().filter(|s| s.active() && room >= 2) else { return Vec::new() };
+                let Some(s) = r.spec.as_mut().filter(|s| s.active() && room >= 2) else { return none() };
                 let n = s.depth.min(room - 1);
                 let drafter = match s.own.as_mut() {
                     Some(own) => own,
                     None => &mut *shared,
                 };
                 match drafter.draft(DraftArgs { history: RSlice::from_slice(&r.history), max_tokens: n as u32, sampling: crate::speculative::draft_sampling(&r.sampler, r.history.len()) }).into_result() {
-                    Ok(d) => d.tokens.into_iter().take(n).collect(),
+                    Ok(d) => {
+                        let tokens: Vec<u32> = d.tokens.into_iter().take(n).collect();
+                        let q = d.probabilities.into_option().filter(|_| !r.sampler.params.is_greedy() && !tokens.is_empty()).and_then(|t| crate::speculative::draft_rows(t, tokens.len()));
+                        RowDraft { tokens, q }
+                    }
                     // A drafter that fails costs this row its speculation, not its answer.
                     Err(e) => {
                         s.stats.disabled = Some(format!("the drafter failed ({e}): plain steps from here"));
-                        Vec::new()
+                        none()
                     }
                 }
             })
             .collect();
-        drafts.iter().any(|d| !d.is_empty()).then_some(drafts)
+        drafts.iter().any(|d| !d.tokens.is_empty()).then_some(drafts)
     }
 
     /// One verify forward over every row's drafts, per-row acceptance and
     /// per-row rollback.
     /// `started`: when this step began (drafting included), for the cost rule.
-    pub(super) fn spec_step(&mut self, drafts: Vec<Vec<u32>>, started: Instant) -> Result<(), EngineError> {
+    pub(super) fn spec_step(&mut self, drafts: Vec<RowDraft>, started: Instant) -> Result<(), EngineError> {
         let b = self.rows.len();
-        let k = drafts.iter().map(Vec::len).max().unwrap_or(0);
+        let k = drafts.iter().map(|d| d.tokens.len()).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(b * (k + 1));
-        for (r, d) in self.rows.iter().zip(&drafts) {
+        for (r, d) in self.rows.iter().zip(drafts.iter().map(|d| &d.tokens)) {
             ids.push(r.pending);
             ids.extend_from_slice(d);
             let filler = *ids.last().unwrap();
@@ -129,7 +144,7 @@ impl Scheduler<'_> {
         let logits = self.engine.forward_all(&input, batch)?;
         let v = logits.shape()[logits.ndim() - 1];
         let logits = logits.reshape(&[b as i32, (k + 1) as i32, v])?;
-        let (tokens, lps) = self.choose(&logits, &drafts)?;
+        let (verdicts, lps) = self.choose(&logits, &drafts)?;
         // The step's cost in plain steps (the choices above were evaluated).
         let cost = self.spec_clock.spec_cost(b, k + 1, started.elapsed().as_secs_f64());
         let judge = !self.engine.speculate_always;
@@ -137,10 +152,10 @@ impl Scheduler<'_> {
         let mut keep_rows = Vec::new();
         let mut finished = Vec::new();
         let mut keep_counts = Vec::with_capacity(b);
-        for (i, (r, d)) in self.rows.iter_mut().zip(&drafts).enumerate() {
-            let t = &tokens[i];
-            let n = d.iter().zip(t).take_while(|(d, t)| d == t).count();
+        for (i, (r, d)) in self.rows.iter_mut().zip(drafts.iter().map(|d| &d.tokens)).enumerate() {
+            let (t, n) = (&verdicts[i].0, verdicts[i].1);
             if let Some(s) = r.spec.as_mut().filter(|_| !d.is_empty()) {
+                s.stats.rejection_sampling |= drafts[i].q.is_some();
                 if let Some(own) = s.own.as_mut() {
                     if let Err(e) = own.commit(n as u32).into_result() {
                         s.stats.disabled = Some(format!("the drafter failed to commit ({e}): plain steps from here"));
@@ -179,10 +194,13 @@ impl Scheduler<'_> {
         self.retire(finished, keep_rows)
     }
 
-    /// The target's choices: per row, one token per verified position
-    /// (1 + its drafts), and the logprobs they were drawn from `[k+1, V]`.
-    /// All rows' choices are evaluated together (one device sync).
-    fn choose(&mut self, logits: &Array, drafts: &[Vec<u32>]) -> Result<(Vec<Vec<u32>>, Vec<Array>), EngineError> {
+    /// Per row, the tokens to emit and how many drafts were accepted, and
+    /// the logprobs the row's tokens were drawn from `[k+1, V]`. A row with
+    /// q rows is verified by rejection sampling (`speculative::rejection`),
+    /// any other by the target's own choice at each position (argmax or a
+    /// sample) compared with its drafts. All rows' verdicts are evaluated
+    /// together (one device sync).
+    fn choose(&mut self, logits: &Array, drafts: &[RowDraft]) -> Result<(Vec<(Vec<u32>, usize)>, Vec<Array>), EngineError> {
         let mut lps = Vec::with_capacity(self.rows.len());
         let mut picks = Vec::with_capacity(self.rows.len());
         for (i, (r, d)) in self.rows.iter_mut().zip(drafts).enumerate() {
@@ -193,8 +211,11 @@ impl Scheduler<'_> {
             } else {
                 Sampler::logprobs(&row)?
             };
-            let used = d.len() as i32 + 1;
-            let pick = if r.sampler.params.is_greedy() {
+            let used = d.tokens.len() as i32 + 1;
+            let pick = if let Some(q) = &d.q {
+                // [2k+1]: accept flags, then the token each position would emit.
+                crate::speculative::rejection::verdict(&r.sampler.probabilities(&lp.index(0..used))?, q, &d.tokens, &mut r.sampler)?
+            } else if r.sampler.params.is_greedy() {
                 mlx_rs::ops::indexing::argmax_axis(&lp.index(0..used), -1, None)?
             } else {
                 let draws = (0..used).map(|j| r.sampler.sample(&lp.index(j..j + 1))).collect::<Result<Vec<_>, _>>()?;
@@ -209,8 +230,16 @@ impl Scheduler<'_> {
         let mut out = Vec::with_capacity(drafts.len());
         let mut at = 0;
         for d in drafts {
-            out.push(flat[at..at + d.len() + 1].to_vec());
-            at += d.len() + 1;
+            let k = d.tokens.len();
+            if d.q.is_some() {
+                out.push(crate::speculative::rejection::emitted(&flat[at..at + 2 * k + 1], &d.tokens));
+                at += 2 * k + 1;
+            } else {
+                let t = flat[at..at + k + 1].to_vec();
+                let n = d.tokens.iter().zip(&t).take_while(|(d, t)| d == t).count();
+                out.push((t, n));
+                at += k + 1;
+            }
         }
         Ok((out, lps))
     }

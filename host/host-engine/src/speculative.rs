@@ -26,7 +26,7 @@
 //! synchronous: the next round's input depends on this round's verdict.
 
 pub(crate) mod clock;
-mod rejection;
+pub(crate) mod rejection;
 
 use crate::engine::{Engine, EngineError};
 use crate::generate::{token_array, Decoding, Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
@@ -103,7 +103,7 @@ pub(crate) fn draft_sampling(sampler: &Sampler, position: usize) -> DraftSamplin
 
 /// A drafter's probability rows for the first `n` drafts, float32 `[n, V]`,
 /// when they have that shape (else the round verifies by exact match).
-fn draft_rows(t: plugin_api::Tensor, n: usize) -> Option<Array> {
+pub(crate) fn draft_rows(t: plugin_api::Tensor, n: usize) -> Option<Array> {
     use mlx_rs::ops::indexing::IndexOp;
     let q = unsafe { Array::from_ptr(t.into_raw()) };
     if q.ndim() != 2 || (q.shape()[0] as usize) < n {
