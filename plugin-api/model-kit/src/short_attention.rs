@@ -49,6 +49,34 @@ fn masked_score(dtype: Dtype) -> Array {
     Array::from_f32(v).as_dtype(dtype).expect("a float dtype")
 }
 
+/// What every full-attention layer of one forward shares: the causal keep
+/// mask `[L, S]` and the masked score. Built once per (L, S, dtype) instead
+/// of once per layer: on a GPU the host's graph building is the bottleneck
+/// for small models, and these were four of the path's dozen ops per layer.
+struct Shared {
+    key: (i32, i32, Dtype),
+    keep: Array,
+    low: Array,
+}
+
+thread_local! {
+    static SHARED: std::cell::RefCell<Option<Shared>> = const { std::cell::RefCell::new(None) };
+}
+
+fn causal_and_low(l: i32, s: i32, dtype: Dtype) -> Result<(Array, Array)> {
+    SHARED.with(|cell| {
+        if let Some(sh) = cell.borrow().as_ref().filter(|sh| sh.key == (l, s, dtype)) {
+            return Ok((sh.keep.clone(), sh.low.clone()));
+        }
+        // Query i sits at key position s - l + i.
+        let rows = Array::arange::<_, i32>(s - l, s, 1)?.reshape(&[l, 1])?;
+        let keep = rows.ge(&Array::arange::<_, i32>(0, s, 1)?)?;
+        let low = masked_score(dtype);
+        *cell.borrow_mut() = Some(Shared { key: (l, s, dtype), keep: keep.clone(), low: low.clone() });
+        Ok((keep, low))
+    })
+}
+
 /// softmax(q·kᵀ·scale + mask)·v for q `[B, Hq, L, D]` over k, v `[B, Hkv, S, D]`
 /// (grouped heads: Hq a multiple of Hkv). Masks as in `fast::scaled_dot_product_attention`:
 /// causal aligns the queries with the last L keys; an array mask is boolean
@@ -61,13 +89,11 @@ pub fn unfused(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Resu
     let q = q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?;
     let (q, k, v) = if rep > 1 { (q.reshape(&[b, hkv, rep, l, d])?, k.expand_dims(2)?, v.expand_dims(2)?) } else { (q, k.clone(), v.clone()) };
     let mut scores = q.matmul(k.swap_axes(-1, -2)?)?;
-    let low = masked_score(scores.dtype());
     match mask {
         Mask::None => {}
         Mask::Causal => {
-            let rows = Array::arange::<_, i32>(s - l, s, 1)?.reshape(&[l, 1])?;
-            let cols = Array::arange::<_, i32>(0, s, 1)?;
-            scores = select(&rows.ge(&cols)?, &scores, &low)?;
+            let (keep, low) = causal_and_low(l, s, scores.dtype())?;
+            scores = select(&keep, &scores, &low)?;
         }
         Mask::Array(m) => {
             // `[.., H or 1, L, S]` → grouped `[.., Hkv, rep or 1, L, S]`.
@@ -84,6 +110,7 @@ pub fn unfused(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Resu
             } else {
                 m.clone()
             };
+            let low = masked_score(scores.dtype());
             scores = if m.dtype() == Dtype::Bool { select(&m, &scores, &low)? } else { scores.add(&m.as_dtype(scores.dtype())?)? };
         }
     }
@@ -124,6 +151,12 @@ mod tests {
         close(&unfused(&q, &k, &v, 0.35, &Mask::Causal).unwrap(), &want);
         let want = scaled_dot_product_attention(&q, &k, &v, 0.35, None, None).unwrap();
         close(&unfused(&q, &k, &v, 0.35, &Mask::None).unwrap(), &want);
+        // Another shape after the first: the shared causal mask is rebuilt, not reused.
+        let (q2, k2, v2) = (random(&[1, 4, 2, 8], 6), random(&[1, 2, 5, 8], 7), random(&[1, 2, 5, 8], 8));
+        let want = scaled_dot_product_attention(&q2, &k2, &v2, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
+        close(&unfused(&q2, &k2, &v2, 0.35, &Mask::Causal).unwrap(), &want);
+        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
+        close(&unfused(&q, &k, &v, 0.35, &Mask::Causal).unwrap(), &want);
     }
 
     #[test]
