@@ -73,6 +73,34 @@ fn ngram_on_a_copy_prompt_accepts_more_than_half_and_changes_nothing() {
     assert!(d > 0.0 && a / d > 0.5, "n-gram accepted {a} of {d}: {sp}");
 }
 
+/// The default model drafting for itself (two-model), serial and inside
+/// the batch (two requests at once, each row with its own drafter): the
+/// greedy output is unchanged and drafts are accepted.
+#[test]
+fn the_default_model_drafting_for_itself_changes_nothing_serial_or_batched() {
+    let m = model("smollm2-135m-instruct");
+    let dir = m.to_string_lossy().into_owned();
+    let p = ["--prompt", COPY, "--max-tokens", "24"];
+    let plain = gen("smollm2-135m-instruct", &p, &[]);
+    let spec = gen("smollm2-135m-instruct", &p, &["--draft-model", &dir, "--speculate-always"]);
+    assert_eq!(tokens(&spec), tokens(&plain), "serial two-model changed the output");
+    assert!(spec["speculation"]["accepted"].as_u64().unwrap() > 0, "{}", spec["speculation"]);
+
+    let body = json!({ "prompt": COPY, "max_tokens": 24, "temperature": 0 });
+    let want = Server::start(&m, &["--batch", "1"]).post("/v1/completions", &body).json();
+    let s = Server::start(&m, &["--batch", "4", "--draft-model", &dir, "--speculate-always"]);
+    let got: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..2).map(|_| sc.spawn(|| s.post("/v1/completions", &body).json())).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(s.stats()["max_batch_rows"].as_u64().unwrap() >= 2, "the two requests never shared a step: {}", s.stats());
+    for g in &got {
+        assert_eq!(g["choices"][0]["text"], want["choices"][0]["text"], "batched two-model changed the output");
+        let sp = &g["usage"]["speculation"];
+        assert!(sp["kind"] == "two-model" && sp["accepted"].as_u64().unwrap() > 0, "{sp}");
+    }
+}
+
 #[test]
 fn a_draft_model_with_another_tokenizer_is_refused_at_start_up() {
     let dir = it::Scratch::new("badtok");
