@@ -15,8 +15,10 @@ pub struct ServeArgs {
     /// A TOML file with any of these options (keys as the flags, with `_`); flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// The plugins folder: one sub-folder per plugin with its plugin.toml (default ./plugins)
     #[arg(long)]
     pub plugins: Option<PathBuf>,
+    /// The model folder (config.json, safetensors, tokenizer files); required
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// The id `/v1/models` reports (default: the model folder's name).
@@ -28,6 +30,7 @@ pub struct ServeArgs {
     /// Address to bind (default 127.0.0.1: local only).
     #[arg(long)]
     pub host: Option<String>,
+    /// Port to listen on (default 8080)
     #[arg(long)]
     pub port: Option<u16>,
     /// Require `Authorization: Bearer <key>` on /v1/*.
@@ -54,14 +57,19 @@ pub struct ServeArgs {
     /// Cap in GiB on the KV cache of all running requests together (default: none).
     #[arg(long = "kv-budget")]
     pub kv_budget: Option<f64>,
+    /// Temperature for requests that give none (default: the model's generation_config.json, else 1)
     #[arg(long)]
     pub temp: Option<f32>,
+    /// top_p for requests that give none
     #[arg(long = "top-p")]
     pub top_p: Option<f32>,
+    /// top_k for requests that give none
     #[arg(long = "top-k")]
     pub top_k: Option<u32>,
+    /// min_p for requests that give none
     #[arg(long = "min-p")]
     pub min_p: Option<f32>,
+    /// repetition_penalty for requests that give none
     #[arg(long = "repetition-penalty")]
     pub repetition_penalty: Option<f32>,
     #[command(flatten)]
