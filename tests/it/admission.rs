@@ -25,6 +25,24 @@ fn a_request_that_can_never_fit_is_refused_with_its_needs() {
     assert!(m.lines().any(|l| l == "mlx_engine_admission_refusals_total 1"), "{m}");
 }
 
+/// A draft model's caches count: with tiny-llama drafting for itself the KV
+/// per token doubles, so 63 tokens no longer fit a 100-token budget.
+#[test]
+fn a_draft_models_caches_count_against_the_kv_budget() {
+    let budget = format!("{}", 100.0 * KV_PER_TOKEN / GIB);
+    let m = model("tiny/tiny-llama-f32");
+    let body = json!({ "prompt": [1, 2, 3], "max_tokens": 60, "temperature": 0 });
+    let plain = Server::start(&m, &["--kv-budget", &budget]);
+    assert_eq!(plain.post("/v1/completions", &body).status, 200);
+    let self_dir = m.to_string_lossy().into_owned();
+    let spec = Server::start(&m, &["--kv-budget", &budget, "--draft-model", &self_dir]);
+    let r = spec.post("/v1/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "insufficient_memory");
+    let half = json!({ "prompt": [1, 2, 3], "max_tokens": 40, "temperature": 0 });
+    assert_eq!(spec.post("/v1/completions", &half).status, 200, "43 tokens x 2 models fit 100 tokens");
+}
+
 #[test]
 fn requests_that_fit_only_one_at_a_time_wait_instead_of_batching() {
     // Each request may reach 3 + 60 = 63 tokens; the budget holds 100.

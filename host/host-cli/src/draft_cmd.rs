@@ -60,6 +60,7 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
     let caps: Vec<String> = reg.by_name(&plugin).map(|p| p.manifest.capabilities.iter().map(|c| c.to_string()).collect()).unwrap_or_default();
     eprintln!("speculative decoding: kind {kind} via {plugin}, up to {depth} tokens per round");
     engine.set_drafter(drafter, &kind, &plugin, caps, depth);
+    engine.draft_kv_bytes_per_token = factory.cache_bytes_per_token();
     if !engine.history_only_drafter() {
         // Per-request state: batched rows each open their own instance
         // (the draft model's weights are shared, its caches are not).

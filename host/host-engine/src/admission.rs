@@ -44,10 +44,13 @@ impl MemoryModel {
     /// Measures the served model: weights as MLX holds them now, KV from a
     /// fresh one-row cache set.
     pub fn measure(engine: &Engine) -> Self {
+        // A draft model's caches grow with the target's (each drafting
+        // request, serial or batched row, holds its own).
         let kv = engine
             .new_caches()
-            .map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum())
-            .unwrap_or(0);
+            .map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum::<u64>())
+            .unwrap_or(0)
+            + engine.draft_kv_bytes_per_token;
         let state_bytes = engine.model.plan.layers.iter().flat_map(|l| l.state_shapes.iter()).map(|s| s.iter().product::<i64>().max(0) as u64 * 4).sum();
         Self {
             weights_bytes: crate::runtime::active_memory() as u64,

@@ -78,6 +78,9 @@ pub struct Engine {
     /// Opens another instance of the drafter: set for drafters that keep
     /// per-request state (two-model), so each batched row gets its own.
     pub drafter_factory: Option<DrafterFactory>,
+    /// KV bytes per token of the drafter's own model (two-model), counted
+    /// by memory admission on top of the target's.
+    pub draft_kv_bytes_per_token: u64,
     /// Never switch a request to plain steps because rounds do not pay.
     pub speculate_always: bool,
 }
@@ -116,7 +119,7 @@ impl Engine {
             model.scheme,
             model.layouts.join(",")
         );
-        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), drafter_factory: None, speculate_always: false })
+        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), drafter_factory: None, draft_kv_bytes_per_token: 0, speculate_always: false })
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).

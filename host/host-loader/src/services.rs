@@ -136,6 +136,13 @@ pub struct DrafterFactory {
 }
 
 impl DrafterFactory {
+    /// KV bytes per token of the draft models opened so far (their caches
+    /// grow with every request that drafts, serial or batched).
+    pub fn cache_bytes_per_token(&self) -> u64 {
+        let Ok(opened) = self.opened.lock() else { return 0 };
+        opened.values().filter_map(|m| m.new_caches(1).ok()).map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum::<u64>()).sum()
+    }
+
     pub fn open(&self) -> Result<DrafterBox, String> {
         let services = Services { registry: self.registry.clone(), dtype: self.dtype, opened: self.opened.clone() };
         (self.open)(&self.args, HostServices_TO::from_value(services, TD_Opaque)).into_result().map_err(|e| format!("drafter `{}`: {e}", self.plugin))
