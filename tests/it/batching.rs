@@ -27,18 +27,8 @@ pub(crate) fn staggered_batch_equals_serial(name: &str) {
     let m = model(name);
     let want = serial_texts(&m);
     let s = Server::start(&m, &["--batch", "8"]);
-    let got: Vec<String> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..PROMPTS.len())
-            .map(|i| {
-                let s = &s;
-                sc.spawn(move || {
-                    std::thread::sleep(std::time::Duration::from_millis(15 * i as u64));
-                    text(&s.post("/v1/completions", &body(i)).json())
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let bodies: Vec<Value> = (0..PROMPTS.len()).map(body).collect();
+    let got: Vec<String> = s.post_staggered("/v1/completions", &bodies, 15).iter().map(text).collect();
     let st = s.stats();
     assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "requests never shared a step: {st}");
     for i in 0..PROMPTS.len() {
@@ -117,18 +107,8 @@ fn bf16_batched_runs_match_serial_within_the_stated_tolerance() {
         (0..PROMPTS.len()).map(|i| s.post("/v1/completions", &body(i)).json()).collect()
     };
     let s = Server::start(&m, &["--batch", "8", "--dtype", "native"]);
-    let batched: Vec<Value> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..PROMPTS.len())
-            .map(|i| {
-                let s = &s;
-                sc.spawn(move || {
-                    std::thread::sleep(std::time::Duration::from_millis(10 * i as u64));
-                    s.post("/v1/completions", &body(i)).json()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let bodies: Vec<Value> = (0..PROMPTS.len()).map(body).collect();
+    let batched: Vec<Value> = s.post_staggered("/v1/completions", &bodies, 10);
     assert!(s.stats()["max_batch_rows"].as_u64().unwrap() >= 2);
     let mut compared = 0;
     for (i, (a, b)) in serial.iter().zip(&batched).enumerate() {

@@ -31,19 +31,11 @@ fn serial_texts(m: &std::path::Path, prompts: &[Vec<u32>]) -> Vec<String> {
 
 /// Requests sent `gap_ms` apart to `s`, answered concurrently.
 fn staggered(s: &Server, prompts: &[Vec<u32>], gap_ms: u64) -> Vec<String> {
-    std::thread::scope(|sc| {
-        let hs: Vec<_> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                sc.spawn(move || {
-                    std::thread::sleep(std::time::Duration::from_millis(gap_ms * i as u64));
-                    text(&s.post("/v1/completions", &body(p, i)).json())
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    s.post_staggered("/v1/completions", &bodies(prompts), gap_ms).iter().map(text).collect()
+}
+
+fn bodies(prompts: &[Vec<u32>]) -> Vec<Value> {
+    prompts.iter().enumerate().map(|(i, p)| body(p, i)).collect()
 }
 
 #[test]
@@ -128,20 +120,7 @@ fn batched_ngram_speculation_over_a_sliding_window_is_lossless() {
     // --speculate-always: the cost rule depends on timing, and the counts
     // asserted below must not (a judged row may stop drafting).
     let s = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram", "--speculate-always"]);
-    let got: Vec<Value> = std::thread::scope(|sc| {
-        let hs: Vec<_> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let s = &s;
-                sc.spawn(move || {
-                    std::thread::sleep(std::time::Duration::from_millis(7 * i as u64));
-                    s.post("/v1/completions", &body(p, i)).json()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let got: Vec<Value> = s.post_staggered("/v1/completions", &bodies(&prompts), 7);
     assert!(s.stats()["max_batch_rows"].as_u64().unwrap() >= 2, "speculative rows never shared a step");
     let (mut drafted, mut accepted) = (0, 0);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {

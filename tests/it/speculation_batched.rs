@@ -23,6 +23,10 @@ fn body(p: &[u32], i: usize) -> Value {
     json!({ "prompt": p, "max_tokens": 30 + 5 * i, "temperature": 0 })
 }
 
+fn bodies(ps: &[Vec<u32>]) -> Vec<Value> {
+    ps.iter().enumerate().map(|(i, p)| body(p, i)).collect()
+}
+
 #[test]
 fn batched_ngram_speculation_is_lossless_with_staggered_rows() {
     // Acceptance is summed over both models (the random qwen3 rarely repeats
@@ -38,20 +42,7 @@ fn batched_ngram_speculation_is_lossless_with_staggered_rows() {
         // --speculate-always: the cost rule depends on timing, and the counts
         // asserted below must not (a judged row may stop drafting).
         let s = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram", "--speculate-always"]);
-        let got: Vec<Value> = std::thread::scope(|sc| {
-            let hs: Vec<_> = ps
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let s = &s;
-                    sc.spawn(move || {
-                        std::thread::sleep(std::time::Duration::from_millis(7 * i as u64));
-                        s.post("/v1/completions", &body(p, i)).json()
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+        let got: Vec<Value> = s.post_staggered("/v1/completions", &bodies(&ps), 7);
         let st = s.stats();
         assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{name}: speculative rows never shared a step: {st}");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -86,20 +77,7 @@ fn batched_two_model_speculation_is_lossless_with_per_row_drafters() {
         let dir = model(draft).to_string_lossy().into_owned();
         // --speculate-always: the cost rule depends on timing; the counts below must not.
         let s = Server::start(&m, &["--batch", "8", "--draft-model", &dir, "--num-draft-tokens", "3", "--speculate-always"]);
-        let got: Vec<Value> = std::thread::scope(|sc| {
-            let hs: Vec<_> = ps
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let s = &s;
-                    sc.spawn(move || {
-                        std::thread::sleep(std::time::Duration::from_millis(7 * i as u64));
-                        s.post("/v1/completions", &body(p, i)).json()
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+        let got: Vec<Value> = s.post_staggered("/v1/completions", &bodies(&ps), 7);
         let st = s.stats();
         assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{draft}: speculative rows never shared a step: {st}");
         let (mut drafted, mut accepted) = (0, 0);

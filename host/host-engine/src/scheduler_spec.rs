@@ -107,7 +107,7 @@ impl Scheduler<'_> {
                 match drafter.draft(DraftArgs { history: RSlice::from_slice(&r.history), max_tokens: n as u32, sampling: crate::speculative::draft_sampling(&r.sampler, r.history.len()) }).into_result() {
                     Ok(d) => {
                         let tokens: Vec<u32> = d.tokens.into_iter().take(n).collect();
-                        let q = d.probabilities.into_option().filter(|_| !r.sampler.params.is_greedy() && !tokens.is_empty()).and_then(|t| crate::speculative::draft_rows(t, tokens.len()));
+                        let q = crate::speculative::draft_probability_rows(d.probabilities, &r.sampler, tokens.len());
                         RowDraft { tokens, q }
                     }
                     // A drafter that fails costs this row its speculation, not its answer.

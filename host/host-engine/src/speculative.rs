@@ -101,10 +101,12 @@ pub(crate) fn draft_sampling(sampler: &Sampler, position: usize) -> DraftSamplin
     DraftSampling { temperature: p.temperature, top_p: p.top_p, top_k: p.top_k, min_p: p.min_p, seed: sampler.draft_seed(position as u64) }
 }
 
-/// A drafter's probability rows for the first `n` drafts, float32 `[n, V]`,
-/// when they have that shape (else the round verifies by exact match).
-pub(crate) fn draft_rows(t: plugin_api::Tensor, n: usize) -> Option<Array> {
+/// The drafter's probability rows q for its first `n` drafts, float32
+/// `[n, V]`, when they count: the request samples, something was drafted,
+/// and the rows have that shape. None: the round verifies by exact match.
+pub(crate) fn draft_probability_rows(rows: ROption<plugin_api::Tensor>, sampler: &Sampler, n: usize) -> Option<Array> {
     use mlx_rs::ops::indexing::IndexOp;
+    let t = rows.into_option().filter(|_| !sampler.params.is_greedy() && n > 0)?;
     let q = unsafe { Array::from_ptr(t.into_raw()) };
     if q.ndim() != 2 || (q.shape()[0] as usize) < n {
         return None;
@@ -195,7 +197,7 @@ impl Engine {
             let (mut drafts, mut q): (Vec<u32>, Option<Array>) = match drafter.draft(args).into_result() {
                 Ok(r) => {
                     let tokens: Vec<u32> = r.tokens.into_iter().take(n).collect();
-                    let q = r.probabilities.into_option().filter(|_| !d.sampler.params.is_greedy() && !tokens.is_empty()).and_then(|t| draft_rows(t, tokens.len()));
+                    let q = draft_probability_rows(r.probabilities, &d.sampler, tokens.len());
                     (tokens, q)
                 }
                 Err(e) => {

@@ -137,6 +137,25 @@ impl Server {
         self.request("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
     }
 
+    /// POSTs every body to `path` from its own thread, body i sent
+    /// `gap_ms * i` ms after the first, so requests arrive while earlier ones
+    /// are running (joining a live batch); the answers, in body order.
+    pub fn post_staggered(&self, path: &str, bodies: &[serde_json::Value], gap_ms: u64) -> Vec<serde_json::Value> {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = bodies
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    sc.spawn(move || {
+                        std::thread::sleep(std::time::Duration::from_millis(gap_ms * i as u64));
+                        self.post(path, b).json()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     pub fn stats(&self) -> serde_json::Value {
         self.request("GET", "/stats", &[], b"").json()
     }
