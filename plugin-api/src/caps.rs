@@ -53,6 +53,9 @@ pub const SCHEME_PREFIX: &str = "scheme:";
 // --- drafters ---
 /// Drafts come with the drafter's probability rows (rejection sampling).
 pub const DRAFT_PROBABILITIES: &str = "draft-probabilities";
+/// `draft_ahead` is implemented: the host may queue a round before reading
+/// the previous round's verdict (pipelined rounds, serial greedy requests).
+pub const DRAFT_AHEAD: &str = "draft-ahead";
 /// The drafter needs a draft model folder (`--draft-model`).
 pub const NEEDS_DRAFT_MODEL: &str = "needs-draft-model";
 /// The drafter borrows the target's embeddings/LM head/taps.

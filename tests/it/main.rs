@@ -14,4 +14,5 @@ mod parity_moe;
 mod prefix_cache;
 mod speculation;
 mod speculation_batched;
+mod speculation_pipelined;
 mod plugins;

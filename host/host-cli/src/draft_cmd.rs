@@ -29,6 +29,11 @@ pub struct DraftArgs {
     /// rounds slower than plain steps): for measurements and experiments.
     #[arg(long = "speculate-always")]
     pub speculate_always: bool,
+    /// Verify rounds one at a time: never queue the next round before this
+    /// one's verdict is read (pipelined rounds are on by default for greedy
+    /// requests when the drafter can draft ahead). For A/B measurements.
+    #[arg(long = "no-draft-ahead")]
+    pub no_draft_ahead: bool,
 }
 
 /// Opens and installs the drafter the flags describe (nothing if none).
@@ -67,6 +72,7 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
         engine.drafter_factory = Some(Box::new(move || factory.open()));
     }
     engine.speculate_always = a.speculate_always;
+    engine.draft_ahead = !a.no_draft_ahead;
     Ok(())
 }
 

@@ -83,6 +83,9 @@ pub struct Engine {
     pub draft_kv_bytes_per_token: u64,
     /// Never switch a request to plain steps because rounds do not pay.
     pub speculate_always: bool,
+    /// Serial greedy rounds may be queued before the previous round's
+    /// verdict is read, when the drafter can draft ahead (`speculative`).
+    pub draft_ahead: bool,
 }
 
 impl Engine {
@@ -119,7 +122,7 @@ impl Engine {
             model.scheme,
             model.layouts.join(",")
         );
-        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), drafter_factory: None, draft_kv_bytes_per_token: 0, speculate_always: false })
+        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), drafter_factory: None, draft_kv_bytes_per_token: 0, speculate_always: false, draft_ahead: true })
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).

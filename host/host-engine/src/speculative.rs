@@ -22,19 +22,26 @@
 //! accepted; when acceptance stays low, or timed rounds emit fewer tokens
 //! per second than timed plain steps (`clock.rs`), the request hands the
 //! rest of its tokens to the pipelined plain loop (`decode_plain`, the same
-//! loop that times the plain reference) and says so. Rounds themselves are
-//! synchronous: the next round's input depends on this round's verdict.
+//! loop that times the plain reference) and says so.
+//!
+//! Pipelined (`serial.rs`): the next round's input depends on this round's
+//! verdict, so a round waits for the previous one, and the device idles
+//! while the host drafts and builds the verify graph. For greedy requests
+//! with a drafter that drafts ahead (`caps::DRAFT_AHEAD`), the host queues
+//! round i+1 on the assumption that round i accepts everything (its first
+//! input is round i's lazy bonus token) before reading round i's verdict;
+//! a partial accept voids it and rolls the caches back past both.
 
 pub(crate) mod clock;
 pub(crate) mod rejection;
+mod serial;
 
 use crate::engine::{Engine, EngineError};
-use crate::generate::{token_array, Decoding, Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
-use crate::sampling::{top_logprobs, Sampler};
+use crate::generate::token_array;
+use crate::sampling::Sampler;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::{ROption, RSlice};
-use plugin_api::{CacheBox, DraftArgs, DraftSampling, DrafterBox, ForwardArgs, LogitsMode, TensorRef};
-use std::time::Instant;
+use plugin_api::{CacheBox, DraftSampling, ForwardArgs, LogitsMode, TensorRef};
 
 /// What speculation did for one request.
 #[derive(Debug, Clone, Default)]
@@ -50,6 +57,12 @@ pub struct SpecStats {
     /// Some round verified the drafter's probability rows by rejection
     /// sampling (else drafts were verified by exact match).
     pub rejection_sampling: bool,
+    /// Rounds that were queued before the previous round's verdict was
+    /// read, and kept (pipelined rounds).
+    pub ahead_rounds: u64,
+    /// Rounds queued ahead and thrown away (the round before them was not
+    /// fully accepted).
+    pub ahead_voided: u64,
 }
 
 impl SpecStats {
@@ -64,6 +77,8 @@ impl SpecStats {
             "accepted_by_position": self.accepted_by_position,
             "disabled": self.disabled,
             "rejection_sampling": self.rejection_sampling,
+            "ahead_rounds": self.ahead_rounds,
+            "ahead_voided": self.ahead_voided,
         })
     }
 }
@@ -114,7 +129,7 @@ pub(crate) fn draft_probability_rows(rows: ROption<plugin_api::Tensor>, sampler:
     q.index(0..n as i32).as_dtype(mlx_rs::Dtype::Float32).ok()
 }
 
-fn tensor_ref(a: &Array) -> TensorRef<'_> {
+pub(crate) fn tensor_ref(a: &Array) -> TensorRef<'_> {
     unsafe { TensorRef::from_raw(a.as_ptr()) }
 }
 
@@ -150,177 +165,4 @@ impl Engine {
         self.forward(&token_array(kept), caches, false)?.eval()?;
         Ok(true)
     }
-
-    pub fn generate_speculative(&self, req: &GenerateRequest, drafter: &mut DrafterBox, max_depth: usize, kind: &str, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<(GenerateResult, SpecStats), EngineError> {
-        if req.prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-        }
-        req.params.validate().map_err(EngineError::InvalidRequest)?;
-        let start = Instant::now();
-        let mut caches = self.new_caches()?;
-        let (head, _) = req.prompt.split_at(req.prompt.len() - 1);
-        let cached = self.prefix_take(&req.prompt, &mut caches);
-        self.prefill(&head[cached..], &mut caches)?;
-        drafter.prefill(RSlice::from_slice(&req.prompt)).into_result().map_err(|e| EngineError::Model(format!("drafter: {e}")))?;
-        let mut d = Decoding::new(self, req)?;
-        let mut stats = SpecStats { kind: kind.to_owned(), accepted_by_position: vec![0; max_depth], ..Default::default() };
-        let mut depth = max_depth.max(1);
-        let mut clock = clock::RoundClock::default();
-        let judge = !self.speculate_always;
-        // Per-round timings on stderr, for diagnosing where a round's time goes.
-        let trace = std::env::var_os("HOST_SPEC_TRACE").is_some();
-        let finish = 'gen: loop {
-            let room = req.max_tokens - d.out.len();
-            // Plain steps run in the pipelined plain loop: after a fallback
-            // (the request's remaining tokens), for the clock's reference
-            // samples, and when no room is left for a draft.
-            if stats.disabled.is_some() || room < 2 {
-                break 'gen self.decode_plain(&mut d, &mut caches, usize::MAX, &mut on_token)?.unwrap_or(Finish::Length);
-            }
-            if judge && clock.wants_plain_sample(d.out.len()) {
-                let (t0, before) = (Instant::now(), d.out.len());
-                if let Some(f) = self.decode_plain(&mut d, &mut caches, clock::PLAIN_SAMPLE_TOKENS, &mut on_token)? {
-                    break 'gen f;
-                }
-                clock.plain(t0.elapsed().as_secs_f64(), d.out.len() - before);
-                if trace {
-                    eprintln!("spec-trace plain tokens={} ms={:.2}", d.out.len() - before, t0.elapsed().as_secs_f64() * 1e3);
-                }
-                continue;
-            }
-            let step_start = Instant::now();
-            // The drafter's answer is authoritative; 0 tokens = a plain step.
-            // Its probability rows q count only when the request samples.
-            let n = depth.min(room - 1);
-            let args = DraftArgs { history: RSlice::from_slice(&d.history), max_tokens: n as u32, sampling: draft_sampling(&d.sampler, d.history.len()) };
-            // A drafter that fails costs this request its speculation, not its answer.
-            let (mut drafts, mut q): (Vec<u32>, Option<Array>) = match drafter.draft(args).into_result() {
-                Ok(r) => {
-                    let tokens: Vec<u32> = r.tokens.into_iter().take(n).collect();
-                    let q = draft_probability_rows(r.probabilities, &d.sampler, tokens.len());
-                    (tokens, q)
-                }
-                Err(e) => {
-                    stats.disabled = Some(format!("the drafter failed ({e}): plain steps from here"));
-                    continue;
-                }
-            };
-            let drafted_at = Instant::now();
-            let pending = *d.history.last().unwrap();
-            let starts: Vec<u64> = caches.iter().map(|c| c.offset()).collect();
-            if !drafts.is_empty() {
-                // A layout may refuse a round (a wrapped ring cannot roll back):
-                // then this request takes plain steps, and says why.
-                if let Some(e) = caches.iter_mut().find_map(|c| c.spec_begin().into_result().err()) {
-                    stats.disabled = Some(format!("a cache layout refused a speculative round ({e}): plain steps from here"));
-                    drafts.clear();
-                    q = None;
-                }
-            }
-            let mut input = vec![pending];
-            input.extend_from_slice(&drafts);
-            let logits = self.forward_all(&token_array(&input), &mut caches)?;
-            // Verify in one evaluation: one logprobs op over all rows
-            // (reductions stay within a row), then rejection sampling
-            // against q, or the target's own choice at every position (one
-            // argmax when greedy, one draw per position otherwise).
-            let all = Sampler::logprobs(&logits)?;
-            let lps: Vec<Array> = (0..input.len() as i32)
-                .map(|i| {
-                    use mlx_rs::ops::indexing::IndexOp;
-                    all.index(i..i + 1)
-                })
-                .collect();
-            let (t, n) = if let Some(q) = &q {
-                stats.rejection_sampling = true;
-                let v = rejection::verdict(&d.sampler.probabilities(&all)?, q, &drafts, &mut d.sampler)?;
-                v.eval()?;
-                rejection::emitted(v.as_slice::<u32>(), &drafts)
-            } else {
-                let t = if d.sampler.params.is_greedy() {
-                    mlx_rs::ops::indexing::argmax_axis(&all, -1, None)?
-                } else {
-                    let draws = lps.iter().map(|lp| d.sampler.sample(lp)).collect::<Result<Vec<_>, _>>()?;
-                    mlx_rs::ops::concatenate(&draws, 0)?
-                };
-                let t = t.as_dtype(mlx_rs::Dtype::Uint32)?;
-                t.eval()?;
-                let t: Vec<u32> = t.as_slice::<u32>().to_vec();
-                let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();
-                (t, n)
-            };
-            let verified_at = Instant::now();
-            if !drafts.is_empty() {
-                depth = stats.record_round(drafts.len(), n, max_depth, judge);
-            }
-            let round_drafted = !drafts.is_empty();
-            // Keep pending + the accepted drafts; drop the rest.
-            let keep = [(n + 1) as u64];
-            for c in caches.iter_mut().filter(|_| !drafts.is_empty()) {
-                if n == drafts.len() {
-                    c.spec_commit().into_result().map_err(|e| EngineError::Model(format!("spec_commit: {e}")))?;
-                } else {
-                    c.spec_rollback(RSlice::from_slice(&keep)).into_result().map_err(|e| EngineError::Model(format!("spec_rollback: {e}")))?;
-                }
-            }
-            if !drafts.is_empty() && n < drafts.len() {
-                self.replay_if_restored(&starts, &input[..n + 1], &mut caches)?;
-            }
-            if !drafts.is_empty() && stats.disabled.is_none() {
-                if let Err(e) = drafter.commit(n as u32).into_result() {
-                    stats.disabled = Some(format!("the drafter failed to commit ({e}): plain steps from here"));
-                }
-            }
-            // Time the step: plain samples are the reference; a request
-            // whose rounds emit fewer tokens per second stops speculating.
-            if trace {
-                let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
-                eprintln!(
-                    "spec-trace width={} accepted={n} offset={} draft_ms={:.2} verify_ms={:.2} rollback_ms={:.2}",
-                    input.len(),
-                    starts.first().copied().unwrap_or(0),
-                    ms(step_start, drafted_at),
-                    ms(drafted_at, verified_at),
-                    ms(verified_at, Instant::now())
-                );
-            }
-            if round_drafted {
-                clock.round(step_start.elapsed().as_secs_f64(), input.len(), n + 1);
-                if stats.disabled.is_none() && judge {
-                    stats.disabled = clock.verdict();
-                }
-            }
-            // Emit t_0..t_n with the serial loop's rules.
-            for (i, &id) in t.iter().take(n + 1).enumerate() {
-                d.first_at.get_or_insert_with(Instant::now);
-                if d.eos.contains(&id) {
-                    break 'gen Finish::Stop;
-                }
-                let (logprob, top) = match req.logprobs {
-                    Some(kk) => {
-                        use mlx_rs::ops::indexing::IndexOp;
-                        let chosen = lps[i].index((0, id as i32)).as_dtype(mlx_rs::Dtype::Float32)?.try_item_cast::<f32>()?;
-                        (Some(chosen), top_logprobs(&lps[i], kk)?)
-                    }
-                    None => (None, Vec::new()),
-                };
-                d.out.push(id);
-                d.history.push(id);
-                if on_token(&TokenOut { id, logprob, top }) == Flow::Stop {
-                    break 'gen Finish::Stop;
-                }
-                if d.out.len() >= req.max_tokens {
-                    break 'gen Finish::Length;
-                }
-            }
-        };
-        let Decoding { history, out, first_at, .. } = d;
-        let first_at = first_at.unwrap_or_else(Instant::now);
-        self.prefix_put_final(&history, &mut caches);
-        Ok((
-            GenerateResult { tokens: out, finish, prompt_tokens: req.prompt.len(), cached_tokens: cached, prefill_s: (first_at - start).as_secs_f64(), decode_s: first_at.elapsed().as_secs_f64(), speculation: None },
-            stats,
-        ))
-    }
 }
-

@@ -9,6 +9,11 @@
 //! of the history; a round feeds the rest of the history, then its own
 //! drafts d1..d(k-1) (dk is proposed but never fed). `commit(n)` keeps the
 //! history plus the accepted drafts it fed and trims the rest.
+//!
+//! Drafting ahead: a round drafted ahead first feeds the previous round's
+//! dk and the target's lazy `pending` token (its `lead`, history once the
+//! previous round is fully accepted), then drafts as above, all lazily.
+//! Outstanding rounds queue in `rounds`; a commit settles the oldest.
 
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
@@ -29,7 +34,7 @@ fn manifest() -> PluginManifest {
         PluginKind::DRAFTER,
         "a second model drafting over its own caches (greedy, or sampled with its probabilities)",
         Claims { draft_kinds: rstrings(&["two-model"]), ..Default::default() },
-        &[caps::NEEDS_DRAFT_MODEL, caps::DRAFT_PROBABILITIES],
+        &[caps::NEEDS_DRAFT_MODEL, caps::DRAFT_PROBABILITIES, caps::DRAFT_AHEAD],
     )
 }
 
@@ -42,7 +47,12 @@ fn detect(dir: &str, _config: &str) -> u32 {
 fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<DrafterBox, PluginError> {
     let dir = args.dir.as_ref().map(|d| d.to_string()).into_option().ok_or_else(|| PluginError::invalid_input("the two-model drafter needs a draft model folder"))?;
     let m = host.open_model(dir.as_str().into()).into_result()?;
-    Ok(Drafter_TO::from_value(TwoModel { graph: m.graph, caches: m.caches, cached: 0, fed: 0, depth: args.max_depth.max(1) as usize, _host: host }, TD_Opaque))
+    // Rounds roll back by trim; recurrent state cannot (the host's snapshot
+    // and replay serves the target only), so refuse at start-up.
+    if let Some(c) = m.caches.iter().find(|c| !c.is_trimmable()) {
+        return Err(PluginError::unsupported(format!("the draft model's cache layout `{}` cannot trim (recurrent state?): it cannot draft", c.signature())));
+    }
+    Ok(Drafter_TO::from_value(TwoModel { graph: m.graph, caches: m.caches, cached: 0, rounds: Default::default(), last: None, depth: args.max_depth.max(1) as usize, _host: host }, TD_Opaque))
 }
 
 struct TwoModel {
@@ -50,8 +60,10 @@ struct TwoModel {
     caches: RVec<CacheBox>,
     /// History tokens held by the caches.
     cached: usize,
-    /// Drafts of the last round fed into the caches.
-    fed: usize,
+    /// Rounds drafted and not settled yet, oldest first.
+    rounds: std::collections::VecDeque<Fed>,
+    /// The newest round's last draft (lazy `[1]`): proposed, not fed.
+    last: Option<Array>,
     depth: usize,
     /// Keeps the host's services (and the draft model's plugins) alive.
     _host: HostServicesBox,
@@ -78,7 +90,39 @@ impl TwoModel {
         logits.reshape(&[1, v]).map_err(mlx)
     }
 
+    /// Feeds `tokens` `[1, L]` and drafts `n` tokens after them, each
+    /// choice feeding the next step lazily (no host sync) and queued on the
+    /// device at once (async eval), so the device computes step i while the
+    /// host builds step i+1: without it the whole chain was built first and
+    /// then run, host and device in turn. Records the round; returns the
+    /// drafts (uint32 `[n]`, lazy) and q's rows when sampling.
+    fn chain(&mut self, tokens: &Array, n: usize, sampling: DraftSampling, lead: usize) -> Result<(Array, Option<Array>), PluginError> {
+        let mut picker = sampling::Picker::new(sampling).map_err(mlx)?;
+        let mut y = picker.pick(&self.next(tokens)?).map_err(mlx)?;
+        mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
+        let mut drafted = vec![y.clone()];
+        for _ in 1..n {
+            y = picker.pick(&self.next(&y.reshape(&[1, 1]).map_err(mlx)?)?).map_err(mlx)?;
+            mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
+            drafted.push(y.clone());
+        }
+        self.rounds.push_back(Fed { lead, proposed: n, fed: n - 1 });
+        self.last = Some(y);
+        let all = mlx_rs::ops::concatenate(&drafted, 0).map_err(mlx)?.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx)?;
+        Ok((all, picker.probabilities().map_err(mlx)?))
+    }
+
+    /// Forgets every outstanding round: trims what they fed.
+    fn void_rounds(&mut self) -> Result<(), PluginError> {
+        let fed: usize = self.rounds.drain(..).map(|r| r.lead + r.fed).sum();
+        self.last = None;
+        self.trim_all(fed as u64)
+    }
+
     fn trim_all(&mut self, n: u64) -> Result<(), PluginError> {
+        if n == 0 {
+            return Ok(());
+        }
         for c in self.caches.iter_mut() {
             if !c.is_trimmable() || c.trim(n) != n {
                 return Err(PluginError::unsupported("the draft model's cache layout cannot trim"));
@@ -86,6 +130,16 @@ impl TwoModel {
         }
         Ok(())
     }
+}
+
+/// What one outstanding round put into the draft caches.
+struct Fed {
+    /// Tokens fed before its drafts that become history when the round
+    /// before it is fully accepted (0 for a round drafted from history).
+    lead: usize,
+    /// Drafts proposed, and drafts fed (all but the last).
+    proposed: usize,
+    fed: usize,
 }
 
 fn ids(tokens: &[u32]) -> Array {
@@ -99,7 +153,8 @@ impl Drafter for TwoModel {
             let held = self.caches.first().map_or(0, |c| c.offset());
             self.trim_all(held)?;
             self.cached = 0;
-            self.fed = 0;
+            self.rounds.clear();
+            self.last = None;
             let head = &prompt.as_slice()[..prompt.len().saturating_sub(1)];
             if !head.is_empty() {
                 let tokens = ids(head);
@@ -121,36 +176,51 @@ impl Drafter for TwoModel {
             if n == 0 || h.len() <= self.cached {
                 return Ok(Draft { tokens: RVec::new(), probabilities: ROption::RNone });
             }
-            // Feed the history it has not seen, then its own drafts. Each
-            // choice feeds the next step lazily (no host sync) and is queued
-            // on the device at once (async eval), so the device computes
-            // step i while the host builds step i+1: without it the whole
-            // chain was built first and then run, host and device in turn.
-            let mut picker = sampling::Picker::new(args.sampling).map_err(mlx)?;
-            let mut y = picker.pick(&self.next(&ids(&h[self.cached..]))?).map_err(mlx)?;
-            mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
+            // A round not settled by the host is void.
+            self.void_rounds()?;
+            // Feed the history it has not seen, then its own drafts.
+            let tokens = ids(&h[self.cached..]);
             self.cached = h.len();
-            let mut drafted = vec![y.clone()];
-            for _ in 1..n {
-                y = picker.pick(&self.next(&y.reshape(&[1, 1]).map_err(mlx)?)?).map_err(mlx)?;
-                mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
-                drafted.push(y.clone());
-            }
-            self.fed = n - 1;
-            let all = mlx_rs::ops::concatenate(&drafted, 0).map_err(mlx)?.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx)?;
-            let q = picker.probabilities().map_err(mlx)?;
+            let (all, q) = self.chain(&tokens, n, args.sampling, 0)?;
             mlx_rs::transforms::eval(std::iter::once(&all).chain(&q)).map_err(mlx)?;
             Ok(Draft { tokens: all.as_slice::<u32>().iter().copied().collect(), probabilities: q.map(into_tensor).into() })
         })
     }
 
-    fn commit(&mut self, accepted: u32) -> PResult<()> {
+    fn draft_ahead(&mut self, args: DraftAheadArgs<'_>) -> PResult<AheadDraft> {
         guard(|| {
-            let keep = (accepted as usize).min(self.fed);
-            self.trim_all((self.fed - keep) as u64)?;
-            self.cached += keep;
-            self.fed = 0;
-            Ok(())
+            let n = (args.max_tokens as usize).min(self.depth);
+            let last = match (&self.last, n) {
+                (Some(last), 1..) => last.as_dtype(mlx_rs::Dtype::Int32).map_err(mlx)?.reshape(&[1, 1]).map_err(mlx)?,
+                _ => return Ok(AheadDraft { tokens: into_tensor(Array::from_slice::<i32>(&[], &[0])), probabilities: ROption::RNone }),
+            };
+            let pending = plugin_sdk::view(args.pending).as_dtype(mlx_rs::Dtype::Int32).map_err(mlx)?.reshape(&[1, 1]).map_err(mlx)?;
+            let lead = mlx_rs::ops::concatenate(&[last, pending], 1).map_err(mlx)?;
+            let (all, q) = self.chain(&lead, n, args.sampling, 2)?;
+            Ok(AheadDraft { tokens: into_tensor(all.as_dtype(mlx_rs::Dtype::Int32).map_err(mlx)?), probabilities: q.map(into_tensor).into() })
         })
     }
+
+    fn commit(&mut self, accepted: u32) -> PResult<()> {
+        guard(|| {
+            let Some(r) = self.rounds.pop_front() else { return Ok(()) };
+            if accepted as usize >= r.proposed {
+                // Its fed drafts are history now, and so is the lead of the
+                // round drafted behind it.
+                self.cached += r.fed;
+                if let Some(next) = self.rounds.front_mut() {
+                    self.cached += std::mem::take(&mut next.lead);
+                }
+                if self.rounds.is_empty() {
+                    self.last = None;
+                }
+                return Ok(());
+            }
+            let keep = (accepted as usize).min(r.fed);
+            self.rounds.push_front(Fed { fed: r.fed - keep, ..r });
+            self.cached += keep;
+            self.void_rounds()
+        })
+    }
+
 }
