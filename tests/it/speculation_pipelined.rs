@@ -11,7 +11,7 @@
 //! In-process: the engine and the plugins run in this test binary, and the
 //! drafter is a value implementing the ABI trait, not a plugin.
 
-use host_engine::{DtypeChoice, Engine, Flow, GenerateRequest, SamplingParams};
+use host_engine::{DraftAhead, DtypeChoice, Engine, Flow, GenerateRequest, SamplingParams};
 use host_loader::Registry;
 use mlx_rs::Array;
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
@@ -90,7 +90,7 @@ fn install(e: &mut Engine, want: &[u32], wrong_every: usize, ahead: bool) {
     let oracle = Oracle { want: want.to_vec(), wrong_every, proposals: 0, assumed: Vec::new() };
     e.set_drafter(Drafter_TO::from_value(oracle, TD_Opaque), "oracle", "test", vec![caps::DRAFT_AHEAD.to_owned()], 4);
     e.speculate_always = true;
-    e.draft_ahead = ahead;
+    e.draft_ahead = if ahead { DraftAhead::Auto } else { DraftAhead::Off };
 }
 
 #[test]

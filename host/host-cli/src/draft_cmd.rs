@@ -29,11 +29,12 @@ pub struct DraftArgs {
     /// rounds slower than plain steps): for measurements and experiments.
     #[arg(long = "speculate-always")]
     pub speculate_always: bool,
-    /// Verify rounds one at a time: never queue the next round before this
-    /// one's verdict is read (pipelined rounds are on by default for greedy
-    /// requests when the drafter can draft ahead). For A/B measurements.
-    #[arg(long = "no-draft-ahead")]
-    pub no_draft_ahead: bool,
+    /// Pipelined rounds for greedy serial requests: queue round i+1 before
+    /// reading round i's verdict. auto: when the drafter advertises
+    /// `draft-ahead` (the default); on: whenever it implements it
+    /// (experiments); off.
+    #[arg(long = "draft-ahead", value_name = "auto|on|off")]
+    pub draft_ahead: Option<String>,
 }
 
 /// Opens and installs the drafter the flags describe (nothing if none).
@@ -72,7 +73,7 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
         engine.drafter_factory = Some(Box::new(move || factory.open()));
     }
     engine.speculate_always = a.speculate_always;
-    engine.draft_ahead = !a.no_draft_ahead;
+    engine.draft_ahead = host_engine::DraftAhead::parse(a.draft_ahead.as_deref().unwrap_or("auto")).map_err(anyhow::Error::msg)?;
     Ok(())
 }
 

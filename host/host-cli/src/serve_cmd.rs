@@ -104,7 +104,7 @@ struct FileArgs {
     ngram_max: Option<usize>,
     ngram_min: Option<usize>,
     speculate_always: Option<bool>,
-    no_draft_ahead: Option<bool>,
+    draft_ahead: Option<String>,
 }
 
 /// Flags over the file.
@@ -142,7 +142,7 @@ fn merge(a: ServeArgs) -> Result<ServeArgs> {
             ngram_max: a.draft.ngram_max.or(f.ngram_max),
             ngram_min: a.draft.ngram_min.or(f.ngram_min),
             speculate_always: a.draft.speculate_always || f.speculate_always.unwrap_or(false),
-            no_draft_ahead: a.draft.no_draft_ahead || f.no_draft_ahead.unwrap_or(false),
+            draft_ahead: a.draft.draft_ahead.or(f.draft_ahead),
         },
     })
 }

@@ -83,9 +83,9 @@ pub struct Engine {
     pub draft_kv_bytes_per_token: u64,
     /// Never switch a request to plain steps because rounds do not pay.
     pub speculate_always: bool,
-    /// Serial greedy rounds may be queued before the previous round's
-    /// verdict is read, when the drafter can draft ahead (`speculative`).
-    pub draft_ahead: bool,
+    /// Whether serial greedy rounds are queued before the previous round's
+    /// verdict is read (`speculative`).
+    pub draft_ahead: DraftAhead,
 }
 
 impl Engine {
@@ -122,7 +122,7 @@ impl Engine {
             model.scheme,
             model.layouts.join(",")
         );
-        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), drafter_factory: None, draft_kv_bytes_per_token: 0, speculate_always: false, draft_ahead: true })
+        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), drafter_factory: None, draft_kv_bytes_per_token: 0, speculate_always: false, draft_ahead: DraftAhead::Auto })
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).
@@ -157,6 +157,28 @@ impl Engine {
             caps.grouped_methods.retain(|m| m != "speculative");
         }
         caps
+    }
+}
+
+/// When the serial executor drafts ahead (pipelined rounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DraftAhead {
+    /// When the drafter advertises `caps::DRAFT_AHEAD` (it measured a gain).
+    #[default]
+    Auto,
+    /// Whenever the drafter implements `draft_ahead` (experiments).
+    On,
+    Off,
+}
+
+impl DraftAhead {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            other => Err(format!("draft-ahead must be auto, on or off, got `{other}`")),
+        }
     }
 }
 

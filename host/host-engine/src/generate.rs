@@ -218,12 +218,20 @@ impl Engine {
         }
         let pipelined = !req.params.has_penalties();
         let sampler = &mut d.sampler;
+        // HOST_STEP_TRACE=1: each step's host time building its graph and
+        // handing it to the device (async_eval), on stderr.
+        let trace = std::env::var_os("HOST_STEP_TRACE").is_some();
         let mut step = |input: &Array, history: &[u32], caches: &mut [CacheBox]| -> Result<(Array, Array), EngineError> {
+            let t0 = Instant::now();
             let logits = self.forward(input, caches, true)?;
             let logits = sampler.process(logits, history)?;
             let lp = Sampler::logprobs(&logits)?;
             let y = sampler.sample(&lp)?;
+            let t1 = Instant::now();
             mlx_rs::transforms::async_eval([&y])?;
+            if trace {
+                eprintln!("step-trace graph_ms={:.2} launch_ms={:.2}", (t1 - t0).as_secs_f64() * 1e3, t1.elapsed().as_secs_f64() * 1e3);
+            }
             Ok((y, lp))
         };
         let pending = *d.history.last().expect("a decoding has a prompt");

@@ -21,6 +21,6 @@ pub mod speculative;
 pub mod tokenizer;
 pub mod worker;
 
-pub use engine::{DtypeChoice, Engine, EngineError};
+pub use engine::{DraftAhead, DtypeChoice, Engine, EngineError};
 pub use generate::{Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
 pub use sampling::SamplingParams;

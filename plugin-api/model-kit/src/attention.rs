@@ -61,9 +61,12 @@ pub fn update(cache: &mut CacheBox, keys: Array, values: Array) -> Result<(Array
 }
 
 /// `mx.fast.scaled_dot_product_attention` with the mask's mode; multi-token
-/// queries on a GPU attend unfused while their scores stay small
-/// (`short_attention` says why).
+/// queries on a GPU attend one by one (up to 16, causal) or unfused while
+/// their scores stay small (`short_attention` says why).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
+    if crate::short_attention::per_query_wanted(q.shape(), mask) {
+        return crate::short_attention::per_query(q, k, v, scale, mask);
+    }
     if crate::short_attention::wanted(q.shape(), k.shape()[2]) {
         return crate::short_attention::unfused(q, k, v, scale, mask);
     }

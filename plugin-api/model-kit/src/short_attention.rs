@@ -12,6 +12,16 @@
 //! per-shape setup. Past `MAX_SCORES` elements the fused kernel's
 //! not materialising the scores matters more. On the CPU MLX already takes
 //! this path inside `fast::scaled_dot_product_attention`.
+//!
+//! Shorter still (up to `PER_QUERY_MAX` queries, causal or unmasked: a
+//! serial verify, a drafter's catch-up), each query attends alone through
+//! the fused single-query kernel over its causal prefix of the keys (a
+//! free slice), as a decode step does. The matmuls of the unfused path
+//! have a new shape every round too (the key length grows), and on the
+//! H200 handing a 4-wide verify of a 28-layer model to the device took
+//! 7-11 ms of host time against 2.5 ms for a 1-token step
+//! (docs/benchmarks.md). Per-query attention is also the decode step's
+//! arithmetic, so a verify's logits stay closest to plain decoding's.
 
 use crate::attention::Mask;
 use crate::{Array, Result};
@@ -25,6 +35,38 @@ pub const MAX_QUERY: i32 = 2048;
 /// The most score elements (batch x query heads x queries x keys) the
 /// unfused path materialises: 2^27, 256 MiB in bf16.
 pub const MAX_SCORES: i64 = 1 << 27;
+
+/// Queries up to this long attend one by one ([`per_query`]) on a GPU when
+/// the mask is causal or absent; `MLX_ENGINE_PER_QUERY_MAX` overrides (0 = off).
+pub const PER_QUERY_MAX: i32 = 16;
+
+fn per_query_limit() -> i32 {
+    static LIMIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| std::env::var("MLX_ENGINE_PER_QUERY_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(PER_QUERY_MAX))
+}
+
+/// Whether queries `q` `[B, Hq, L, D]` with `mask` should take [`per_query`]
+/// on the current device (checked before [`wanted`]).
+pub fn per_query_wanted(q: &[i32], mask: &Mask) -> bool {
+    matches!(mask, Mask::None | Mask::Causal) && (2..=per_query_limit()).contains(&q[2]) && on_gpu()
+}
+
+/// Each query `i` of q `[B, Hq, L, D]` through the fused kernel alone over
+/// the keys it may see: all S with no mask; the first `S - L + i + 1` when
+/// causal (query i sits at key position S - L + i).
+pub fn per_query(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
+    use mlx_rs::ops::indexing::IndexOp;
+    let (l, s) = (q.shape()[2], k.shape()[2]);
+    let rows = (0..l)
+        .map(|i| {
+            let qi = q.index((.., .., i..i + 1, ..));
+            let seen = if matches!(mask, Mask::Causal) { s - l + i + 1 } else { s };
+            let (ki, vi) = if seen == s { (k.clone(), v.clone()) } else { (k.index((.., .., ..seen, ..)), v.index((.., .., ..seen, ..))) };
+            mlx_rs::fast::scaled_dot_product_attention(&qi, &ki, &vi, scale, None, None)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    mlx_rs::ops::concatenate(&rows, 2)
+}
 
 fn limit() -> i32 {
     static LIMIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
@@ -142,6 +184,15 @@ mod tests {
     /// Grouped heads (4 query heads over 2 kv heads), 3 queries over 7 keys.
     fn qkv() -> (Array, Array, Array) {
         (random(&[2, 4, 3, 8], 1), random(&[2, 2, 7, 8], 2), random(&[2, 2, 7, 8], 3))
+    }
+
+    #[test]
+    fn per_query_matches_the_fused_op_causal_and_unmasked() {
+        let (q, k, v) = qkv();
+        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
+        close(&per_query(&q, &k, &v, 0.35, &Mask::Causal).unwrap(), &want);
+        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, None, None).unwrap();
+        close(&per_query(&q, &k, &v, 0.35, &Mask::None).unwrap(), &want);
     }
 
     #[test]

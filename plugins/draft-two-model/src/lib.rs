@@ -14,6 +14,9 @@
 //! dk and the target's lazy `pending` token (its `lead`, history once the
 //! previous round is fully accepted), then drafts as above, all lazily.
 //! Outstanding rounds queue in `rounds`; a commit settles the oldest.
+//! Implemented, but `caps::DRAFT_AHEAD` is not advertised: on the H200 it
+//! measured slower than rounds one at a time (docs/benchmarks.md), so the
+//! host drafts ahead with it only when asked (`--draft-ahead on`).
 
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
@@ -34,7 +37,7 @@ fn manifest() -> PluginManifest {
         PluginKind::DRAFTER,
         "a second model drafting over its own caches (greedy, or sampled with its probabilities)",
         Claims { draft_kinds: rstrings(&["two-model"]), ..Default::default() },
-        &[caps::NEEDS_DRAFT_MODEL, caps::DRAFT_PROBABILITIES, caps::DRAFT_AHEAD],
+        &[caps::NEEDS_DRAFT_MODEL, caps::DRAFT_PROBABILITIES],
     )
 }
 

@@ -18,6 +18,31 @@ use std::time::Instant;
 /// was kept, so a long chain makes a late rejection dear.
 const CHAIN_TOKENS: usize = 128;
 
+/// Whether to queue a round ahead. A kept one saves the host's drafting
+/// and graph building between rounds; a voided one costs a round of device
+/// work that the next round waits behind. So queue one only while recent
+/// rounds were mostly accepted in full (an average over about 3 rounds).
+struct AheadGate {
+    full: f64,
+}
+
+impl AheadGate {
+    const KEEP: f64 = 0.7;
+    const OPEN_AT: f64 = 0.5;
+
+    fn new() -> Self {
+        Self { full: 1.0 }
+    }
+
+    fn open(&self) -> bool {
+        self.full >= Self::OPEN_AT
+    }
+
+    fn record(&mut self, fully_accepted: bool) {
+        self.full = Self::KEEP * self.full + (1.0 - Self::KEEP) * f64::from(u8::from(fully_accepted));
+    }
+}
+
 /// A verify queued on the device, not read yet.
 struct Round {
     /// int32 `[1, k+1]`: pending, then the drafts (lazy when drafted ahead).
@@ -32,8 +57,11 @@ struct Round {
     /// Where this round's time starts: its draft for a round drafted in
     /// sync, the previous round's verdict for one queued ahead.
     since: Instant,
-    /// Host time spent drafting it.
+    /// Host time spent drafting it, building its graph, and in the
+    /// `async_eval` that hands the graph to the device (kernel launches).
     draft_s: f64,
+    graph_s: f64,
+    launch_s: f64,
 }
 
 /// A round after its verdict was read.
@@ -62,6 +90,7 @@ impl Engine {
     /// Queues one verify of `input` (`[1, k+1]`) and its verdict on the device.
     fn queue_round(&self, input: Array, q: Option<&Array>, drafts: &[u32], caches: &mut [CacheBox], sampler: &mut Sampler, since: Instant, draft_s: f64) -> Result<Round, EngineError> {
         let k = input.shape()[1] as usize - 1;
+        let t0 = Instant::now();
         let logits = self.forward_all(&input, caches)?;
         // One logprobs op over all rows (reductions stay within a row), then
         // rejection sampling against q, or the target's own choice at every
@@ -75,8 +104,10 @@ impl Engine {
                 (mlx_rs::ops::concatenate(&draws, 0)?.as_dtype(mlx_rs::Dtype::Uint32)?, false)
             }
         };
+        let t1 = Instant::now();
         mlx_rs::transforms::async_eval([&out, &input])?;
-        Ok(Round { input, k, lps, out, rejection, since, draft_s })
+        let (graph_s, launch_s) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+        Ok(Round { input, k, lps, out, rejection, since, draft_s, graph_s, launch_s })
     }
 
     /// Waits for a round and reads its verdict.
@@ -161,8 +192,16 @@ impl Engine {
         let mut clock = clock::RoundClock::default();
         let judge = !self.speculate_always;
         // Pipelining: greedy only (a sampled round's verdict and next input
-        // come from host-side draws and rejection tests).
-        let mut ahead = self.draft_ahead && d.sampler.params.is_greedy();
+        // come from host-side draws and rejection tests), and by default
+        // only for drafters that advertise it (it measured a gain for them).
+        let advertised = self.drafter_caps.iter().any(|t| t == plugin_api::caps::DRAFT_AHEAD);
+        let mut ahead = d.sampler.params.is_greedy()
+            && match self.draft_ahead {
+                crate::engine::DraftAhead::Auto => advertised,
+                crate::engine::DraftAhead::On => true,
+                crate::engine::DraftAhead::Off => false,
+            };
+        let mut gate = AheadGate::new();
         // Per-round timings on stderr, for diagnosing where a round's time goes.
         let trace = std::env::var_os("HOST_SPEC_TRACE").is_some();
         // The round on the device, and the cache-layout round it runs in.
@@ -229,7 +268,7 @@ impl Engine {
             // chain has room and this round leaves room for another.
             let room_after = req.max_tokens.saturating_sub(d.out.len() + cur.k + 1);
             let chain_room = chain.as_ref().is_some_and(|c| c.kept.len() + cur.k + 1 + depth < CHAIN_TOKENS);
-            let next = if ahead && chain_room && !cur.rejection && cur.k > 0 && stats.disabled.is_none() && room_after >= 2 {
+            let next = if ahead && gate.open() && chain_room && !cur.rejection && cur.k > 0 && stats.disabled.is_none() && room_after >= 2 {
                 self.queue_ahead(&cur, drafter, depth.min(room_after - 1), &mut caches, &mut d, &mut ahead)?
             } else {
                 None
@@ -239,6 +278,7 @@ impl Engine {
             let settled = Instant::now();
             let (k, n) = (cur.k, v.n);
             if k > 0 {
+                gate.record(n == k);
                 stats.rejection_sampling |= cur.rejection;
                 depth = stats.record_round(k, n, max_depth, judge);
             }
@@ -271,10 +311,12 @@ impl Engine {
             if trace {
                 let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
                 eprintln!(
-                    "spec-trace width={} accepted={n} ahead_queued={} draft_ms={:.2} build_ms={:.2} wait_ms={:.2} settle_ms={:.2}",
+                    "spec-trace width={} accepted={n} ahead_queued={} draft_ms={:.2} graph_ms={:.2} launch_ms={:.2} build_ms={:.2} wait_ms={:.2} settle_ms={:.2}",
                     k + 1,
                     queued.is_some(),
                     cur.draft_s * 1e3,
+                    cur.graph_s * 1e3,
+                    cur.launch_s * 1e3,
                     ms(cur.since, waited) - cur.draft_s * 1e3,
                     ms(waited, settled),
                     ms(settled, Instant::now())
@@ -327,5 +369,27 @@ impl Engine {
             GenerateResult { tokens: out, finish, prompt_tokens: req.prompt.len(), cached_tokens: cached, prefill_s: (first_at - start).as_secs_f64(), decode_s: first_at.elapsed().as_secs_f64(), speculation: None },
             stats,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AheadGate;
+
+    #[test]
+    fn the_gate_closes_after_two_partial_rounds_and_reopens_after_a_full_one() {
+        let mut g = AheadGate::new();
+        assert!(g.open());
+        g.record(false);
+        assert!(g.open(), "one partial round is not a trend");
+        g.record(false);
+        assert!(!g.open());
+        g.record(true);
+        assert!(g.open());
+        for _ in 0..10 {
+            g.record(false);
+        }
+        g.record(true);
+        assert!(!g.open(), "one full round after many partial ones");
     }
 }

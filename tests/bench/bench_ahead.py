@@ -1,0 +1,64 @@
+"""A/B of `host generate` variants on one model and prompt: each variant
+runs `--reps` times in its own process, interleaved with the others (the
+H200's speed drifts between processes), and the table gives the median
+decode tokens/s, its ratio to the first variant's median, what speculation
+did, and whether every output equals the first variant's.
+
+Usage: bench_ahead.py --host BIN --plugins DIR --model DIR (--prompt-ids IDS | --chat TEXT)
+       [--gen 128] [--reps 3] [--stop-at-eos] --variant "NAME=ARGS" ...   (the first variant is the reference;
+       ARGS tokens `env:NAME=VALUE` set that variant's environment)
+"""
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+
+
+def run(a, extra):
+    # `env:NAME=VALUE` tokens set the variant's environment.
+    env = dict(os.environ, **dict(t[4:].split("=", 1) for t in extra if t.startswith("env:")))
+    extra = [t for t in extra if not t.startswith("env:")]
+    src = ["--prompt-ids", a.prompt_ids] if a.prompt_ids else ["--chat", a.chat]
+    cmd = [a.host, "generate", "--plugins", a.plugins, "--model", a.model, *src, "--max-tokens", str(a.gen),
+           "--json", "--warmup", *([] if a.stop_at_eos else ["--ignore-eos"]), *extra]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--plugins", default="plugins")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt-ids")
+    ap.add_argument("--chat")
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--stop-at-eos", action="store_true", help="end at the model's EOS (chat answers) instead of --gen tokens")
+    ap.add_argument("--variant", action="append", required=True, help="NAME=ARGS")
+    a = ap.parse_args()
+    variants = [(v.split("=", 1)[0], shlex.split(v.split("=", 1)[1])) for v in a.variant]
+    runs = {name: [] for name, _ in variants}
+    for rep in range(a.reps):
+        for name, extra in variants[rep % len(variants):] + variants[:rep % len(variants)]:
+            runs[name].append(run(a, extra))
+    ref_name = variants[0][0]
+    ref_tokens = runs[ref_name][0]["tokens"]
+    ref = statistics.median(r["decode_tokens_per_s"] for r in runs[ref_name])
+    print("| variant | decode tok/s (median; all) | vs " + ref_name + " | acceptance | rounds (ahead kept / voided) | fell back | same output |")
+    print("|---|---|---|---|---|---|---|")
+    for name, _ in variants:
+        rs = runs[name]
+        tps = [r["decode_tokens_per_s"] for r in rs]
+        sp = rs[-1].get("speculation") or {}
+        acc = f"{sp['acceptance']:.2f}" if sp else "-"
+        rounds = f"{sp.get('rounds', 0)} ({sp.get('ahead_rounds', 0)} / {sp.get('ahead_voided', 0)})" if sp else "-"
+        fell = "yes" if sp.get("disabled") else "no" if sp else "-"
+        same = all(r["tokens"] == ref_tokens for r in rs)
+        med = statistics.median(tps)
+        print(f"| {name} | **{med:.1f}**; {', '.join(f'{t:.0f}' for t in tps)} | {med / ref:.2f}x | {acc} | {rounds} | {fell} | {same} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
