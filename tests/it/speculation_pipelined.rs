@@ -101,7 +101,7 @@ fn pipelined_rounds_keep_the_greedy_output_and_roll_back_past_voided_rounds() {
         let plain = e.generate_plain(&request(&PROMPT, TOKENS + 8, false), |_| Flow::Continue).unwrap().tokens;
         let want = [&PROMPT[..], &plain].concat();
         let plain = &plain[..TOKENS];
-        for (wrong_every, ahead) in [(0, true), (3, true), (3, false)] {
+        for (wrong_every, ahead) in [(0, true), (5, true), (5, false)] {
             install(&mut e, &want, wrong_every, ahead);
             let r = e.generate(&request(&PROMPT, TOKENS, true), |_| Flow::Continue).unwrap();
             let s = r.speculation.expect("the request speculated");
@@ -109,7 +109,8 @@ fn pipelined_rounds_keep_the_greedy_output_and_roll_back_past_voided_rounds() {
             assert_eq!(r.tokens, plain, "{what}");
             assert!(s.disabled.is_none() && s.rounds > 3, "{what}");
             match (wrong_every, ahead) {
-                (0, _) => assert!(s.accepted == s.drafted && s.ahead_rounds + 1 == s.rounds && s.ahead_voided == 0, "{what}"),
+                // Rounds are queued ahead after two full accepts in a row.
+                (0, _) => assert!(s.accepted == s.drafted && s.ahead_rounds + 4 >= s.rounds && s.ahead_voided == 0, "{what}"),
                 (_, true) => assert!(s.accepted < s.drafted && s.ahead_rounds > 0 && s.ahead_voided > 0, "{what}"),
                 (_, false) => assert!(s.ahead_rounds == 0 && s.ahead_voided == 0, "{what}"),
             }

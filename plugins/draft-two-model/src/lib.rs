@@ -15,8 +15,8 @@
 //! previous round is fully accepted), then drafts as above, all lazily.
 //! Outstanding rounds queue in `rounds`; a commit settles the oldest.
 //! Implemented, but `caps::DRAFT_AHEAD` is not advertised: on the H200 it
-//! measured slower than rounds one at a time (docs/benchmarks.md), so the
-//! host drafts ahead with it only when asked (`--draft-ahead on`).
+//! measured no better than rounds one at a time (docs/benchmarks.md), so
+//! the host drafts ahead with it only when asked (`--draft-ahead on`).
 
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
