@@ -6,10 +6,7 @@
 set -euo pipefail
 [ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
-for e in 0.02 0.1; do
-  [ -d /tmp/m/pair-$e ] || python3 tests/bench/make_spec_pair.py --out /tmp/m/pair-$e --eps $e --tokenizer-from .device/tok > /dev/null
-done
-IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(100,49000)) for _ in range(64)))")
+for e in ${EPS:-0.02 0.1}; do pair $e; done
 G="$H generate --plugins $P --prompt-ids $IDS --max-tokens 128 --ignore-eos --json --warmup"
 summ() { grep "spec-trace width" $1 | tail -30 | python3 -c "
 import sys,statistics as st
@@ -22,7 +19,7 @@ rows=[dict(kv.split('=') for kv in l.split()[1:]) for l in sys.stdin]
 print(' '.join(f\"{k} {st.median(float(r[k]) for r in rows):.2f}\" for k in ('graph_ms','launch_ms')))")"
 for e in ${EPS:-0.02 0.1}; do
   M=/tmp/m/pair-$e/target; D="--draft-model /tmp/m/pair-$e/draft --num-draft-tokens 3 --speculate-always"
-  for v in "two-model ahead::$D" "two-model sync::$D --no-draft-ahead" "ngram ahead::--draft-kind ngram --num-draft-tokens 4 --speculate-always" "ngram sync::--draft-kind ngram --num-draft-tokens 4 --speculate-always --no-draft-ahead"; do
+  for v in "two-model ahead::$D --draft-ahead on" "two-model sync::$D --draft-ahead off" "ngram ahead::--draft-kind ngram --num-draft-tokens 4 --speculate-always --draft-ahead on" "ngram sync::--draft-kind ngram --num-draft-tokens 4 --speculate-always --draft-ahead off"; do
     name=${v%%::*}; args=${v#*::}
     HOST_SPEC_TRACE=1 $G --model $M $args 2>/tmp/tr.txt > /tmp/o.json
     echo "eps $e $name: $(python3 -c "import json; d=json.load(open('/tmp/o.json')); s=d['speculation']; print(round(d['decode_tokens_per_s'],1), s['acceptance'], s['ahead_rounds'], s['ahead_voided'])") | $(summ /tmp/tr.txt)"

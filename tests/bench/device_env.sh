@@ -6,3 +6,8 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 NV=$(python3 -c "import nvidia,os,glob; print(':'.join(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0],'*','lib')))))")
 export LD_LIBRARY_PATH="/tmp/site/mlx/lib:$PWD/.device/lib:$NV"
 H=.device/host; P=.device/plugins
+# The speculation scripts' shared inputs: the agreeing 28-layer target /
+# 2-layer draft pair at agreement knob $1 (make_spec_pair.py), and 64
+# random prompt ids.
+pair() { [ -d /tmp/m/pair-$1 ] || python3 tests/bench/make_spec_pair.py --out /tmp/m/pair-$1 --eps $1 --tokenizer-from .device/tok > /dev/null; }
+IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(100,49000)) for _ in range(64)))")
