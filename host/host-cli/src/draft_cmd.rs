@@ -44,6 +44,7 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
         (Some(k), _) => k.clone(),
         (None, Some(dir)) => host_loader::draft_kind::detect(dir),
     };
+    let ahead = host_engine::DraftAhead::parse(a.draft_ahead.as_deref().unwrap_or("auto")).map_err(anyhow::Error::msg)?;
     if kind == "ngram" && a.draft_model.is_some() {
         bail!("the ngram drafter is never combined with a draft model (drop --draft-model or choose another --draft-kind)");
     }
@@ -73,7 +74,7 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
         engine.drafter_factory = Some(Box::new(move || factory.open()));
     }
     engine.speculate_always = a.speculate_always;
-    engine.draft_ahead = host_engine::DraftAhead::parse(a.draft_ahead.as_deref().unwrap_or("auto")).map_err(anyhow::Error::msg)?;
+    engine.draft_ahead = ahead;
     Ok(())
 }
 
