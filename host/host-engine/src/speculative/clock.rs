@@ -7,11 +7,13 @@
 /// Plain samples taken right after the first token, each a run of
 /// `PLAIN_SAMPLE_TOKENS` steps of the pipelined plain loop (the loop a
 /// request falls back to, so the reference is what falling back would
-/// give); the best per-token time is the reference. A round of a verify
+/// give), timed from its first token to its last (the steady rate: the
+/// first step of a run has nothing to overlap with); the best time per
+/// token interval is the reference. A round of a verify
 /// width not seen before is not timed: on a GPU a new width compiles
 /// kernels, and the adaptive depth changes the width often at first.
 pub const PLAIN_SAMPLES: usize = 2;
-pub const PLAIN_SAMPLE_TOKENS: usize = 3;
+pub const PLAIN_SAMPLE_TOKENS: usize = 4;
 const JUDGED_ROUNDS: u64 = 4;
 /// Rounds must fall below this share of the plain rate to be switched off
 /// (timing noise must not cost a request its speculation).
@@ -33,12 +35,12 @@ impl RoundClock {
         emitted_so_far > 0 && self.plain_steps < PLAIN_SAMPLES
     }
 
-    /// A plain sample: `tokens` emitted in `seconds` (a sample cut short by
-    /// the end of the request does not count).
-    pub fn plain(&mut self, seconds: f64, tokens: usize) {
+    /// A plain sample: `intervals` token-to-token intervals in `seconds`
+    /// (a sample cut short by the end of the request does not count).
+    pub fn plain(&mut self, seconds: f64, intervals: usize) {
         self.plain_steps += 1;
-        if tokens > 0 {
-            let per_token = seconds / tokens as f64;
+        if intervals > 0 {
+            let per_token = seconds / intervals as f64;
             self.plain_best = Some(self.plain_best.map_or(per_token, |b| b.min(per_token)));
         }
     }
