@@ -57,9 +57,13 @@ pub fn per_query_wanted(q: &[i32], mask: &Mask) -> bool {
 pub fn per_query(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
     use mlx_rs::ops::indexing::IndexOp;
     let (l, s) = (q.shape()[2], k.shape()[2]);
+    // One copy to `[B, L, Hq, D]`, then each query is a view the kernel
+    // takes as it is (heads `D` apart, as a decode step's query); a slice
+    // of `[B, Hq, L, D]` would be copied once per query instead.
+    let by_position = q.swap_axes(1, 2)?.contiguous()?;
     let rows = (0..l)
         .map(|i| {
-            let qi = q.index((.., .., i..i + 1, ..));
+            let qi = by_position.index((.., i..i + 1, .., ..)).swap_axes(1, 2)?;
             let seen = if matches!(mask, Mask::Causal) { s - l + i + 1 } else { s };
             let (ki, vi) = if seen == s { (k.clone(), v.clone()) } else { (k.index((.., .., ..seen, ..)), v.index((.., .., ..seen, ..))) };
             mlx_rs::fast::scaled_dot_product_attention(&qi, &ki, &vi, scale, None, None)
