@@ -194,7 +194,8 @@ impl Engine {
         let judge = !self.speculate_always;
         // Pipelining: greedy only (a sampled round's verdict and next input
         // come from host-side draws and rejection tests), and by default
-        // only for drafters that advertise it (it measured a gain for them).
+        // only for drafters that advertise it (a drafter should where it
+        // measured a gain; no in-tree drafter does, docs/benchmarks.md).
         let advertised = self.drafter_caps.iter().any(|t| t == plugin_api::caps::DRAFT_AHEAD);
         let mut ahead = d.sampler.params.is_greedy()
             && match self.draft_ahead {
