@@ -1,7 +1,7 @@
 //! Author-side helpers for writing a plugin against `plugin-api`.
 //!
 //! Owns: [`export_plugin!`] (the root module and its guarded `extern "C"`
-//! entries), [`guard`] (no panic crosses the boundary), conversions between
+//! entries), [`guard`] and [`quietly`] (no panic crosses the boundary), conversions between
 //! boundary [`Tensor`]s and mlx-rs [`Array`]s that respect the ownership
 //! rules, and manifest helpers. Never depends on a host crate.
 
@@ -23,6 +23,14 @@ pub fn guard<T>(f: impl FnOnce() -> Result<T, PluginError>) -> PResult<T> {
         Ok(Err(e)) => RResult::RErr(e),
         Err(payload) => RResult::RErr(PluginError::new(ErrorCode::PANIC, panic_message(&payload))),
     }
+}
+
+/// Runs the body of a boundary method that returns no `PResult`
+/// (`CacheLayout::offset`, `trim`, ...) under [`guard`]: a panic cannot
+/// unwind through the vtable (which would abort the host); the method
+/// answers `fallback` instead.
+pub fn quietly<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    guard(|| Ok(f())).into_result().unwrap_or(fallback)
 }
 
 /// [`guard`] for a body that speaks mlx-rs errors.
@@ -187,4 +195,18 @@ macro_rules! __opt {
     ($f:ident, $unused:ident) => {
         Some($f)
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_error_or_the_fallback_never_an_unwind() {
+        let e = guard::<u32>(|| panic!("boom")).into_result().unwrap_err();
+        assert_eq!(e.code, ErrorCode::PANIC);
+        assert!(e.message.contains("boom"), "{}", e.message);
+        assert_eq!(quietly(7u64, || panic!("boom")), 7);
+        assert_eq!(quietly(7u64, || 3), 3);
+    }
 }

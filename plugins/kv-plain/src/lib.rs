@@ -20,7 +20,7 @@ use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::*;
-use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_rs, rstrings};
+use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_rs, quietly, rstrings};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -352,7 +352,7 @@ impl Clone for PlainKv {
 
 impl CacheLayout for PlainKv {
     fn signature(&self) -> RString {
-        PlainKv::signature(self)
+        quietly(RString::new(), || PlainKv::signature(self))
     }
 
     fn offset(&self) -> u64 {
@@ -402,12 +402,14 @@ impl CacheLayout for PlainKv {
     }
 
     fn trim(&mut self, n: u64) -> u64 {
-        // Left padding never trims below a row's own start.
-        let floor = self.left_pad.iter().copied().max().unwrap_or(0);
-        let n = (n as usize).min(self.idx.saturating_sub(floor));
-        self.idx -= n;
-        self.holes.cut(self.idx);
-        n as u64
+        quietly(0, || {
+            // Left padding never trims below a row's own start.
+            let floor = self.left_pad.iter().copied().max().unwrap_or(0);
+            let n = (n as usize).min(self.idx.saturating_sub(floor));
+            self.idx -= n;
+            self.holes.cut(self.idx);
+            n as u64
+        })
     }
 
     fn bytes_per_token(&self) -> u64 {
@@ -459,7 +461,7 @@ impl CacheLayout for PlainKv {
     }
 
     fn rows(&self) -> u32 {
-        PlainKv::rows(self) as u32
+        quietly(0, || PlainKv::rows(self) as u32)
     }
 
     fn filter_rows(&mut self, keep: RSlice<'_, u32>) -> PResult<()> {

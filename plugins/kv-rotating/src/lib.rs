@@ -31,7 +31,7 @@ use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::*;
-use plugin_sdk::{guard, into_array, into_tensor, mlx_error, mlx_rs, rstrings};
+use plugin_sdk::{guard, into_array, into_tensor, mlx_error, mlx_rs, quietly, rstrings};
 
 mod batch;
 mod batch_layout;
@@ -418,12 +418,6 @@ impl RotatingKv {
         }
         Ok(())
     }
-}
-
-/// Runs an infallible method body under `guard` (no panic crosses the
-/// boundary), answering `fallback` if it panicked.
-fn quietly<T>(fallback: T, f: impl FnOnce() -> T) -> T {
-    guard(|| Ok(f())).into_result().unwrap_or(fallback)
 }
 
 fn bytes_of(dtype: Dtype) -> usize {

@@ -39,7 +39,7 @@ use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
-use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, rstrings};
+use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, quietly, rstrings};
 use state::State;
 
 plugin_sdk::export_plugin! {
@@ -100,12 +100,6 @@ struct Recurrent {
     dtype: Dtype,
     /// The state at `spec_begin` (arrays are immutable: handles suffice).
     round: Option<State>,
-}
-
-/// Runs an infallible method body under `guard` (no panic crosses the
-/// boundary), answering `fallback` if it panicked.
-fn quietly<T>(fallback: T, f: impl FnOnce() -> T) -> T {
-    guard(|| Ok(f())).into_result().unwrap_or(fallback)
 }
 
 impl Recurrent {
