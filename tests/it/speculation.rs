@@ -225,6 +225,36 @@ fn http_usage_reports_speculation_and_output_is_unchanged() {
     assert!(a["usage"].get("speculation").is_none());
 }
 
+/// A stop string that matches inside a chain of pipelined rounds (served
+/// serially, `--draft-ahead on`), streamed and not: the text ends where the
+/// plain server's does, the chain is dropped, and the next request on the
+/// same server (its prefix cache holding the stopped request's caches)
+/// still answers as the plain server does.
+#[test]
+fn a_stop_string_inside_pipelined_rounds_ends_the_text_where_plain_decoding_does() {
+    let m = model("smollm2-135m-instruct");
+    let plain = Server::start(&m, &["--batch", "1"]);
+    let spec = Server::start(&m, &["--batch", "1", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--draft-ahead", "on"]);
+    let body = json!({ "prompt": COPY, "max_tokens": 40, "temperature": 0, "stop": ["Guests"] });
+    let want = plain.post("/v1/completions", &body).json();
+    assert_eq!(want["choices"][0]["finish_reason"], "stop", "{want}");
+    let got = spec.post("/v1/completions", &body).json();
+    assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"]);
+    assert_eq!(got["choices"][0]["finish_reason"], "stop");
+    assert!(got["usage"]["speculation"]["ahead_rounds"].as_u64().unwrap() > 0, "no chain ran before the stop: {}", got["usage"]);
+    let streamed = spec.post("/v1/completions", &json!({ "prompt": COPY, "max_tokens": 40, "temperature": 0, "stop": ["Guests"], "stream": true }));
+    let text: String = streamed
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(text, want["choices"][0]["text"].as_str().unwrap());
+    let next = json!({ "prompt": format!("{COPY}{}", want["choices"][0]["text"].as_str().unwrap()), "max_tokens": 12, "temperature": 0 });
+    assert_eq!(spec.post("/v1/completions", &next).json()["choices"][0]["text"], plain.post("/v1/completions", &next).json()["choices"][0]["text"]);
+}
+
 /// Rejection sampling keeps the target's distribution with a draft model
 /// whose distribution differs: the joint outcome of three sampled tokens
 /// (top_k 3 at temperature 1: 27 cells, two drafts then the bonus or a
