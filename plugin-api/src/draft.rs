@@ -8,8 +8,8 @@
 //! the next round's `history`. The returned length is authoritative: 0 means
 //! "take a plain step this round".
 //!
-//! Drafting ahead (v1.1, optional, `caps::DRAFT_AHEAD`): so that the device
-//! never waits for the host between rounds, the host may queue the NEXT
+//! Drafting ahead (plugin-api 1.2, optional, `caps::DRAFT_AHEAD`): so that
+//! the device need not wait for the host between rounds, the host may queue the NEXT
 //! round before it has read this round's verdict. It calls
 //! `draft_ahead(pending)` right after `draft` (or after another
 //! `draft_ahead`), where `pending` is the target's token after the
@@ -121,8 +121,9 @@ pub trait Drafter: Send {
     #[sabi(last_prefix_field)]
     fn commit(&mut self, accepted: u32) -> PResult<()>;
 
-    // --- v1.1: appended after the prefix; a drafter built against v1.0
-    // gets this default (abi_stable calls it when the vtable is short).
+    // --- 1.2: appended after the prefix with a default body. abi_stable's
+    // load-time layout check still refuses drafters built against 1.1
+    // (docs/plugin-guide.md, Versioning): rebuild them.
 
     /// Drafts the round after the outstanding one (module docs). A drafter
     /// that cannot refuses, and the host verifies rounds one at a time.

@@ -273,7 +273,7 @@ pub fn token_array(ids: &[u32]) -> Array {
     Array::from_slice(&v, &[1, v.len() as i32])
 }
 
-trait IndexId {
+pub(crate) trait IndexId {
     fn index_id(&self, id: u32) -> Result<f32, EngineError>;
 }
 

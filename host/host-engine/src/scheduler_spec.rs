@@ -10,16 +10,17 @@
 //! equal it; the first mismatch (or the bonus position) emits the target's
 //! token. A sampling row whose drafter returned its probability rows q is
 //! verified by rejection sampling instead, as in the serial executor.
-//! Drafters with per-request state (two-model) get one instance per row. Rows without drafts ride along and use position 0 only. The
-//! caches then keep `1 + accepted` tokens per row (`spec_rollback` with one
-//! count per row; a layout leaves holes where rows kept fewer).
+//! Drafters with per-request state (two-model) get one instance per row.
+//! Rows without drafts ride along and use position 0 only. The caches then
+//! keep `1 + accepted` tokens per row (`spec_rollback` with one count per
+//! row; a layout leaves holes where rows kept fewer).
 
 use super::{handle_token, Outcome, Scheduler};
 use crate::engine::{Engine, EngineError};
 use crate::generate::{token_array, GenerateRequest};
 use crate::sampling::Sampler;
 use crate::speculative::clock::RowCost;
-use crate::speculative::SpecStats;
+use crate::speculative::{emitted, model_err, SpecStats};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;
@@ -66,10 +67,6 @@ impl RowSpec {
     fn active(&self) -> bool {
         self.stats.disabled.is_none()
     }
-}
-
-fn model_err(what: &str) -> impl Fn(plugin_api::PluginError) -> EngineError + '_ {
-    move |e| EngineError::Model(format!("{what}: {e}"))
 }
 
 /// One row's drafts this step, with the drafter's probability rows q when
@@ -231,15 +228,9 @@ impl Scheduler<'_> {
         let mut at = 0;
         for d in drafts {
             let k = d.tokens.len();
-            if d.q.is_some() {
-                out.push(crate::speculative::rejection::emitted(&flat[at..at + 2 * k + 1], &d.tokens));
-                at += 2 * k + 1;
-            } else {
-                let t = flat[at..at + k + 1].to_vec();
-                let n = d.tokens.iter().zip(&t).take_while(|(d, t)| d == t).count();
-                out.push((t, n));
-                at += k + 1;
-            }
+            let len = if d.q.is_some() { 2 * k + 1 } else { k + 1 };
+            out.push(emitted(&flat[at..at + len], &d.tokens, d.q.is_some()));
+            at += len;
         }
         Ok((out, lps))
     }

@@ -129,6 +129,23 @@ pub(crate) fn draft_probability_rows(rows: ROption<plugin_api::Tensor>, sampler:
     q.index(0..n as i32).as_dtype(mlx_rs::Dtype::Float32).ok()
 }
 
+/// A plugin error from a cache-layout or drafter call, named by the call.
+pub(crate) fn model_err(what: &str) -> impl Fn(plugin_api::PluginError) -> EngineError + '_ {
+    move |e| EngineError::Model(format!("{what}: {e}"))
+}
+
+/// What a round emits and how many drafts it accepted, from its evaluated
+/// verdict: the rejection-sampling verdict `[2k+1]`, or the target's
+/// choice at every position `[k+1]`, whose drafts count while they match.
+pub(crate) fn emitted(out: &[u32], drafts: &[u32], rejection: bool) -> (Vec<u32>, usize) {
+    if rejection {
+        return rejection::emitted(out, drafts);
+    }
+    let t = out[..drafts.len() + 1].to_vec();
+    let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();
+    (t, n)
+}
+
 pub(crate) fn tensor_ref(a: &Array) -> TensorRef<'_> {
     unsafe { TensorRef::from_raw(a.as_ptr()) }
 }

@@ -40,9 +40,14 @@ pub const MAX_SCORES: i64 = 1 << 27;
 /// the mask is causal or absent; `MLX_ENGINE_PER_QUERY_MAX` overrides (0 = off).
 pub const PER_QUERY_MAX: i32 = 16;
 
+/// A length limit from the environment variable `name`, else `default`.
+fn env_limit(name: &str, default: i32) -> i32 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 fn per_query_limit() -> i32 {
     static LIMIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| std::env::var("MLX_ENGINE_PER_QUERY_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(PER_QUERY_MAX))
+    *LIMIT.get_or_init(|| env_limit("MLX_ENGINE_PER_QUERY_MAX", PER_QUERY_MAX))
 }
 
 /// Whether queries `q` `[B, Hq, L, D]` with `mask` should take [`per_query`]
@@ -74,7 +79,7 @@ pub fn per_query(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Re
 
 fn limit() -> i32 {
     static LIMIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| std::env::var("MLX_ENGINE_UNFUSED_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_QUERY))
+    *LIMIT.get_or_init(|| env_limit("MLX_ENGINE_UNFUSED_MAX", MAX_QUERY))
 }
 
 /// Whether queries `q` `[B, Hq, L, D]` over `keys` keys should take
@@ -190,22 +195,25 @@ mod tests {
         (random(&[2, 4, 3, 8], 1), random(&[2, 2, 7, 8], 2), random(&[2, 2, 7, 8], 3))
     }
 
+    type Path = fn(&Array, &Array, &Array, f32, &Mask) -> Result<Array>;
+
+    /// `path` equals the fused op, causal and unmasked.
+    fn agrees_with_the_fused_op(path: Path, (q, k, v): &(Array, Array, Array)) {
+        let want = scaled_dot_product_attention(q, k, v, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
+        close(&path(q, k, v, 0.35, &Mask::Causal).unwrap(), &want);
+        let want = scaled_dot_product_attention(q, k, v, 0.35, None, None).unwrap();
+        close(&path(q, k, v, 0.35, &Mask::None).unwrap(), &want);
+    }
+
     #[test]
     fn per_query_matches_the_fused_op_causal_and_unmasked() {
-        let (q, k, v) = qkv();
-        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
-        close(&per_query(&q, &k, &v, 0.35, &Mask::Causal).unwrap(), &want);
-        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, None, None).unwrap();
-        close(&per_query(&q, &k, &v, 0.35, &Mask::None).unwrap(), &want);
+        agrees_with_the_fused_op(per_query, &qkv());
     }
 
     #[test]
     fn causal_matches_the_fused_op() {
         let (q, k, v) = qkv();
-        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
-        close(&unfused(&q, &k, &v, 0.35, &Mask::Causal).unwrap(), &want);
-        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, None, None).unwrap();
-        close(&unfused(&q, &k, &v, 0.35, &Mask::None).unwrap(), &want);
+        agrees_with_the_fused_op(unfused, &(q.clone(), k.clone(), v.clone()));
         // Another shape after the first: the shared causal mask is rebuilt, not reused.
         let (q2, k2, v2) = (random(&[1, 4, 2, 8], 6), random(&[1, 2, 5, 8], 7), random(&[1, 2, 5, 8], 8));
         let want = scaled_dot_product_attention(&q2, &k2, &v2, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();

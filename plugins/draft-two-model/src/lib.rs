@@ -109,7 +109,7 @@ impl TwoModel {
             mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
             drafted.push(y.clone());
         }
-        self.rounds.push_back(Fed { lead, proposed: n, fed: n - 1 });
+        self.rounds.push_back(Fed { lead, fed: n - 1 });
         self.last = Some(y);
         let all = mlx_rs::ops::concatenate(&drafted, 0).map_err(mlx)?.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx)?;
         Ok((all, picker.probabilities().map_err(mlx)?))
@@ -140,8 +140,7 @@ struct Fed {
     /// Tokens fed before its drafts that become history when the round
     /// before it is fully accepted (0 for a round drafted from history).
     lead: usize,
-    /// Drafts proposed, and drafts fed (all but the last).
-    proposed: usize,
+    /// Drafts fed: all it proposed but the last.
     fed: usize,
 }
 
@@ -207,7 +206,7 @@ impl Drafter for TwoModel {
     fn commit(&mut self, accepted: u32) -> PResult<()> {
         guard(|| {
             let Some(r) = self.rounds.pop_front() else { return Ok(()) };
-            if accepted as usize >= r.proposed {
+            if accepted as usize > r.fed {
                 // Its fed drafts are history now, and so is the lead of the
                 // round drafted behind it.
                 self.cached += r.fed;

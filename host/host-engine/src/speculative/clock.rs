@@ -9,9 +9,9 @@
 /// request falls back to, so the reference is what falling back would
 /// give), timed from its first token to its last (the steady rate: the
 /// first step of a run has nothing to overlap with); the best time per
-/// token interval is the reference. A round of a verify
-/// width not seen before is not timed: on a GPU a new width compiles
-/// kernels, and the adaptive depth changes the width often at first.
+/// token interval is the reference. A round of a verify width not seen
+/// before is not timed: on a GPU a new width compiles kernels, and the
+/// adaptive depth changes the width often at first.
 pub const PLAIN_SAMPLES: usize = 2;
 pub const PLAIN_SAMPLE_TOKENS: usize = 4;
 const JUDGED_ROUNDS: u64 = 4;

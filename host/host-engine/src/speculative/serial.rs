@@ -2,9 +2,9 @@
 //! → accept → roll back, optionally pipelined (a round queued ahead while
 //! the previous one runs on the device; module docs of `speculative`).
 
-use super::{clock, draft_probability_rows, draft_sampling, rejection, tensor_ref, SpecStats};
+use super::{clock, draft_probability_rows, draft_sampling, emitted, model_err, rejection, tensor_ref, SpecStats};
 use crate::engine::{Engine, EngineError};
-use crate::generate::{token_array, Decoding, Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
+use crate::generate::{token_array, Decoding, Finish, Flow, GenerateRequest, GenerateResult, IndexId, TokenOut};
 use crate::sampling::{top_logprobs, Sampler};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
@@ -83,10 +83,6 @@ struct Chain {
     kept: Vec<u32>,
 }
 
-fn model_err(what: &str) -> impl Fn(plugin_api::PluginError) -> EngineError + '_ {
-    move |e| EngineError::Model(format!("{what}: {e}"))
-}
-
 impl Engine {
     /// Queues one verify of `input` (`[1, k+1]`) and its verdict on the device.
     fn queue_round(&self, input: Array, q: Option<&Array>, drafts: &[u32], caches: &mut [CacheBox], sampler: &mut Sampler, since: Instant, draft_s: f64) -> Result<Round, EngineError> {
@@ -115,15 +111,7 @@ impl Engine {
     fn settle(round: &Round) -> Result<Verdict, EngineError> {
         mlx_rs::transforms::eval([&round.out, &round.input])?;
         let input: Vec<u32> = round.input.as_dtype(mlx_rs::Dtype::Uint32)?.as_slice::<u32>().to_vec();
-        let out = round.out.as_slice::<u32>();
-        let drafts = &input[1..];
-        let (t, n) = if round.rejection {
-            rejection::emitted(out, drafts)
-        } else {
-            let t = out.to_vec();
-            let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();
-            (t, n)
-        };
+        let (t, n) = emitted(round.out.as_slice::<u32>(), &input[1..], round.rejection);
         Ok(Verdict { input, t, n })
     }
 
@@ -145,7 +133,8 @@ impl Engine {
         };
         let m = drafts.size().min(n);
         if m == 0 || drafts.ndim() != 1 {
-            // The drafter has an outstanding empty round: settle it with cur.
+            // Nothing to verify ahead (the ABI: no round is outstanding for
+            // 0 tokens); cur is settled alone.
             return Ok(None);
         }
         let drafts = drafts.index(0..m as i32).as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, m as i32])?;
@@ -154,8 +143,9 @@ impl Engine {
         self.queue_round(input, None, &[], caches, &mut d.sampler, Instant::now(), draft_s).map(Some)
     }
 
-    /// Ends a chain: keeps `keep` tokens past its start (all of them:
-    /// commit) and replays them into snapshot layouts.
+    /// Ends a chain: the caches keep its settled tokens plus `tail` (with
+    /// `all_kept`, everything appended: commit) and snapshot layouts get
+    /// them replayed.
     fn close_chain(&self, chain: Chain, tail: &[u32], all_kept: bool, caches: &mut [CacheBox]) -> Result<(), EngineError> {
         let mut kept = chain.kept;
         kept.extend_from_slice(tail);
@@ -354,8 +344,7 @@ impl Engine {
                     let (logprob, top) = match req.logprobs {
                         Some(kk) => {
                             let lp = cur.lps.index(i as i32..i as i32 + 1);
-                            let chosen = lp.index((0, id as i32)).as_dtype(mlx_rs::Dtype::Float32)?.try_item_cast::<f32>()?;
-                            (Some(chosen), top_logprobs(&lp, kk)?)
+                            (Some(lp.index_id(id)?), top_logprobs(&lp, kk)?)
                         }
                         None => (None, Vec::new()),
                     };
