@@ -131,6 +131,24 @@ fn the_default_model_drafting_for_itself_changes_nothing_serial_or_batched() {
     }
 }
 
+/// A prompt id outside the vocabulary is refused on the speculative path
+/// as on the plain one (it once reached the model there and generated).
+#[test]
+fn a_prompt_id_outside_the_vocabulary_is_refused_with_a_drafter_too() {
+    for extra in [&[][..], &["--draft-kind", "ngram"][..]] {
+        let out = std::process::Command::new(host_bin())
+            .current_dir(it::repo_root())
+            .args(["generate", "--model"])
+            .arg(model("tiny/tiny-llama-f32"))
+            .args(["--prompt-ids", "1,2,99999999", "--max-tokens", "2"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("outside the vocabulary"), "{extra:?}: {err}");
+    }
+}
+
 #[test]
 fn a_draft_model_with_another_tokenizer_is_refused_at_start_up() {
     let dir = it::Scratch::new("badtok");

@@ -148,6 +148,21 @@ impl Engine {
     }
 
     pub fn generate_plain(&self, req: &GenerateRequest, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<GenerateResult, EngineError> {
+        let (start, mut caches, cached) = self.start_request(req)?;
+        let head = &req.prompt[..req.prompt.len() - 1];
+        if cached < head.len() {
+            // A prompt-boundary snapshot: what the next turn of a chat reuses
+            // even when its caches cannot trim (a wrapped ring).
+            self.prefix_put(head, &caches);
+        }
+        let mut d = Decoding::new(self, req)?;
+        let finish = self.decode_plain(&mut d, &mut caches, usize::MAX, &mut on_token)?.unwrap_or(Finish::Length);
+        Ok(self.end_request(d, &mut caches, finish, cached, start))
+    }
+
+    /// What every request must be, serial or batched: a prompt of ids in
+    /// the vocabulary, and valid sampling parameters.
+    pub(crate) fn check_request(&self, req: &GenerateRequest) -> Result<(), EngineError> {
         if req.prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
         }
@@ -156,23 +171,30 @@ impl Engine {
         if let Some(bad) = req.prompt.iter().find(|&&t| t >= vocab) {
             return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary (size {vocab})")));
         }
+        Ok(())
+    }
+
+    /// A serial request's start, shared by the plain and speculative loops:
+    /// checks the request, then prefills all but the prompt's last token
+    /// into fresh caches, from the prefix cache where it can. Returns when
+    /// it started, the caches, and the prompt tokens the prefix cache served.
+    pub(crate) fn start_request(&self, req: &GenerateRequest) -> Result<(Instant, Vec<CacheBox>, usize), EngineError> {
+        self.check_request(req)?;
         let start = Instant::now();
         let mut caches = self.new_caches()?;
         let head = &req.prompt[..req.prompt.len() - 1];
         let cached = self.prefix_take(&req.prompt, &mut caches);
         self.prefill(&head[cached..], &mut caches)?;
-        if cached < head.len() {
-            // A prompt-boundary snapshot: what the next turn of a chat reuses
-            // even when its caches cannot trim (a wrapped ring).
-            self.prefix_put(head, &caches);
-        }
+        Ok((start, caches, cached))
+    }
 
-        let mut d = Decoding::new(self, req)?;
-        let finish = self.decode_plain(&mut d, &mut caches, usize::MAX, &mut on_token)?.unwrap_or(Finish::Length);
-        let Decoding { history: known, out, first_at, .. } = d;
+    /// A serial request's end: stores its final state in the prefix cache
+    /// and reports it.
+    pub(crate) fn end_request(&self, d: Decoding, caches: &mut [CacheBox], finish: Finish, cached: usize, start: Instant) -> GenerateResult {
+        let Decoding { req, history, out, first_at, .. } = d;
         let first_at = first_at.unwrap_or_else(Instant::now);
-        self.prefix_put_final(&known, &mut caches);
-        Ok(GenerateResult {
+        self.prefix_put_final(&history, caches);
+        GenerateResult {
             tokens: out,
             finish,
             prompt_tokens: req.prompt.len(),
@@ -180,7 +202,7 @@ impl Engine {
             speculation: None,
             prefill_s: (first_at - start).as_secs_f64(),
             decode_s: first_at.elapsed().as_secs_f64(),
-        })
+        }
     }
 }
 

@@ -181,7 +181,7 @@ impl<'a> Scheduler<'a> {
             self.serial_next = Some(job);
             return;
         }
-        if let Err(e) = validate(self.engine, &job) {
+        if let Err(e) = self.engine.check_request(&job.request) {
             self.stats.failed.fetch_add(1, Ordering::SeqCst);
             let _ = (job.on_event)(Event::Failed(e));
             return;
@@ -455,19 +455,6 @@ impl Scheduler<'_> {
             self.engine.prefix_insert(known[..held].to_vec(), states, batch.iter().all(|c| c.is_trimmable()));
         }
     }
-}
-
-fn validate(engine: &Engine, job: &Job) -> Result<(), EngineError> {
-    let req = &job.request;
-    if req.prompt.is_empty() {
-        return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-    }
-    req.params.validate().map_err(EngineError::InvalidRequest)?;
-    let vocab = engine.model.plan.vocab_size;
-    if let Some(bad) = req.prompt.iter().find(|&&t| t >= vocab) {
-        return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary (size {vocab})")));
-    }
-    Ok(())
 }
 
 /// The serial loop's per-token rules: EOS ends without emitting; the caller

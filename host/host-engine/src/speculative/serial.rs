@@ -164,15 +164,7 @@ impl Engine {
     }
 
     pub fn generate_speculative(&self, req: &GenerateRequest, drafter: &mut DrafterBox, max_depth: usize, kind: &str, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<(GenerateResult, SpecStats), EngineError> {
-        if req.prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-        }
-        req.params.validate().map_err(EngineError::InvalidRequest)?;
-        let start = Instant::now();
-        let mut caches = self.new_caches()?;
-        let (head, _) = req.prompt.split_at(req.prompt.len() - 1);
-        let cached = self.prefix_take(&req.prompt, &mut caches);
-        self.prefill(&head[cached..], &mut caches)?;
+        let (start, mut caches, cached) = self.start_request(req)?;
         let mut d = Decoding::new(self, req)?;
         let mut stats = SpecStats { kind: kind.to_owned(), accepted_by_position: vec![0; max_depth], ..Default::default() };
         // A drafter that fails costs this request its speculation, not its answer.
@@ -366,13 +358,7 @@ impl Engine {
                 }
             }
         };
-        let Decoding { history, out, first_at, .. } = d;
-        let first_at = first_at.unwrap_or_else(Instant::now);
-        self.prefix_put_final(&history, &mut caches);
-        Ok((
-            GenerateResult { tokens: out, finish, prompt_tokens: req.prompt.len(), cached_tokens: cached, prefill_s: (first_at - start).as_secs_f64(), decode_s: first_at.elapsed().as_secs_f64(), speculation: None },
-            stats,
-        ))
+        Ok((self.end_request(d, &mut caches, finish, cached, start), stats))
     }
 }
 
