@@ -110,7 +110,9 @@ impl Engine {
     /// Waits for a round and reads its verdict.
     fn settle(round: &Round) -> Result<Verdict, EngineError> {
         mlx_rs::transforms::eval([&round.out, &round.input])?;
-        let input: Vec<u32> = round.input.as_dtype(mlx_rs::Dtype::Uint32)?.as_slice::<u32>().to_vec();
+        // int32 ids, read as they are: a cast would be one more op to run
+        // and wait for on the round's critical path.
+        let input: Vec<u32> = round.input.as_slice::<i32>().iter().map(|&t| t as u32).collect();
         let (t, n) = emitted(round.out.as_slice::<u32>(), &input[1..], round.rejection);
         Ok(Verdict { input, t, n })
     }
