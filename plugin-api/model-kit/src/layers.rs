@@ -233,9 +233,8 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let g = self.gate.forward(x)?;
-        // nn.silu(g) = g * sigmoid(g), then * up(x), in that order.
-        let act = g.multiply(ops::sigmoid(&g)?)?.multiply(self.up.forward(x)?)?;
+        // mlx-lm's compiled swiglu: silu(g) = g * sigmoid(g), then * up(x).
+        let act = crate::compiled::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
         self.down.forward(&act)
     }
 }

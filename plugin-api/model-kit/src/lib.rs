@@ -10,6 +10,7 @@
 
 pub mod attention;
 pub mod checkpoint;
+pub mod compiled;
 pub mod config;
 pub mod graph;
 pub mod layers;

@@ -103,13 +103,9 @@ impl SwitchLinear {
     }
 }
 
-/// The gate's activation in a gated expert: `act(gate(x)) * up(x)`.
-pub type Activation = fn(&Array) -> Result<Array>;
-
-/// `nn.silu` as mlx-lm's `swiglu` computes it: `x * sigmoid(x)`.
-pub fn silu(x: &Array) -> Result<Array> {
-    x.multiply(ops::sigmoid(x)?)
-}
+/// A gated expert's combination of its two projections, `act(gate) * up`
+/// (fused: `compiled::swiglu`, `compiled::geglu`).
+pub type Activation = fn(&Array, &Array) -> Result<Array>;
 
 /// `SwitchGLU`: per token and picked expert, `down(act(gate(x)) * up(x))`,
 /// SwiGLU (`act` = silu) unless a family asks for another activation
@@ -124,7 +120,7 @@ pub struct SwitchGlu {
 impl SwitchGlu {
     /// SwiGLU experts.
     pub fn new(gate: SwitchLinear, up: SwitchLinear, down: SwitchLinear) -> Self {
-        Self { gate, up, down, act: silu }
+        Self { gate, up, down, act: crate::compiled::swiglu }
     }
 
     /// The same experts gated by `act` instead of silu.
@@ -164,7 +160,7 @@ impl SwitchGlu {
         };
         let up = self.up.forward(&x, &idx, sorted)?;
         let gate = self.gate.forward(&x, &idx, sorted)?;
-        let act = (self.act)(&gate)?.multiply(&up)?;
+        let act = (self.act)(&gate, &up)?;
         let y = self.down.forward(&act, &idx, sorted)?;
         let y = match inv {
             Some(inv) => ops::unflatten(y.take_axis(&inv, 0)?, 0, indices.shape())?,
@@ -298,7 +294,7 @@ mod tests {
         assert!(close(&all, &one_by_one));
     }
 
-    /// Pair (17, 1) of the fixture computed by hand with `act` on the gate.
+    /// Pair (17, 1) of the fixture computed by hand with `act` on gate and up.
     fn one_pair_by_hand(glu: &SwitchGlu, x: &Array, inds: &Array, act: Activation) {
         let y = glu.forward(x, inds).unwrap();
         assert_eq!(y.shape(), [1, 40, 2, 8]);
@@ -310,7 +306,7 @@ mod tests {
         let xt = crate::ops::slice(&x, &[0, t as i32, 0], &[1, t as i32 + 1, 8]).unwrap().reshape(&[1, 8]).unwrap();
         let g = xt.matmul(w(&glu.gate).transpose_axes(&[1, 0]).unwrap()).unwrap();
         let u = xt.matmul(w(&glu.up).transpose_axes(&[1, 0]).unwrap()).unwrap();
-        let h = act(&g).unwrap().multiply(&u).unwrap();
+        let h = act(&g, &u).unwrap();
         let want = h.matmul(w(&glu.down).transpose_axes(&[1, 0]).unwrap()).unwrap();
         let got = crate::ops::slice(&y, &[0, t as i32, j as i32, 0], &[1, t as i32 + 1, j as i32 + 1, 8]).unwrap();
         assert!(close(&values(&got), &values(&want)));
@@ -319,13 +315,13 @@ mod tests {
     #[test]
     fn each_pair_runs_its_own_expert() {
         let (glu, x, inds) = fixture();
-        one_pair_by_hand(&glu, &x, &inds, |g| g.multiply(ops::sigmoid(g)?));
+        one_pair_by_hand(&glu, &x, &inds, |g, u| g.multiply(ops::sigmoid(g)?)?.multiply(u));
     }
 
     #[test]
     fn the_gate_activation_is_a_parameter() {
         let (glu, x, inds) = fixture();
-        let act: Activation = |g| ops::tanh(g);
+        let act: Activation = |g, u| ops::tanh(g)?.multiply(u);
         let glu = glu.with_activation(act);
         one_pair_by_hand(&glu, &x, &inds, act);
         // Sorted and unsorted paths apply it alike.

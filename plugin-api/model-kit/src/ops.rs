@@ -19,15 +19,23 @@ extern "C" fn remember_error(msg: *const c_char, _data: *mut c_void) {
 
 static HANDLER: Once = Once::new();
 
+/// An mlx-c status as a `Result`, with the message MLX reported.
+pub(crate) fn status(op: &str, status: i32) -> Result<()> {
+    HANDLER.call_once(|| unsafe { mlx_sys::mlx_set_error_handler(Some(remember_error), std::ptr::null_mut(), None) });
+    if status == 0 {
+        return Ok(());
+    }
+    let msg = LAST_ERROR.with(|e| e.borrow_mut().take()).unwrap_or_else(|| format!("{op} failed with status {status}"));
+    Err(crate::error(msg))
+}
+
 /// Runs one mlx-c call that writes its result into `res`.
-fn raw(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array) -> i32) -> Result<Array> {
+pub(crate) fn raw(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array) -> i32) -> Result<Array> {
     HANDLER.call_once(|| unsafe { mlx_sys::mlx_set_error_handler(Some(remember_error), std::ptr::null_mut(), None) });
     let mut res = unsafe { mlx_sys::mlx_array_new() };
-    let status = f(&mut res);
-    if status != 0 {
+    if let Err(e) = status(op, f(&mut res)) {
         unsafe { mlx_sys::mlx_array_free(res) };
-        let msg = LAST_ERROR.with(|e| e.borrow_mut().take()).unwrap_or_else(|| format!("{op} failed with status {status}"));
-        return Err(crate::error(msg));
+        return Err(e);
     }
     Ok(unsafe { Array::from_ptr(res) })
 }
@@ -65,6 +73,12 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) ->
             s.as_ptr(),
         )
     })
+}
+
+/// A float scalar in `dtype`, as MLX makes a Python scalar operand (weakly
+/// typed: it takes the array's dtype, through float32).
+pub fn scalar(v: f64, dtype: Dtype) -> Result<Array> {
+    Array::from_f32(v as f32).as_dtype(dtype)
 }
 
 /// Zeros of a runtime dtype.

@@ -14,7 +14,9 @@ use mlx_rs::ops;
 use model_kit::graph::{into_model, Family};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
+use model_kit::compiled::geglu;
 use model_kit::config::Config;
+use model_kit::ops::scalar;
 use model_kit::layers::{Embedding, Linear, LoadCtx};
 use model_kit::rope::Rope;
 use model_kit::{error, Array, Dtype, Result};
@@ -57,12 +59,6 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
     Ok(into_model(model))
 }
 
-/// A float scalar in `dtype`, as MLX makes a Python scalar operand (weakly
-/// typed: it takes the array's dtype).
-fn scalar(v: f64, dtype: Dtype) -> Result<Array> {
-    Array::from_f32(v as f32).as_dtype(dtype)
-}
-
 /// mlx-lm's gemma `RMSNorm`: `mx.fast.rms_norm(x, 1.0 + weight, eps)`. The
 /// `1.0 + weight` is computed in the weight's dtype (a Python scalar takes
 /// the array's dtype); we do it once at load instead of on every call.
@@ -84,17 +80,6 @@ impl GemmaRmsNorm {
     }
 }
 
-/// `nn.gelu_approx`: `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`,
-/// the same ops in the same order, each constant in `x`'s dtype.
-fn gelu_approx(x: &Array) -> Result<Array> {
-    let dt = x.dtype();
-    let x3 = ops::power(x, scalar(3.0, dt)?)?;
-    let inner = x.add(scalar(0.044715, dt)?.multiply(&x3)?)?;
-    let t = ops::tanh(&scalar((2.0 / std::f64::consts::PI).sqrt(), dt)?.multiply(&inner)?)?;
-    let one_plus = scalar(1.0, dt)?.add(&t)?;
-    scalar(0.5, dt)?.multiply(x)?.multiply(&one_plus)
-}
-
 /// Gemma's gated MLP: `down(gelu_approx(gate(x)) * up(x))`.
 struct Mlp {
     gate: Linear,
@@ -112,7 +97,7 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Array) -> Result<Array> {
-        let act = gelu_approx(&self.gate.forward(x)?)?.multiply(self.up.forward(x)?)?;
+        let act = geglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
         self.down.forward(&act)
     }
 }

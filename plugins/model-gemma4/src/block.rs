@@ -8,26 +8,9 @@ use crate::args::Args;
 use crate::attention::{Attention, KvSource, SharedKv};
 use crate::moe::MoeBranch;
 use model_kit::attention::Mask;
+use model_kit::compiled::geglu;
 use model_kit::layers::{Linear, LoadCtx, RmsNorm};
-use model_kit::{Array, Dtype, Result};
-use mlx_rs::ops;
-
-/// A float scalar in `dtype`, as MLX makes a Python scalar operand (weakly
-/// typed: it takes the array's dtype).
-pub fn scalar(v: f64, dtype: Dtype) -> Result<Array> {
-    Array::from_f32(v as f32).as_dtype(dtype)
-}
-
-/// `nn.gelu_approx`: `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`,
-/// the same ops in the same order, each constant in `x`'s dtype.
-pub fn gelu_approx(x: &Array) -> Result<Array> {
-    let dt = x.dtype();
-    let x3 = ops::power(x, scalar(3.0, dt)?)?;
-    let inner = x.add(scalar(0.044715, dt)?.multiply(&x3)?)?;
-    let t = ops::tanh(&scalar((2.0 / std::f64::consts::PI).sqrt(), dt)?.multiply(&inner)?)?;
-    let one_plus = scalar(1.0, dt)?.add(&t)?;
-    scalar(0.5, dt)?.multiply(x)?.multiply(&one_plus)
-}
+use model_kit::{Array, Result};
 
 /// `down(gelu_approx(gate(x)) * up(x))`; the KV-shared layers' MLPs are
 /// twice as wide with `use_double_wide_mlp`, which the weights' shapes carry.
@@ -47,7 +30,7 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Array) -> Result<Array> {
-        self.down.forward(&gelu_approx(&self.gate.forward(x)?)?.multiply(self.up.forward(x)?)?)
+        self.down.forward(&geglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
     }
 }
 
@@ -60,7 +43,7 @@ struct PerLayerGate {
 
 impl PerLayerGate {
     fn forward(&self, h: &Array, input: &Array) -> Result<Array> {
-        let g = gelu_approx(&self.gate.forward(h)?)?.multiply(input)?;
+        let g = geglu(&self.gate.forward(h)?, input)?;
         h.add(self.norm.forward(&self.proj.forward(&g)?)?)
     }
 }

@@ -20,7 +20,8 @@ mod rope;
 
 use args::Args;
 use attention::{KvSource, SharedKv};
-use block::{scalar, Block};
+use block::Block;
+use model_kit::ops::scalar;
 use model_kit::graph::{into_model, Family};
 use model_kit::attention::masks_by_kind;
 use model_kit::checkpoint::{config_error, Checkpoint};
@@ -28,7 +29,6 @@ use model_kit::config::Config;
 use model_kit::layers::{Embedding, Linear, LoadCtx, RmsNorm};
 use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
-use mlx_rs::ops;
 use per_layer::PerLayerInputs;
 use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
@@ -168,8 +168,7 @@ impl Family for Model {
             None => self.embed.as_linear(h)?,
         };
         let Some(cap) = self.softcap else { return Ok(logits) };
-        let cap = scalar(cap as f64, logits.dtype())?;
-        ops::tanh(&logits.divide(&cap)?)?.multiply(&cap)
+        model_kit::compiled::softcap(&logits, &scalar(cap as f64, logits.dtype())?)
     }
 
     fn run(&self, args: &ForwardArgs<'_>, caches: &mut [CacheBox]) -> Result<ForwardOutput> {

@@ -6,9 +6,10 @@
 //! with the gelu_approx activation). The two branches are normed separately
 //! and summed.
 
-use crate::block::{gelu_approx, scalar};
 use model_kit::layers::{Linear, LoadCtx, RmsNorm};
 use model_kit::moe::{SwitchGlu, SwitchLinear};
+use model_kit::compiled::geglu;
+use model_kit::ops::scalar;
 use model_kit::{error, ops as kit_ops, Array, Result};
 use mlx_rs::ops;
 
@@ -87,7 +88,7 @@ fn load_experts(ctx: &mut LoadCtx, p: &str, hidden: usize, m: &MoeArgs) -> Resul
             )
         }
     };
-    Ok(glu.with_activation(gelu_approx))
+    Ok(glu.with_activation(geglu))
 }
 
 /// The expert branch of a decoder layer and the extra norms it brings.

@@ -4,8 +4,8 @@
 //! own `[B, L, per_layer_hidden]` input for the gate after its MLP.
 
 use crate::args::Args;
-use crate::block::scalar;
 use model_kit::layers::{Embedding, Linear, LoadCtx, RmsNorm};
+use model_kit::ops::scalar;
 use model_kit::{error, ops as kit_ops, Array, Result};
 use mlx_rs::ops;
 

@@ -10,9 +10,9 @@
 //! window and advances the layer; slot 1 holds the SSM state.
 
 use crate::args::Linear as Geometry;
-use crate::norm::scalar;
 use model_kit::layers::{Linear, LoadCtx};
-use model_kit::ops::{slice, zeros};
+use model_kit::compiled::silu;
+use model_kit::ops::{scalar, slice, zeros};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::ROption;
 use plugin_api::{CacheBox, MaskMode};
@@ -137,10 +137,6 @@ fn padding_mask(cache: &CacheBox, b: i32, l: i32) -> Result<Option<Array>> {
     }
 }
 
-/// `nn.silu`: `x * sigmoid(x)`.
-fn silu(x: &Array) -> Result<Array> {
-    x.multiply(ops::sigmoid(x)?)
-}
 
 /// mlx-lm's `normalize_qk`: RMS norms with the reference L2 eps (1e-6,
 /// added to the sum of squares) moved onto the mean, the `Dk**-0.5` readout

@@ -2,14 +2,9 @@
 //! Face checkpoints (their norm weights are stored minus one).
 
 use model_kit::layers::LoadCtx;
-use model_kit::{Array, Dtype, Result};
+use model_kit::ops::scalar;
+use model_kit::{Array, Result};
 use plugin_sdk::mlx_rs;
-
-/// A float scalar in `dtype`, as MLX makes a Python scalar operand (weakly
-/// typed: it takes the array's dtype, through float32).
-pub fn scalar(v: f64, dtype: Dtype) -> Result<Array> {
-    Array::from_f32(v as f32).as_dtype(dtype)
-}
 
 /// `nn.RMSNorm` (the fused kernel).
 pub struct Norm {
