@@ -5,6 +5,7 @@ mod admission;
 mod architecture;
 mod batching;
 mod batching_sliding;
+mod compiled_across_plugins;
 mod foundation;
 mod http;
 mod parity;
