@@ -1,7 +1,8 @@
 """A/B of `host generate` variants on one model and prompt: each variant
 runs `--reps` times in its own process, interleaved with the others (the
 H200's speed drifts between processes), and the table gives the median
-decode tokens/s, its ratio to the first variant's median, what speculation
+decode tokens/s, its ratio to the first variant's median, the median
+prefill tokens/s (a prompt length new to the process), what speculation
 did, and whether every output equals the first variant's.
 
 Usage: bench_ahead.py --host BIN --plugins DIR --model DIR (--prompt-ids IDS | --chat TEXT)
@@ -46,8 +47,8 @@ def main():
     ref_name = variants[0][0]
     ref_tokens = runs[ref_name][0]["tokens"]
     ref = statistics.median(r["decode_tokens_per_s"] for r in runs[ref_name])
-    print("| variant | decode tok/s (median; all) | vs " + ref_name + " | acceptance | rounds (ahead kept / voided) | fell back | same output |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | decode tok/s (median; all) | vs " + ref_name + " | prefill tok/s (median) | acceptance | rounds (ahead kept / voided) | fell back | same output |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, _ in variants:
         rs = runs[name]
         tps = [r["decode_tokens_per_s"] for r in rs]
@@ -57,7 +58,8 @@ def main():
         fell = "yes" if sp.get("disabled") else "no" if sp else "-"
         same = all(r["tokens"] == ref_tokens for r in rs)
         med = statistics.median(tps)
-        print(f"| {name} | **{med:.1f}**; {', '.join(f'{t:.0f}' for t in tps)} | {med / ref:.2f}x | {acc} | {rounds} | {fell} | {same} |", flush=True)
+        pre = statistics.median(r["prefill_tokens_per_s"] for r in rs)
+        print(f"| {name} | **{med:.1f}**; {', '.join(f'{t:.0f}' for t in tps)} | {med / ref:.2f}x | {pre:.0f} | {acc} | {rounds} | {fell} | {same} |", flush=True)
 
 
 if __name__ == "__main__":
