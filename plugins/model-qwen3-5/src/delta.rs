@@ -11,13 +11,14 @@
 
 use crate::args::Linear as Geometry;
 use model_kit::layers::{Linear, LoadCtx};
-use model_kit::compiled::silu;
+use model_kit::compiled::{self, silu, Compiled};
 use model_kit::ops::{scalar, slice, zeros};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::ROption;
 use plugin_api::{CacheBox, MaskMode};
 use plugin_sdk::mlx_rs::ops;
 use plugin_sdk::{into_array, into_tensor, mlx_rs};
+use std::sync::OnceLock;
 
 /// The SSM state's slot in the recurrent layout.
 const SSM_SLOT: u32 = 1;
@@ -150,8 +151,14 @@ fn normalize_qk(q: &Array, k: &Array, inv_scale: f64) -> Result<(Array, Array)> 
 }
 
 /// `compute_g`: the per-token decay `exp(-exp(A_log) * softplus(a + dt_bias))`,
-/// float32 (A_log is), with softplus = `logaddexp(x, 0)`.
+/// float32 (A_log is), with softplus = `logaddexp(x, 0)`. One fused kernel,
+/// as mlx-lm compiles it.
 fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
+    static F: OnceLock<Compiled> = OnceLock::new();
+    compiled::cached(&F, |x| Ok(vec![compute_g_ops(&x[0], &x[1], &x[2])?]))?.call1(&[a_log, a, dt_bias])
+}
+
+fn compute_g_ops(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
     let x = a.add(dt_bias)?;
     let softplus = ops::logaddexp(&x, scalar(0.0, x.dtype())?)?;
     let rate = ops::negative(ops::exp(a_log.as_dtype(Dtype::Float32)?)?)?;
@@ -199,10 +206,26 @@ fn token(a: &Array, t: i32) -> Result<Array> {
     one.reshape(&shape)
 }
 
+/// One token of the recurrence, compiled: the prefill runs it once per token
+/// and layer, and as separate ops each step is about ten kernel launches;
+/// compiled, the elementwise runs between its two reductions fuse.
+fn step(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> Result<(Array, Array)> {
+    static F: OnceLock<Compiled> = OnceLock::new();
+    let body = |a: &[Array]| {
+        let (y, state) = step_ops(&a[0], &a[1], &a[2], &a[3], &a[4], &a[5])?;
+        Ok(vec![y, state])
+    };
+    let mut out = compiled::cached(&F, body)?.call(&[q, k, v, g, beta, state])?;
+    match (out.pop(), out.pop()) {
+        (Some(state), Some(y)) => Ok((y, state)),
+        _ => Err(error("the compiled delta step returned too few arrays")),
+    }
+}
+
 /// `_gated_delta_step_ops` with a scalar gate per head: decay the state,
 /// read what it predicts for k, write the beta-weighted error back along k,
 /// read the output along q.
-fn step(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> Result<(Array, Array)> {
+fn step_ops(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> Result<(Array, Array)> {
     let decay = g.expand_dims_axes(&[-1, -2])?;
     let state = state.multiply(&decay)?;
     let k_row = k.expand_dims(-2)?;
