@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# H200: native bf16 parity of the MoE families (MLX's CPU gather_mm is
-# float32-only, so neither engine can run them natively on the CPU): greedy
-# 64 tokens and last-prompt logits, ours vs mlx-lm, on the tiny bf16 MoE
-# folders copied to /tmp/tiny by an earlier device call (.gpu_tiny).
+# H200: native bf16 parity on the GPU (the MoE families cannot run bf16
+# natively on the CPU: MLX's CPU gather_mm is float32-only; the fused
+# elementwise kernels round differently there than on the CPU): greedy 64
+# tokens and last-prompt logits, ours vs mlx-lm.
+# Usage: device_bf16_parity.sh DIR NAME... (tiny folders under DIR, e.g.
+# /tmp/tiny copied by an earlier call, or models/tiny carried with the call).
 set -euo pipefail
 [ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
-for m in tiny-qwen3_moe-bf16 tiny-qwen3_5_moe-bf16 tiny-gemma4-moe-bf16; do
-  d=/tmp/tiny/$m
+dir=$1; shift
+for m in "$@"; do
+  d=$dir/$m
   python3 models/scripts/oracle.py --model $d --prompt-ids 1,2,3,4,5 --max-tokens 64 --out /tmp/$m.ref.json > /dev/null
   $H generate --plugins $P --model $d --prompt-ids 1,2,3,4,5 --max-tokens 64 --ignore-eos --dtype native --json > /tmp/$m.ours.json
   $H logits --plugins $P --model $d --prompt-ids 1,2,3,4,5 --dtype native > /tmp/$m.logits.json
@@ -22,4 +25,4 @@ same = ours["tokens"] == ref["tokens"]
 first = next((i for i, (x, y) in enumerate(zip(ours["tokens"], ref["tokens"])) if x != y), None)
 print(f"| {m} | {'identical' if same else f'diverge at {first}'} (64 tokens) | {diff:.4f} | {'within' if worst <= 0 else 'OUTSIDE'} 0.05 + 0.02|b| |")
 PY
-done | tee $OUT/bf16_moe.md
+done | tee $OUT/bf16_parity.md
