@@ -1,6 +1,8 @@
 //! Elementwise chains fused into one kernel by MLX's compiler, as mlx-lm
 //! fuses them with `mx.compile` (its `swiglu`, `gelu_approx`,
-//! `logit_softcap`).
+//! `logit_softcap`). A family fuses exactly what its mlx-lm model compiles:
+//! on the CPU fused and separate ops give the same bits, but on a GPU they
+//! can round differently, and greedy parity there needs the same boundaries.
 //!
 //! Why: a decode step of a small model is bound by the host's kernel
 //! launches, not by the device (docs/benchmarks.md, session 4). SwiGLU as

@@ -14,7 +14,7 @@ use mlx_rs::ops;
 use model_kit::graph::{into_model, Family};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
-use model_kit::compiled::geglu;
+use model_kit::compiled::gelu_approx;
 use model_kit::config::Config;
 use model_kit::ops::scalar;
 use model_kit::layers::{Embedding, Linear, LoadCtx};
@@ -97,7 +97,9 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Array) -> Result<Array> {
-        let act = geglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
+        // mlx-lm's compile boundary: gelu_approx fused, the product separate
+        // (on a GPU a fused product would round differently).
+        let act = gelu_approx(&self.gate.forward(x)?)?.multiply(self.up.forward(x)?)?;
         self.down.forward(&act)
     }
 }

@@ -8,7 +8,7 @@ use crate::args::Args;
 use crate::attention::{Attention, KvSource, SharedKv};
 use crate::moe::MoeBranch;
 use model_kit::attention::Mask;
-use model_kit::compiled::geglu;
+use model_kit::compiled::{geglu, gelu_approx};
 use model_kit::layers::{Linear, LoadCtx, RmsNorm};
 use model_kit::{Array, Result};
 
@@ -43,7 +43,8 @@ struct PerLayerGate {
 
 impl PerLayerGate {
     fn forward(&self, h: &Array, input: &Array) -> Result<Array> {
-        let g = geglu(&self.gate.forward(h)?, input)?;
+        // mlx-lm fuses gelu_approx alone here (its MLP fuses the product too).
+        let g = gelu_approx(&self.gate.forward(h)?)?.multiply(input)?;
         h.add(self.norm.forward(&self.proj.forward(&g)?)?)
     }
 }
