@@ -157,3 +157,27 @@ fn a_chat_template_in_chat_template_jinja_is_used() {
     let ids = |d: &std::path::Path| ids(&host_json(&["generate", "--model", d.to_str().unwrap(), "--chat", "What is 2+2?", "--max-tokens", "1", "--json"])["prompt_tokens"]);
     assert_eq!(ids(&s.0), ids(&src));
 }
+
+/// `--gpu-attention` picks the multi-token attention kernels on a GPU
+/// (`mlx`: MLX's sdpa, bit-identical to mlx-lm there; measured by hand on the
+/// H200, docs/benchmarks.md). On the CPU both modes run the same kernels, so
+/// here: `mlx` is accepted by generate and by serve's config file and
+/// changes nothing, and any other value is refused with the choices.
+#[test]
+fn gpu_attention_is_a_checked_choice() {
+    let d = model("tiny/tiny-llama-f32");
+    let d = d.to_str().unwrap();
+    let base = ["generate", "--model", d, "--prompt-ids", PROMPT, "--max-tokens", "8", "--ignore-eos", "--json"];
+    let plain = host_json(&base);
+    let mlx = host_json(&[&base[..], &["--gpu-attention", "mlx"]].concat());
+    assert_eq!(ids(&plain["tokens"]), ids(&mlx["tokens"]));
+    let bad = Command::new(host_bin()).current_dir(it::repo_root()).args(base).args(["--gpu-attention", "exact"]).output().unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("fast or mlx"), "{err}");
+    let s = Scratch::new("gpuattn");
+    let cfg = s.0.join("serve.toml");
+    std::fs::write(&cfg, format!("model = {d:?}\ngpu_attention = \"sometimes\"\n")).unwrap();
+    let bad = Command::new(host_bin()).current_dir(it::repo_root()).args(["serve", "--config"]).arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("fast or mlx"), "{err}");
+}

@@ -2,6 +2,7 @@
 //! crate that owns it; holds no logic of its own beyond the runtime switch.
 
 mod draft_cmd;
+mod gpu_attention;
 mod generate_cmd;
 mod plugins_cmd;
 mod runtime_switch;
@@ -44,6 +45,9 @@ struct ModelArgs {
     /// Compute dtype: auto (float32 on CPU, the checkpoint's on GPU), native, float32, bfloat16, float16.
     #[arg(long, default_value = "auto")]
     dtype: String,
+    /// Multi-token attention on a GPU: fast (our short-query kernels) or mlx (MLX's sdpa, as mlx-lm: bit-identical to it, slower at new lengths).
+    #[arg(long = "gpu-attention")]
+    gpu_attention: Option<String>,
 }
 
 #[derive(Args)]
@@ -157,6 +161,7 @@ pub(crate) fn registry(dir: &Path) -> Result<std::sync::Arc<Registry>> {
 }
 
 fn engine(m: &ModelArgs) -> Result<(std::sync::Arc<Registry>, Engine)> {
+    gpu_attention::apply(m.gpu_attention.as_deref())?;
     let reg = registry(&m.dir.plugins)?;
     for r in &reg.refused {
         eprintln!("plugin refused: {} ({}): {}", r.name.as_deref().unwrap_or("?"), r.dir.display(), r.reason);

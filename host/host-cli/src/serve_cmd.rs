@@ -27,6 +27,9 @@ pub struct ServeArgs {
     /// auto (float32 on CPU, the checkpoint's on GPU), native, float32, bfloat16, float16.
     #[arg(long)]
     pub dtype: Option<String>,
+    /// Multi-token attention on a GPU: fast (default; our short-query kernels) or mlx (MLX's sdpa, as mlx-lm).
+    #[arg(long = "gpu-attention")]
+    pub gpu_attention: Option<String>,
     /// Address to bind (default 127.0.0.1: local only).
     #[arg(long)]
     pub host: Option<String>,
@@ -83,6 +86,7 @@ struct FileArgs {
     model: Option<PathBuf>,
     model_id: Option<String>,
     dtype: Option<String>,
+    gpu_attention: Option<String>,
     host: Option<String>,
     port: Option<u16>,
     api_key: Option<String>,
@@ -120,6 +124,7 @@ fn merge(a: ServeArgs) -> Result<ServeArgs> {
         model: a.model.or(f.model),
         model_id: a.model_id.or(f.model_id),
         dtype: a.dtype.or(f.dtype),
+        gpu_attention: a.gpu_attention.or(f.gpu_attention),
         host: a.host.or(f.host),
         port: a.port.or(f.port),
         api_key: a.api_key.or(f.api_key),
@@ -157,6 +162,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let t0 = Instant::now();
     let Some(model_dir) = a.model.clone() else { bail!("--model DIR is required (or `model` in the --config file)") };
     let plugins = a.plugins.clone().unwrap_or_else(|| PathBuf::from("plugins"));
+    crate::gpu_attention::apply(a.gpu_attention.as_deref())?;
     stage(0, 4, "discovering plugins", t0);
     let reg = crate::registry(&plugins)?;
     for r in &reg.refused {
