@@ -27,11 +27,18 @@ use std::sync::OnceLock;
 /// The traced body: arrays in, arrays out, built from ordinary MLX ops.
 pub type Body = fn(&[Array]) -> Result<Vec<Array>>;
 
-/// A compiled function. Held in a `static` for the life of the process, so
-/// libmlx's cache entry (and the closure it calls back into) never outlives
-/// the plugin's code.
+/// A compiled function. The helpers below hold theirs in a `static` for the
+/// life of the process, so libmlx's cache entry (and the closure it calls
+/// back into) never outlives the plugin's code.
 pub struct Compiled {
     closure: mlx_sys::mlx_closure,
+}
+
+impl Drop for Compiled {
+    /// Releases the closure; libmlx erases the cache entry with it.
+    fn drop(&mut self) {
+        unsafe { mlx_sys::mlx_closure_free(self.closure) };
+    }
 }
 
 // SAFETY: the closure is an immutable handle; MLX serialises its compile
