@@ -53,6 +53,20 @@ pub fn attention_plan(cfg: &Config, s: &AttentionShape) -> ModelPlan {
     }
 }
 
+/// The forward's token ids `[B, L]` (a view of the host's tensor, which the
+/// host keeps owning), once `given` caches have been checked against the
+/// `expected` number of layers that hold one.
+pub fn input_tokens(args: &ForwardArgs<'_>, given: usize, expected: usize) -> Result<std::mem::ManuallyDrop<Array>> {
+    if given != expected {
+        return Err(crate::error(format!("forward: {given} caches given for {expected} layers with a cache")));
+    }
+    let tokens = plugin_sdk::view(args.tokens);
+    if tokens.ndim() != 2 {
+        return Err(crate::error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
+    }
+    Ok(tokens)
+}
+
 /// Builds the forward output from the final (normed) hidden state `h`
 /// `[B, L, H]`: logits at the last position or all of them, as asked (the
 /// head runs on the last position only for LAST), and the hidden state.
@@ -108,4 +122,25 @@ impl<F: Family> plugin_api::ModelGraph for Graph<F> {
 /// A family's graph behind the boundary.
 pub fn into_model<F: Family>(family: F) -> plugin_api::ModelBox {
     plugin_api::ModelGraph_TO::from_value(Graph(family), plugin_api::abi_stable::sabi_trait::TD_Opaque)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::abi_stable::std_types::RSlice;
+
+    fn args(t: &Tensor) -> ForwardArgs<'_> {
+        ForwardArgs { tokens: t.borrow(), logits: LogitsMode::LAST, want_hidden: false, taps: RSlice::from_slice(&[]) }
+    }
+
+    #[test]
+    fn input_tokens_checks_the_cache_count_and_the_rank() {
+        let ok = into_tensor(Array::from_slice(&[1i32, 2, 3], &[1, 3]));
+        assert_eq!(input_tokens(&args(&ok), 4, 4).unwrap().shape(), [1, 3]);
+        let e = input_tokens(&args(&ok), 3, 4).unwrap_err();
+        assert!(e.what().contains("3 caches given for 4 layers"), "{}", e.what());
+        let flat = into_tensor(Array::from_slice(&[1i32, 2, 3], &[3]));
+        let e = input_tokens(&args(&flat), 4, 4).unwrap_err();
+        assert!(e.what().contains("tokens must be [B, L]"), "{}", e.what());
+    }
 }

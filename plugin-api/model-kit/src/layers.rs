@@ -151,6 +151,24 @@ impl Linear {
     }
 }
 
+/// The output projection: the checkpoint's own (`lm_head`), or with tied
+/// embeddings the embedding matrix.
+pub struct LmHead(Option<Linear>);
+
+impl LmHead {
+    /// Loads `name` (e.g. `lm_head`) unless `tied`.
+    pub fn load(ctx: &mut LoadCtx, name: &str, tied: bool) -> Result<Self> {
+        Ok(Self(if tied { None } else { Some(Linear::load(ctx, name, false)?) }))
+    }
+
+    pub fn forward(&self, embed: &Embedding, h: &Array) -> Result<Array> {
+        match &self.0 {
+            Some(l) => l.forward(h),
+            None => embed.as_linear(h),
+        }
+    }
+}
+
 /// `nn.Embedding` / `nn.QuantizedEmbedding`, also usable as the tied LM head.
 pub struct Embedding {
     weight: Array,

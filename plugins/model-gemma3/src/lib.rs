@@ -11,18 +11,18 @@ mod args;
 
 use args::Args;
 use mlx_rs::ops;
-use model_kit::graph::{into_model, Family};
+use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
 use model_kit::compiled::gelu_approx;
 use model_kit::config::Config;
 use model_kit::ops::scalar;
-use model_kit::layers::{Embedding, Linear, LoadCtx};
+use model_kit::layers::{Embedding, Linear, LmHead, LoadCtx};
 use model_kit::rope::Rope;
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
-use plugin_sdk::{into_tensor, rstrings, view};
+use plugin_sdk::{into_tensor, rstrings};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -192,7 +192,7 @@ struct Model {
     embed_scale: Array,
     layers: Vec<Block>,
     norm: GemmaRmsNorm,
-    lm_head: Option<Linear>,
+    lm_head: LmHead,
 }
 
 // The weights are immutable MLX arrays (atomically reference-counted), read
@@ -217,7 +217,7 @@ impl Model {
             });
         }
         let norm = GemmaRmsNorm::load(ctx, "model.norm", args.rms_norm_eps)?;
-        let lm_head = if tied { None } else { Some(Linear::load(ctx, "lm_head", false)?) };
+        let lm_head = LmHead::load(ctx, "lm_head", tied)?;
         if embed.vocab_size() as usize != args.vocab_size {
             return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
         }
@@ -238,20 +238,11 @@ impl Family for Model {
     }
 
     fn head(&self, h: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(l) => l.forward(h),
-            None => self.embed.as_linear(h),
-        }
+        self.lm_head.forward(&self.embed, h)
     }
 
     fn run(&self, args: &ForwardArgs<'_>, caches: &mut [CacheBox]) -> Result<ForwardOutput> {
-        if caches.len() != self.layers.len() {
-            return Err(error(format!("forward: {} caches given for {} layers", caches.len(), self.layers.len())));
-        }
-        let tokens = view(args.tokens);
-        if tokens.ndim() != 2 {
-            return Err(error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
-        }
+        let tokens = input_tokens(args, caches.len(), self.layers.len())?;
         let l = tokens.shape()[1];
         let h = self.embed.forward(&tokens)?;
         let mut h = h.multiply(self.embed_scale.as_dtype(h.dtype())?)?;

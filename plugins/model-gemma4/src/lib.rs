@@ -22,17 +22,17 @@ use args::Args;
 use attention::{KvSource, SharedKv};
 use block::Block;
 use model_kit::ops::scalar;
-use model_kit::graph::{into_model, Family};
+use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::attention::masks_by_kind;
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
-use model_kit::layers::{Embedding, Linear, LoadCtx, RmsNorm};
+use model_kit::layers::{Embedding, LmHead, LoadCtx, RmsNorm};
 use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
 use per_layer::PerLayerInputs;
 use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
-use plugin_sdk::{into_tensor, rstrings, view};
+use plugin_sdk::{into_tensor, rstrings};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -114,7 +114,7 @@ struct Model {
     per_layer: Option<PerLayerInputs>,
     layers: Vec<Block>,
     norm: RmsNorm,
-    lm_head: Option<Linear>,
+    lm_head: LmHead,
     softcap: Option<f32>,
     /// Layers `0..cached` own caches (one per plan entry).
     cached: usize,
@@ -136,7 +136,7 @@ impl Model {
         let layers = (0..args.layers).map(|i| Block::load(ctx, &format!("{root}layers.{i}"), &args, i)).collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(ctx, &format!("{root}norm"), args.rms_norm_eps)?;
         // gemma4_text ties by config (default true), not by the checkpoint.
-        let lm_head = if args.tie_word_embeddings { None } else { Some(Linear::load(ctx, names.lm_head, false)?) };
+        let lm_head = LmHead::load(ctx, names.lm_head, args.tie_word_embeddings)?;
         Ok(Self {
             plan: args.plan(cfg),
             embed,
@@ -163,22 +163,13 @@ impl Family for Model {
 
     /// LM head then `tanh(x / cap) * cap`.
     fn head(&self, h: &Array) -> Result<Array> {
-        let logits = match &self.lm_head {
-            Some(l) => l.forward(h)?,
-            None => self.embed.as_linear(h)?,
-        };
+        let logits = self.lm_head.forward(&self.embed, h)?;
         let Some(cap) = self.softcap else { return Ok(logits) };
         model_kit::compiled::softcap(&logits, &scalar(cap as f64, logits.dtype())?)
     }
 
     fn run(&self, args: &ForwardArgs<'_>, caches: &mut [CacheBox]) -> Result<ForwardOutput> {
-        if caches.len() != self.cached {
-            return Err(error(format!("forward: {} caches given for {} layers with a cache", caches.len(), self.cached)));
-        }
-        let tokens = view(args.tokens);
-        if tokens.ndim() != 2 {
-            return Err(error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
-        }
+        let tokens = input_tokens(args, caches.len(), self.cached)?;
         let l = tokens.shape()[1];
         let e = self.embed.forward(&tokens)?;
         let mut h = e.multiply(scalar(self.embed_scale, e.dtype())?)?;

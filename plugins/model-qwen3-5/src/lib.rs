@@ -21,18 +21,18 @@ mod norm;
 use args::Args;
 use attention::Attention;
 use delta::DeltaNet;
-use model_kit::graph::{into_model, Family};
+use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::attention::Mask;
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
-use model_kit::layers::{Embedding, Linear, LoadCtx, Mlp};
+use model_kit::layers::{Embedding, LmHead, LoadCtx, Mlp};
 use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
 use moe::SparseMoeBlock;
 use norm::Norm;
 use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
-use plugin_sdk::{into_tensor, rstrings, view};
+use plugin_sdk::{into_tensor, rstrings};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -142,7 +142,7 @@ struct Model {
     embed: Embedding,
     layers: Vec<Block>,
     norm: Norm,
-    lm_head: Option<Linear>,
+    lm_head: LmHead,
     /// The first attention layer: its cache gives the attention mask (as
     /// mlx-lm's `fa_idx`).
     first_attention: Option<usize>,
@@ -186,7 +186,7 @@ impl Model {
             });
         }
         let norm = Norm::load(ctx, &format!("{body}.norm"), eps, raw_hf)?;
-        let lm_head = if args.tie_word_embeddings { None } else { Some(Linear::load(ctx, &names.head, false)?) };
+        let lm_head = LmHead::load(ctx, &names.head, args.tie_word_embeddings)?;
         if embed.vocab_size() as usize != args.vocab_size {
             return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
         }
@@ -205,20 +205,11 @@ impl Family for Model {
     }
 
     fn head(&self, h: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(l) => l.forward(h),
-            None => self.embed.as_linear(h),
-        }
+        self.lm_head.forward(&self.embed, h)
     }
 
     fn run(&self, args: &ForwardArgs<'_>, caches: &mut [CacheBox]) -> Result<ForwardOutput> {
-        if caches.len() != self.layers.len() {
-            return Err(error(format!("forward: {} caches given for {} layers", caches.len(), self.layers.len())));
-        }
-        let tokens = view(args.tokens);
-        if tokens.ndim() != 2 {
-            return Err(error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
-        }
+        let tokens = input_tokens(args, caches.len(), self.layers.len())?;
         let mut h = self.embed.forward(&tokens)?;
         // Asked before any cache is updated. Each DeltaNet layer asks its
         // own layout for its padding mask (mlx-lm's `create_ssm_mask`).

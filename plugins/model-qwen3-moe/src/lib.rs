@@ -10,17 +10,17 @@
 mod args;
 
 use args::Args;
-use model_kit::graph::{into_model, Family};
+use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
-use model_kit::layers::{Embedding, Linear, LoadCtx, Mlp, RmsNorm};
+use model_kit::layers::{Embedding, Linear, LmHead, LoadCtx, Mlp, RmsNorm};
 use model_kit::moe::{Router, SparseMoe, SwitchGlu};
 use model_kit::rope::Rope;
 use model_kit::{error, Array, Result};
 use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
-use plugin_sdk::{into_tensor, rstrings, view};
+use plugin_sdk::{into_tensor, rstrings};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -135,7 +135,7 @@ struct Model {
     embed: Embedding,
     layers: Vec<Block>,
     norm: RmsNorm,
-    lm_head: Option<Linear>,
+    lm_head: LmHead,
 }
 
 // The weights are immutable MLX arrays (atomically reference-counted), read
@@ -159,7 +159,7 @@ impl Model {
             });
         }
         let norm = RmsNorm::load(ctx, "model.norm", args.rms_norm_eps)?;
-        let lm_head = if args.tie_word_embeddings { None } else { Some(Linear::load(ctx, "lm_head", false)?) };
+        let lm_head = LmHead::load(ctx, "lm_head", args.tie_word_embeddings)?;
         let plan = args.plan(cfg);
         Ok(Self { plan, embed, layers, norm, lm_head })
     }
@@ -175,20 +175,11 @@ impl Family for Model {
     }
 
     fn head(&self, h: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(l) => l.forward(h),
-            None => self.embed.as_linear(h),
-        }
+        self.lm_head.forward(&self.embed, h)
     }
 
     fn run(&self, args: &ForwardArgs<'_>, caches: &mut [CacheBox]) -> Result<ForwardOutput> {
-        if caches.len() != self.layers.len() {
-            return Err(error(format!("forward: {} caches given for {} layers", caches.len(), self.layers.len())));
-        }
-        let tokens = view(args.tokens);
-        if tokens.ndim() != 2 {
-            return Err(error(format!("forward: tokens must be [B, L], got {:?}", tokens.shape())));
-        }
+        let tokens = input_tokens(args, caches.len(), self.layers.len())?;
         let l = tokens.shape()[1];
         let mut h = self.embed.forward(&tokens)?;
         // Every layer attends fully: one mask, asked of the first cache (as mlx-lm).
