@@ -17,10 +17,9 @@
 //! padding to that negative count (hiding too few columns). Here the padding
 //! stops at 0, so it always counts the columns to hide.
 
-use crate::{cat, cols, len, RotatingKv};
-use model_kit::ops::{slice_update, zeros};
+use crate::{cat, cols, grown, len, RotatingKv};
+use model_kit::ops::slice_update;
 use model_kit::{error, Array, Dtype, Result};
-use plugin_sdk::mlx_rs;
 
 /// What rolls back a speculative round (`round.rs`).
 pub(crate) struct Round {
@@ -205,18 +204,8 @@ impl BatchRotatingKv {
             if new_size == 0 {
                 return Err(error(format!("kv-rotating: no room to grow (at {prev}, max_size {})", self.max_size)));
             }
-            let nk = zeros(&[b, self.heads, new_size as i32, self.k_dim], k.dtype())?;
-            let nv = zeros(&[b, self.heads, new_size as i32, self.v_dim], v.dtype())?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(ok), Some(ov)) => {
-                    self.keys = Some(mlx_rs::ops::concatenate(&[ok, nk], 2)?);
-                    self.values = Some(mlx_rs::ops::concatenate(&[ov, nv], 2)?);
-                }
-                _ => {
-                    self.keys = Some(nk);
-                    self.values = Some(nv);
-                }
-            }
+            let (ks, vs) = grown(self.keys.take(), self.values.take(), [b, self.heads, new_size as i32], (&k, self.k_dim), (&v, self.v_dim))?;
+            (self.keys, self.values) = (Some(ks), Some(vs));
             self.idx = prev;
         }
         let (ks, vs) = (self.keys.take().unwrap(), self.values.take().unwrap());

@@ -140,6 +140,18 @@ fn cols(a: &Array, start: usize, end: usize) -> Result<Array> {
     slice(a, &[0, 0, start as i32, 0], &[s[0], s[1], end as i32, s[3]])
 }
 
+/// mlx-lm's growth step: `shape[2]` zero columns (`[B, H, n, D]`, in the
+/// new keys' and values' dtypes) after the storage, or as the first storage.
+fn grown(keys: Option<Array>, values: Option<Array>, shape: [i32; 3], k: (&Array, i32), v: (&Array, i32)) -> Result<(Array, Array)> {
+    let [b, h, n] = shape;
+    let nk = zeros(&[b, h, n, k.1], k.0.dtype())?;
+    let nv = zeros(&[b, h, n, v.1], v.0.dtype())?;
+    match (keys, values) {
+        (Some(ok), Some(ov)) => Ok((mlx_rs::ops::concatenate(&[ok, nk], 2)?, mlx_rs::ops::concatenate(&[ov, nv], 2)?)),
+        _ => Ok((nk, nv)),
+    }
+}
+
 fn cat(parts: Vec<Array>) -> Result<Array> {
     // Python concatenates the empty `v[..., :keep]` too; empty parts add
     // nothing, so they are left out.
@@ -225,18 +237,8 @@ impl RotatingKv {
             if new_size == 0 {
                 return Err(error(format!("kv-rotating: no room to grow (offset {prev}, max_size {})", self.max_size)));
             }
-            let nk = zeros(&[b, self.heads, new_size as i32, self.k_dim], k.dtype())?;
-            let nv = zeros(&[b, self.heads, new_size as i32, self.v_dim], v.dtype())?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(ok), Some(ov)) => {
-                    self.keys = Some(mlx_rs::ops::concatenate(&[ok, nk], 2)?);
-                    self.values = Some(mlx_rs::ops::concatenate(&[ov, nv], 2)?);
-                }
-                _ => {
-                    self.keys = Some(nk);
-                    self.values = Some(nv);
-                }
-            }
+            let (ks, vs) = grown(self.keys.take(), self.values.take(), [b, self.heads, new_size as i32], (&k, self.k_dim), (&v, self.v_dim))?;
+            (self.keys, self.values) = (Some(ks), Some(vs));
             self.idx = prev;
         }
         let (ks, vs) = (self.keys.take().unwrap(), self.values.take().unwrap());
