@@ -19,9 +19,12 @@ extern "C" fn remember_error(msg: *const c_char, _data: *mut c_void) {
 
 static HANDLER: Once = Once::new();
 
-/// An mlx-c status as a `Result`, with the message MLX reported.
-pub(crate) fn status(op: &str, status: i32) -> Result<()> {
+/// Runs one mlx-c call and turns its status into a `Result` with the
+/// message MLX reported (the handler is in place before the call, so even
+/// the first error keeps its message).
+pub(crate) fn checked(op: &str, call: impl FnOnce() -> i32) -> Result<()> {
     HANDLER.call_once(|| unsafe { mlx_sys::mlx_set_error_handler(Some(remember_error), std::ptr::null_mut(), None) });
+    let status = call();
     if status == 0 {
         return Ok(());
     }
@@ -31,9 +34,8 @@ pub(crate) fn status(op: &str, status: i32) -> Result<()> {
 
 /// Runs one mlx-c call that writes its result into `res`.
 pub(crate) fn raw(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array) -> i32) -> Result<Array> {
-    HANDLER.call_once(|| unsafe { mlx_sys::mlx_set_error_handler(Some(remember_error), std::ptr::null_mut(), None) });
     let mut res = unsafe { mlx_sys::mlx_array_new() };
-    if let Err(e) = status(op, f(&mut res)) {
+    if let Err(e) = checked(op, || f(&mut res)) {
         unsafe { mlx_sys::mlx_array_free(res) };
         return Err(e);
     }

@@ -138,7 +138,6 @@ fn padding_mask(cache: &CacheBox, b: i32, l: i32) -> Result<Option<Array>> {
     }
 }
 
-
 /// mlx-lm's `normalize_qk`: RMS norms with the reference L2 eps (1e-6,
 /// added to the sum of squares) moved onto the mean, the `Dk**-0.5` readout
 /// scale folded into q (squared) and k.
