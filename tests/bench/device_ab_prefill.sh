@@ -4,9 +4,8 @@
 # on HTTP time-to-first-token and generate prefill. Same set-up as
 # device_families.sh (second device call after .gpu_a).
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
-python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok > /dev/null
+qwen06b
 for bin in host host_hidden; do
   echo "## $bin"
   python3 tests/bench/bench_generate.py --host .device/$bin --plugins $P --model /tmp/m/qwen3-0.6b --prompt-len 40 --gen 64 --reps 2 | tail -3

@@ -5,7 +5,6 @@
 # prompts with the real default model (4-bit), answers ending at EOS.
 # Four device calls: .gpu_a, .gpu_m1, .gpu_m2, then .gpu_b + .devpack.
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
 pair 0.02
 B="python3 tests/bench/bench_ahead.py --host $H --plugins $P --gen 128"

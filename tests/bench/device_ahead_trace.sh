@@ -4,7 +4,6 @@
 # the agreeing pair; and where a speculative run's greedy output first
 # leaves the plain one, with plain's top-2 logprob margin there.
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
 for e in ${EPS:-0.02 0.1}; do pair $e; done
 G="$H generate --plugins $P --prompt-ids $IDS --max-tokens 128 --ignore-eos --json --warmup"

@@ -6,7 +6,6 @@
 # Usage: device_bf16_parity.sh DIR NAME... (tiny folders under DIR, e.g.
 # /tmp/tiny copied by an earlier call, or models/tiny carried with the call).
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
 dir=$1; shift
 for m in "$@"; do

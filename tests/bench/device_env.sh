@@ -1,5 +1,7 @@
-# Sourced by the device scripts: joins and installs the CUDA MLX wheels
-# carried in two halves, and points the loader at them (see docs/benchmarks.md).
+# Sourced by the device scripts: unpacks .device, joins and installs the CUDA
+# MLX wheels carried in two halves, and points the loader at them (see
+# docs/benchmarks.md).
+[ -d .device ] || tar -xJf .devpack/device.tar.xz   # .device travels compressed (size limit per call)
 cat /tmp/mlxparts/part_aa .gpu_b/part_ab > /tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
 python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/mlx_cuda_13-*.whl .gpu_b/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
@@ -11,3 +13,7 @@ H=.device/host; P=.device/plugins
 # random prompt ids.
 pair() { [ -d /tmp/m/pair-$1 ] || python3 tests/bench/make_spec_pair.py --out /tmp/m/pair-$1 --eps $1 --tokenizer-from .device/tok > /dev/null; }
 IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(100,49000)) for _ in range(64)))")
+# Random-weight benchmark folders, made once per machine: the Qwen3-0.6B
+# shape (/tmp/m/qwen3-0.6b) and the families at a small shape (/tmp/f/*).
+qwen06b() { [ -d /tmp/m/qwen3-0.6b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok > /dev/null; }
+family_shapes() { [ -d /tmp/f/qwen3_5-small ] || python3 tests/bench/make_family_shape.py --out /tmp/f --tokenizer-from .device/tok > /dev/null; }

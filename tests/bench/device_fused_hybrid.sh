@@ -4,9 +4,8 @@
 # two-model speculation on the agreeing pair now that the verify's SwiGLU is
 # one kernel per layer.
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
-[ -d /tmp/f/qwen3_5-small ] || python3 tests/bench/make_family_shape.py --out /tmp/f --tokenizer-from .device/tok > /dev/null
+family_shapes
 echo "## qwen3_5-small"; python3 tests/bench/bench_ahead.py --host $H --plugins $P --gen 128 --reps 4 --model /tmp/f/qwen3_5-small --prompt-ids $IDS \
   --variant "fused=" --variant "not fused=env:MLX_DISABLE_COMPILE=1" | tee $OUT/hybrid.md
 echo "## vs mlx-lm"; python3 tests/bench/bench_generate.py --host $H --plugins $P --model /tmp/f/qwen3_5-small --prompt-len 512 --gen 128 --reps 2 | tee $OUT/vs.md

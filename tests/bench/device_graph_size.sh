@@ -4,10 +4,9 @@
 # chains off (MLX_DISABLE_COMPILE=1) once more; then ours vs mlx-lm where
 # both time a prompt length new to the process (bench_generate.py).
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
-[ -d /tmp/m/qwen3-0.6b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok > /dev/null
-[ -d /tmp/f/gemma4-small ] || python3 tests/bench/make_family_shape.py --out /tmp/f --tokenizer-from .device/tok > /dev/null
+qwen06b
+family_shapes
 for m in /tmp/m/qwen3-0.6b /tmp/f/gemma4-small; do
   echo "## $m"; python3 tests/bench/bench_ahead.py --host $H --plugins $P --gen 128 --reps 5 --model $m --prompt-ids $IDS \
     --variant "20 per graph (MLX default)=" --variant "60 per graph=env:MLX_MAX_OPS_PER_BUFFER=60" --variant "120 per graph=env:MLX_MAX_OPS_PER_BUFFER=120" \

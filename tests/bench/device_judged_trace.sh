@@ -3,7 +3,6 @@
 # the agreeing pair, with the cost rule on and with --speculate-always, one
 # process each. Two device calls: .gpu_a, then .gpu_b + .devpack.
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
 pair 0.02
 for v in "judged::" "always::--speculate-always"; do

@@ -6,10 +6,9 @@
 # Two calls (each under the device's 10 minutes): `device_launch.sh ab`, then
 # `device_launch.sh vs`.
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
-python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok > /dev/null
-python3 tests/bench/make_family_shape.py --out /tmp/f --tokenizer-from .device/tok > /dev/null
+qwen06b
+family_shapes
 ab() {  # model, then variants
   local m=$1; shift
   python3 tests/bench/bench_ahead.py --host $H --plugins $P --gen 128 --reps 3 --model $m --prompt-ids $IDS "$@"

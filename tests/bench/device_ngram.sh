@@ -4,7 +4,7 @@
 # drafts are often right. Same set-up as device_run.sh (second device call).
 set -euo pipefail
 source tests/bench/device_env.sh
-python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok > /dev/null
+qwen06b
 IDS=$(python3 -c "import random; r=random.Random(1); print(','.join(str(r.randrange(100,49000)) for _ in range(32)))")
 for extra in "" "--draft-kind ngram --num-draft-tokens 4" "--draft-kind ngram --num-draft-tokens 8"; do
   $H generate --plugins $P --model /tmp/m/qwen3-0.6b --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup $extra \

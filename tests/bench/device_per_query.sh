@@ -3,7 +3,6 @@
 # the unfused matmul path (MLX_ENGINE_PER_QUERY_MAX=0), serial rounds one at
 # a time and pipelined; plain decoding as the reference.
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
 pair 0.02
 D="--draft-model /tmp/m/pair-0.02/draft --num-draft-tokens 3 --speculate-always"

@@ -3,9 +3,8 @@
 # warms up on a longer prompt), fused attention (cuDNN) vs the unfused
 # short-query path up to 16 (the default) / 2048 query tokens; 3 runs each.
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
-python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok >/dev/null
+qwen06b
 echo "| prompt tokens | unfused up to | prefill tok/s, 3 runs |"
 echo "|---|---|---|"
 for L in 100 500 1000 2000 4000; do

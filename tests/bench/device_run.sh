@@ -6,7 +6,7 @@ set -euo pipefail
 source tests/bench/device_env.sh
 $H --version | tee $OUT/version.txt
 $H plugins --plugins $P | head -3
-python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok
+qwen06b
 python3 tests/bench/make_shape.py --out /tmp/m/qwen3-tiny --preset qwen3-tiny --tokenizer-from .device/tok
 echo "## generate"; python3 tests/bench/bench_generate.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --model /tmp/m/qwen3-tiny --prompt-len 512 --gen 128 --reps 2 | tee $OUT/generate.md
 echo "## speculation"; python3 tests/bench/bench_spec.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --draft /tmp/m/qwen3-tiny --gen 128 --k 3 | tee $OUT/spec.md

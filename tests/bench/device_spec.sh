@@ -5,7 +5,6 @@
 # unfused short-query attention up to 16 vs 2048 tokens. Four device calls:
 # .gpu_a, .gpu_m1, .gpu_m2, then .gpu_b + .devpack running this.
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
 python3 tests/bench/make_shape.py --out /tmp/m/qwen3-tiny --preset qwen3-tiny --tokenizer-from .device/tok
 for e in 0.02 0.1; do

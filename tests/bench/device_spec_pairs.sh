@@ -4,7 +4,6 @@
 # and with --speculate-always, against plain decoding. Two device calls:
 # .gpu_a, then .gpu_b + .devpack running this.
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
 for e in 0.1 0.02; do
   pair $e

@@ -3,7 +3,6 @@
 # with the default attention path, in a cold process and after a warm-up on
 # a longer prompt (no shape of the measured run seen before).
 set -euo pipefail
-[ -d .device ] || tar -xJf .devpack/device.tar.xz
 source tests/bench/device_env.sh
 python3 tests/bench/make_spec_pair.py --out /tmp/m/pair --eps 0.1 --tokenizer-from .device/tok --check-tokens 4
 IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(100,49000)) for _ in range(64)))")
