@@ -40,6 +40,10 @@ pub const SPEC_ROUND: &str = "spec-round";
 /// (recurrent state): after `spec_rollback(keep)` the layout's offset is back
 /// at the round's start and the host replays the kept tokens through the
 /// model (snapshot and replay). Trimming layouts end at `start + keep`.
+/// With one count per row, the host replays every row in one forward of
+/// `max(keep)` columns: the layout's next update treats columns past
+/// `keep[r]` as row r's padding (`attention_mask`) and advances row r by
+/// `keep[r]` (docs/plugin-guide.md).
 pub const SPEC_REPLAY: &str = "spec-replay";
 /// Row operations (merge/filter/extract/left padding) for batching.
 pub const ROWS: &str = "rows";

@@ -149,10 +149,9 @@ impl Engine {
         let layouts: Vec<(&str, &[&str])> = self.model.layout_caps.iter().zip(&tags).map(|((n, _), t)| (n.as_str(), t.as_slice())).collect();
         let mut caps = crate::plan::Capabilities::from_tags(&model, &layouts, drafter);
         // The batch scheduler runs speculative rows with one history-only
-        // drafter or one drafter instance per row (a factory), over layouts
-        // that roll back by trim (per-row replay of recurrent state is not
-        // built): otherwise a model's `grouped:speculative` cannot be
-        // honoured and such requests run serial.
+        // drafter or one drafter instance per row (a factory): otherwise a
+        // model's `grouped:speculative` cannot be honoured and such requests
+        // run serial.
         if !self.batch_speculation() {
             caps.grouped_methods.retain(|m| m != "speculative");
         }
@@ -188,8 +187,14 @@ pub type DrafterFactory = Box<dyn Fn() -> Result<plugin_api::DrafterBox, String>
 impl Engine {
     /// Whether speculative rows can run inside the batch (see `capabilities`).
     pub fn batch_speculation(&self) -> bool {
-        let replay = self.model.layout_caps.iter().any(|(_, t)| t.iter().any(|t| t == plugin_api::caps::SPEC_REPLAY));
-        self.drafter.is_some() && (self.history_only_drafter() || self.drafter_factory.is_some()) && !replay
+        self.drafter.is_some() && (self.history_only_drafter() || self.drafter_factory.is_some())
+    }
+
+    /// Per layer (cache order): whether its layout rolls back by snapshot
+    /// and replay (`caps::SPEC_REPLAY`) rather than by dropping tokens.
+    pub fn replay_layers(&self) -> Vec<bool> {
+        let replays = |name: &String| self.model.layout_caps.iter().any(|(n, t)| n == name && t.iter().any(|t| t == plugin_api::caps::SPEC_REPLAY));
+        self.model.layouts.iter().map(replays).collect()
     }
 
     /// One drafter instance can serve every row (`caps::HISTORY_ONLY`);

@@ -13,7 +13,9 @@
 //! Drafters with per-request state (two-model) get one instance per row.
 //! Rows without drafts ride along and use position 0 only. The caches then
 //! keep `1 + accepted` tokens per row (`spec_rollback` with one count per
-//! row; a layout leaves holes where rows kept fewer).
+//! row; a layout leaves holes where rows kept fewer). Over recurrent state
+//! (`caps::SPEC_REPLAY`) the rollback restores every row's round start and
+//! one padded forward replays each row's kept tokens (`replay_kept`).
 
 use super::{handle_token, Outcome, Scheduler};
 use crate::engine::{Engine, EngineError};
@@ -179,16 +181,62 @@ impl Scheduler<'_> {
                 Outcome::Done(f) => finished.push((i, f)),
             }
         }
-        let batch = self.batch.as_mut().unwrap();
         let all_kept = keep_counts.iter().all(|&n| n as usize == k + 1);
-        for c in batch.iter_mut() {
-            if all_kept {
+        let replays = self.engine.replay_layers();
+        let batch = self.batch.as_mut().unwrap();
+        if all_kept {
+            for c in batch.iter_mut() {
                 c.spec_commit().into_result().map_err(model_err("spec_commit"))?;
-            } else {
+            }
+        } else if !replays.iter().any(|&r| r) {
+            for c in batch.iter_mut() {
                 c.spec_rollback(RSlice::from_slice(&keep_counts)).into_result().map_err(model_err("spec_rollback"))?;
             }
+        } else {
+            // Every layer back to the round's start: the replay layouts
+            // learn each row's count, the others keep nothing of the round.
+            for (c, &replay) in batch.iter_mut().zip(&replays) {
+                let keep = if replay { keep_counts.as_slice() } else { &[0] };
+                c.spec_rollback(RSlice::from_slice(keep)).into_result().map_err(model_err("spec_rollback"))?;
+            }
+            self.replay_kept(&ids, k + 1, &keep_counts)?;
         }
         self.retire(finished, keep_rows)
+    }
+
+    /// Snapshot-and-replay rollback for the whole batch (`caps::SPEC_REPLAY`
+    /// layouts restored every row's round start, and every other layout
+    /// dropped the round): ONE forward of the longest kept count replays
+    /// each row's kept tokens (`ids`, the verify input, `width` per row),
+    /// shorter rows followed by filler that the replay layouts mask as
+    /// padding and the other layouts drop again (a round over the replay,
+    /// rolled back to `keep`). The forward stays lazy: the next step's
+    /// graph evaluates it.
+    fn replay_kept(&mut self, ids: &[u32], width: usize, keep: &[u64]) -> Result<(), EngineError> {
+        let most = keep.iter().copied().max().unwrap_or(0) as usize;
+        if most == 0 {
+            return Ok(());
+        }
+        let batch = self.batch.as_mut().expect("rows have batch caches");
+        let mut replay = Vec::with_capacity(keep.len() * most);
+        for (row, &n) in ids.chunks(width).zip(keep) {
+            let kept = &row[..n as usize];
+            replay.extend_from_slice(kept);
+            replay.extend(std::iter::repeat(kept[kept.len() - 1]).take(most - kept.len()));
+        }
+        for c in batch.iter_mut() {
+            c.spec_begin().into_result().map_err(model_err("spec_begin"))?;
+        }
+        let input = token_array(&replay).reshape(&[keep.len() as i32, most as i32])?;
+        self.engine.forward(&input, batch, false)?;
+        for c in batch.iter_mut() {
+            c.spec_rollback(RSlice::from_slice(keep)).into_result().map_err(model_err("spec_rollback"))?;
+        }
+        self.stats.spec_replays.fetch_add(1, Ordering::Relaxed);
+        if keep.iter().any(|&n| n as usize != most) {
+            self.stats.spec_replays_padded.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Per row, the tokens to emit and how many drafts were accepted, and

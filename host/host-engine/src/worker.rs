@@ -45,6 +45,11 @@ pub struct Stats {
     /// Decode steps run, and the most rows any one of them carried.
     pub decode_steps: AtomicU64,
     pub max_batch_rows: AtomicU64,
+    /// Batched speculative rounds whose rollback replayed the kept tokens
+    /// (recurrent state), and those among them whose rows kept different
+    /// counts (replayed with per-row padding).
+    pub spec_replays: AtomicU64,
+    pub spec_replays_padded: AtomicU64,
     /// Cohort prefills run, and the rows they carried.
     pub cohorts: AtomicU64,
     pub cohort_rows: AtomicU64,

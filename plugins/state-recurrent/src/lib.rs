@@ -29,7 +29,13 @@
 //! Not trimmable (a state cannot forget the last n tokens): a speculative
 //! round snapshots the state at `spec_begin` and a rollback that drops
 //! anything restores it, leaving the layout at the round's start for the
-//! host to replay the kept tokens (`spec-replay`). Nothing grows with the
+//! host to replay the kept tokens (`spec-replay`). Rows may keep different
+//! counts (a batched round): the layout remembers each row's count, and the
+//! host replays every row's kept tokens in ONE forward of the longest count,
+//! shorter rows followed by filler. For that update `attention_mask` marks
+//! the filler as padding (the graph keeps the state on padded steps, as for
+//! left padding) and the window of each row ends at its last kept input.
+//! Until that update the state cannot be exported. Nothing grows with the
 //! context, so `bytes_per_token` is 0.
 
 mod state;
@@ -181,7 +187,7 @@ impl Recurrent {
             slots.push(Some(a));
         }
         let pads = if padded { meta[2 + rows..].to_vec() } else { vec![0; rows] };
-        Ok(State { slots, offsets: meta[2..2 + rows].to_vec(), pads })
+        Ok(State { slots, offsets: meta[2..2 + rows].to_vec(), pads, replay: None })
     }
 
     fn rollback(&mut self, keep: &[u64]) -> std::result::Result<(), PluginError> {
@@ -196,10 +202,30 @@ impl Recurrent {
         });
         if !kept_all {
             // A state cannot drop its last tokens: back to the round's start;
-            // the host replays the kept ones.
+            // the host replays the kept ones, every row's in one forward
+            // whose columns past a row's count are padding for that row.
+            let counts: Vec<u64> = (0..rows)
+                .map(|r| {
+                    let appended = self.state.offsets[r].saturating_sub(start.offsets.get(r).copied().unwrap_or(0));
+                    keep[r.min(keep.len() - 1)].min(appended)
+                })
+                .collect();
+            if counts.iter().any(|&n| n > 0) && start.padding_pending() {
+                return Err(PluginError::invalid_input("state-recurrent: a speculative round cannot keep tokens while left padding is pending"));
+            }
             self.state = start;
+            self.state.replay = counts.iter().any(|&n| n > 0).then_some(counts);
         }
         Ok(())
+    }
+
+    /// Exports need a settled state: between a restoring rollback and its
+    /// replay the state lacks the kept tokens its offsets will count.
+    fn settled(&self, st: &State) -> std::result::Result<(), PluginError> {
+        match st.replay {
+            Some(_) => Err(PluginError::invalid_input("state-recurrent: the state awaits the replay of kept tokens; it cannot be exported yet")),
+            None => Ok(()),
+        }
     }
 
     fn begin_padded(&mut self, pads: &[u32]) -> std::result::Result<(), PluginError> {
@@ -232,7 +258,7 @@ impl CacheLayout for Recurrent {
     }
 
     /// `ARRAY` with bool `[B, queries]` (true = real column) while left
-    /// padding is pending, else `NONE`.
+    /// padding or a replay of unequal counts is pending, else `NONE`.
     fn attention_mask(&self, queries: u32) -> PResult<AttentionMask> {
         guard(|| {
             Ok(match self.state.mask(queries as usize) {
@@ -263,7 +289,10 @@ impl CacheLayout for Recurrent {
     }
 
     fn export_state(&self) -> PResult<CacheState> {
-        guard(|| Ok(self.export(&self.state)))
+        guard(|| {
+            self.settled(&self.state)?;
+            Ok(self.export(&self.state))
+        })
     }
 
     fn import_state(&mut self, state: CacheState) -> PResult<()> {
@@ -301,7 +330,11 @@ impl CacheLayout for Recurrent {
     }
 
     fn extract_row(&self, row: u32) -> PResult<CacheState> {
-        guard_mlx(|| Ok(self.export(&self.state.row(row as usize)?)))
+        guard(|| {
+            self.settled(&self.state)?;
+            let row = self.state.row(row as usize).map_err(plugin_sdk::mlx_error)?;
+            Ok(self.export(&row))
+        })
     }
 
     fn merge_rows(&mut self, rows: RVec<CacheState>) -> PResult<()> {

@@ -16,17 +16,21 @@ pub(crate) struct State {
     /// Padding columns still to come at the front of each row's next
     /// updates (`begin_padded`); 0 once a row's padding is consumed.
     pub pads: Vec<u64>,
+    /// After a rollback restored the round's start: how many of the next
+    /// update's columns are row r's kept tokens, replayed by the host in one
+    /// forward for all rows (right-aligned filler after them is padding).
+    pub replay: Option<Vec<u64>>,
 }
 
 impl State {
     pub fn empty(slots: usize, rows: usize) -> Self {
-        Self { slots: vec![None; slots], offsets: vec![0; rows], pads: vec![0; rows] }
+        Self { slots: vec![None; slots], offsets: vec![0; rows], pads: vec![0; rows], replay: None }
     }
 
     /// An empty state of `pads.len()` rows whose next columns begin with
     /// `pads[r]` padding ones.
     pub fn padded(slots: usize, pads: &[u32]) -> Self {
-        Self { slots: vec![None; slots], offsets: vec![0; pads.len()], pads: pads.iter().map(|&p| p as u64).collect() }
+        Self { slots: vec![None; slots], offsets: vec![0; pads.len()], pads: pads.iter().map(|&p| p as u64).collect(), replay: None }
     }
 
     /// Whether padding columns are still to come.
@@ -35,13 +39,16 @@ impl State {
     }
 
     /// mlx-lm's `ArraysCache.make_mask` with `left_padding`: bool `[B, l]`,
-    /// true for the real columns of the next `l`, or None when no row has
-    /// padding left (mlx-lm's all-true mask changes nothing).
+    /// true for the real columns of the next `l`, or None when every column
+    /// is real (mlx-lm's all-true mask changes nothing). A pending replay
+    /// marks the columns after each row's kept tokens as padding instead.
     pub fn mask(&self, l: usize) -> Option<Array> {
-        if !self.padding_pending() {
-            return None;
-        }
-        let real: Vec<bool> = self.pads.iter().flat_map(|&p| (0..l as u64).map(move |c| c >= p)).collect();
+        let real: Vec<bool> = match &self.replay {
+            Some(counts) if counts.iter().any(|&n| n < l as u64) => counts.iter().flat_map(|&n| (0..l as u64).map(move |c| c < n)).collect(),
+            Some(_) => return None,
+            None if self.padding_pending() => self.pads.iter().flat_map(|&p| (0..l as u64).map(move |c| c >= p)).collect(),
+            None => return None,
+        };
         Some(Array::from_slice(&real, &[self.rows() as i32, l as i32]))
     }
 
@@ -65,12 +72,36 @@ impl State {
             None => zeros(&[b, keep, c], inputs.dtype())?,
         };
         let window = mlx_rs::ops::concatenate(&[stored, inputs.clone()], 1)?;
+        if let Some(counts) = self.replay.clone() {
+            // Consumed only by an update that could replay it.
+            let window = self.replayed(window, &counts, keep)?;
+            self.replay = None;
+            return Ok(window);
+        }
         let total = keep + l;
         self.slots[0] = Some(slice(&window, &[0, total - keep, 0], &[b, total, c])?.contiguous()?);
         for (o, p) in self.offsets.iter_mut().zip(self.pads.iter_mut()) {
             let padding = (*p).min(l as u64);
             *p -= padding;
             *o += l as u64 - padding;
+        }
+        Ok(window)
+    }
+
+    /// A replay's update (`window` = stored inputs, then the new columns):
+    /// row r's real inputs are its first `counts[r]` new columns, so its
+    /// window ends there (a gather per row) and it advances by that count.
+    fn replayed(&mut self, window: Array, counts: &[u64], keep: i32) -> Result<Array> {
+        let s = window.shape().to_vec();
+        let (b, l, c) = (s[0], s[1] - keep, s[2]);
+        if counts.iter().any(|&n| n > l as u64) {
+            return Err(error(format!("state-recurrent: a replay of {counts:?} kept tokens got an update of {l} columns")));
+        }
+        let idx: Vec<i32> = counts.iter().flat_map(|&n| (0..keep).map(move |j| n as i32 + j)).collect();
+        let idx = mlx_rs::ops::broadcast_to(&Array::from_slice(&idx, &[b, keep, 1]), &[b, keep, c])?;
+        self.slots[0] = Some(window.take_along_axis(&idx, 1)?);
+        for (o, n) in self.offsets.iter_mut().zip(counts) {
+            *o += n;
         }
         Ok(window)
     }
@@ -89,6 +120,9 @@ impl State {
         }
         self.offsets = keep.iter().map(|&r| self.offsets[r as usize]).collect();
         self.pads = keep.iter().map(|&r| self.pads[r as usize]).collect();
+        if let Some(counts) = self.replay.as_mut() {
+            *counts = keep.iter().map(|&r| counts[r as usize]).collect();
+        }
         Ok(())
     }
 
@@ -98,7 +132,7 @@ impl State {
             return Err(error(format!("extract_row: row {r} out of range (rows = {})", self.rows())));
         }
         let slots = self.slots.iter().map(|s| s.as_ref().map(|a| rows_of(a, r, r + 1)).transpose()).collect::<Result<_>>()?;
-        Ok(State { slots, offsets: vec![self.offsets[r]], pads: vec![self.pads[r]] })
+        Ok(State { slots, offsets: vec![self.offsets[r]], pads: vec![self.pads[r]], replay: self.replay.as_ref().map(|c| vec![c[r]]) })
     }
 
     /// Appends the rows of `others` after ours, along the batch axis. Rows
@@ -106,6 +140,9 @@ impl State {
     /// slot one side has not written yet is zeros there, which is what the
     /// graph would have started that row from (mlx-lm's `ArraysCache.extend`).
     pub fn append(&mut self, others: Vec<State>, shapes: &[Vec<i64>]) -> Result<()> {
+        if self.replay.is_some() {
+            return Err(error("state-recurrent: rows cannot merge while a replay is pending (replay the kept tokens first)"));
+        }
         let mut parts = vec![std::mem::replace(self, State::empty(shapes.len(), 0))];
         parts.extend(others);
         let parts: Vec<State> = parts.into_iter().filter(|p| p.rows() > 0).collect();

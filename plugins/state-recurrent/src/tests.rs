@@ -339,3 +339,64 @@ fn padding_follows_filtered_rows_and_only_an_empty_cache_starts_padded() {
     assert_eq!(err(used.begin_padded(RSlice::from_slice(&[1]))).code, ErrorCode::INVALID_INPUT);
     assert_eq!(used.offset(), 2);
 }
+
+/// A batched round: rows keep 1, 4 and 2 of 4 appended tokens. The state
+/// goes back to the round's start, and the host replays every row's kept
+/// tokens in one 4-column update whose columns past a row's count are
+/// padding (masked, zeroed by the graph): each row then equals that row run
+/// alone over its kept tokens, and the replay's own round keeps it all.
+#[test]
+fn rows_that_keep_different_counts_replay_in_one_padded_update() {
+    let keep = [1u64, 4, 2];
+    let mut c = cache(3);
+    step(&mut c, 3, 0, 4);
+    c.spec_begin().unwrap();
+    step(&mut c, 3, 4, 4);
+    c.spec_rollback(RSlice::from_slice(&keep)).unwrap();
+    assert_eq!(c.offset(), 4, "back at the round's start");
+    let (t, f) = (true, false);
+    assert_eq!(mask_rows(&c, 4).unwrap(), vec![vec![t, f, f, f], vec![t; 4], vec![t, t, f, f]]);
+    assert_eq!(err(c.export_state()).code, ErrorCode::INVALID_INPUT, "no export before the replay");
+    assert_eq!(err(c.extract_row(0)).code, ErrorCode::INVALID_INPUT);
+    // An update narrower than the longest kept run is refused.
+    assert!(c.update_and_fetch(into_tensor(inputs(3, 4, 3)), into_tensor(inputs(3, 4, 3))).into_result().is_err());
+    c.spec_begin().unwrap();
+    let replay: Vec<f32> = (0..3)
+        .flat_map(|r| (0..4).flat_map(move |col| (0..3).map(move |ch| if (col as u64) < keep[r] { (100 * r + 10 * (4 + col) + ch) as f32 } else { 0.0 })))
+        .collect();
+    let replay = Array::from_slice(&replay, &[3, 4, 3]);
+    c.update_and_fetch(into_tensor(replay.clone()), into_tensor(replay)).unwrap();
+    c.spec_rollback(RSlice::from_slice(&keep)).unwrap();
+    assert_eq!(mask_rows(&c, 1), None, "replay consumed");
+    for (r, &n) in keep.iter().enumerate() {
+        let v: Vec<f32> = (0..4 + n as usize).flat_map(|t| (0..3).map(move |ch| (100 * r + 10 * t + ch) as f32)).collect();
+        let mut alone = cache(1);
+        alone.update_and_fetch(into_tensor(Array::from_slice(&v, &[1, 4 + n as i32, 3])), into_tensor(Array::from_f32(0.0))).unwrap();
+        let mut back = cache(1);
+        back.import_state(c.extract_row(r as u32).unwrap()).unwrap();
+        assert_eq!((back.offset(), slot(&back, 0)), (4 + n, slot(&alone, 0)), "row {r}");
+    }
+}
+
+/// A pending replay follows filtered rows; merging rows waits for it; a
+/// rollback that keeps nothing leaves no replay (the next update is new
+/// tokens, all real).
+#[test]
+fn a_pending_replay_follows_filters_and_blocks_merges() {
+    let mut c = cache(2);
+    step(&mut c, 2, 0, 2);
+    c.spec_begin().unwrap();
+    step(&mut c, 2, 2, 3);
+    c.spec_rollback(RSlice::from_slice(&[3, 1])).unwrap();
+    let other = cache(1).export_state().unwrap();
+    assert!(c.merge_rows(RVec::from(vec![other])).into_result().is_err());
+    c.filter_rows(RSlice::from_slice(&[1])).unwrap();
+    assert_eq!(mask_rows(&c, 3).unwrap(), vec![vec![true, false, false]]);
+    let mut none = cache(1);
+    step(&mut none, 1, 0, 2);
+    none.spec_begin().unwrap();
+    step(&mut none, 1, 2, 2);
+    none.spec_rollback(RSlice::from_slice(&[0])).unwrap();
+    assert_eq!((none.offset(), mask_rows(&none, 1)), (2, None));
+    assert!(none.export_state().into_result().is_ok());
+}
