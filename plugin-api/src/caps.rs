@@ -20,7 +20,9 @@ pub const QUANTIZED_KV_BATCH: &str = "quantized-kv-batch";
 pub const CHECKPOINTS: &str = "checkpoints";
 /// A compiled decode step is available.
 pub const COMPILED_DECODE: &str = "compiled-decode";
-/// Logprobs can be reported inside speculative rounds.
+/// Logprobs can be reported inside speculative rounds. This host needs no
+/// such tag (it reads each emitted token's logprobs off the verify's
+/// logits); the name stays reserved.
 pub const SPECULATIVE_LOGPROBS: &str = "speculative-logprobs";
 /// Grammar-constrained rows can share a batch.
 pub const GRAMMAR_BATCH: &str = "grammar-batch";

@@ -254,7 +254,12 @@ fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
         assert_eq!(lg["tokens"], lw["tokens"], "request {i} changed under batched speculation: {}", g["usage"]);
         for (k, (a, b)) in lg["token_logprobs"].as_array().unwrap().iter().zip(lw["token_logprobs"].as_array().unwrap()).enumerate() {
             let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
-            assert!((a - b).abs() < 1e-4, "request {i} token {k}: logprob {a} batched vs {b} serial");
+            // 1e-3: where the distribution is flat (top logprob near -9), the
+            // logsumexp over 49152 similar terms moves by up to 4e-4 with the
+            // reduction's memory layout (a strided row of the [B, k+1, V]
+            // verify logits vs a contiguous one); a wrong state moves
+            // logprobs by 0.1 and more (mutation-checked).
+            assert!((a - b).abs() < 1e-3, "request {i} token {k}: logprob {a} batched vs {b} serial");
         }
         let sp = &g["usage"]["speculation"];
         assert!(!sp.is_null(), "request {i} did not speculate: {g}");

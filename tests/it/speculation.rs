@@ -243,6 +243,33 @@ fn http_usage_reports_speculation_and_output_is_unchanged() {
     assert!(a["usage"].get("speculation").is_none());
 }
 
+/// The resolved plan is what runs, and the log says so: a request with a
+/// repetition penalty cannot speculate (a token's penalty needs the token
+/// before it), so it decodes plainly, reports no speculation and its plan
+/// gives the reason; a request with logprobs speculates (the host reads the
+/// logprobs off the verify's logits) and its logprobs equal plain decoding's.
+#[test]
+fn the_plan_decides_whether_a_request_speculates() {
+    let m = model("smollm2-135m-instruct");
+    let plain = Server::start(&m, &["--batch", "1"]);
+    let spec = Server::start(&m, &["--draft-kind", "ngram"]);
+    let penalised = json!({ "prompt": COPY, "max_tokens": 12, "temperature": 0, "repetition_penalty": 1.3 });
+    let (a, b) = (plain.post("/v1/completions", &penalised).json(), spec.post("/v1/completions", &penalised).json());
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    assert!(b["usage"].get("speculation").is_none(), "a penalised request speculated: {}", b["usage"]);
+    let log = std::fs::read_to_string(&spec.log).unwrap();
+    assert!(log.contains("plan=autoregressive") && log.contains("speculation disabled for repetition, presence and frequency penalties"), "{log}");
+    let with_lp = json!({ "prompt": COPY, "max_tokens": 20, "temperature": 0, "logprobs": 2 });
+    let (a, b) = (plain.post("/v1/completions", &with_lp).json(), spec.post("/v1/completions", &with_lp).json());
+    assert!(b["usage"]["speculation"]["drafted"].as_u64().unwrap() > 0, "{}", b["usage"]);
+    let (la, lb) = (&a["choices"][0]["logprobs"], &b["choices"][0]["logprobs"]);
+    assert_eq!(la["tokens"], lb["tokens"]);
+    for (x, y) in la["token_logprobs"].as_array().unwrap().iter().zip(lb["token_logprobs"].as_array().unwrap()) {
+        assert!((x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-4, "logprob {x} plain vs {y} speculative");
+    }
+    assert!(std::fs::read_to_string(&spec.log).unwrap().contains("plan=speculative"), "the logprobs request's plan is not speculative");
+}
+
 /// A stop string that matches inside a chain of pipelined rounds (served
 /// serially, `--draft-ahead on`), streamed and not: the text ends where the
 /// plain server's does, the chain is dropped, and the next request on the

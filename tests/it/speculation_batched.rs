@@ -29,10 +29,12 @@ fn bodies(ps: &[Vec<u32>]) -> Vec<Value> {
 
 #[test]
 fn batched_ngram_speculation_is_lossless_with_staggered_rows() {
-    // Acceptance is summed over both models (the random qwen3 rarely repeats
-    // itself, so its drafts are all rejected: the all-reject path).
+    // Acceptance is summed over the models (the random qwen3 and gemmas
+    // rarely repeat themselves, so their drafts are all rejected: the
+    // all-reject path; the gemmas' sliding-window layers roll back in the
+    // rotating layout, Gemma 4's shared-KV layers through their owners).
     let (mut drafted, mut accepted, mut rounds) = (0, 0, 0);
-    for name in ["tiny/tiny-llama-f32", "tiny/tiny-qwen3-f32"] {
+    for name in ["tiny/tiny-llama-f32", "tiny/tiny-qwen3-f32", "tiny/tiny-gemma3-f32", "tiny/tiny-gemma4-f32"] {
         let m = model(name);
         let ps = prompts();
         let want: Vec<Value> = {

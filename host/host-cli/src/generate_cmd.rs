@@ -38,10 +38,12 @@ pub fn prompt_ids(engine: &Engine, p: &Prompt) -> Result<Vec<u32>> {
 }
 
 pub fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, params: SamplingParams, ignore_eos: bool, logprobs: Option<usize>, as_json: bool) -> Result<()> {
-    let req = GenerateRequest { prompt: prompt.clone(), max_tokens, params, stop_on_eos: !ignore_eos, logprobs, speculate: true };
-    // One request from the command line: serial, no prompt cache.
+    let mut req = GenerateRequest { prompt: prompt.clone(), max_tokens, params, stop_on_eos: !ignore_eos, logprobs, speculate: true };
+    // One request from the command line: serial, no prompt cache. The plan
+    // is what runs (a fallback from speculation decodes plainly).
     let features = host_engine::plan::ServerFeatures { batch_limit: 1, speculation_enabled: engine.drafter.is_some(), ..Default::default() };
     let plan = host_engine::plan::resolve_execution(&engine.facts(&req), &engine.capabilities(), &features);
+    req.speculate = plan.method == host_engine::plan::Method::Speculative;
     let mut detok = engine.text.clone().map(host_engine::tokenizer::Detokenizer::new);
     let mut lps = Vec::new();
     let mut stdout = std::io::stdout();

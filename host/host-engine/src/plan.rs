@@ -46,8 +46,8 @@ pub struct RequestFacts {
     pub has_adapters: bool,
     pub has_grammar: bool,
     pub has_vision: bool,
-    /// Repetition/presence/frequency penalties (fine everywhere; recorded so
-    /// the plan is a complete account of the request).
+    /// Repetition/presence/frequency penalties: fine in every mechanism, but
+    /// not speculative (a token's penalty needs the tokens before it chosen).
     pub has_penalties: bool,
 }
 
@@ -86,7 +86,6 @@ pub struct Capabilities {
     pub speculative: bool,
     /// Why `speculative` is false, for the reason (None: a generic phrase).
     pub speculative_blocker: Option<String>,
-    pub speculative_logprobs: bool,
     pub speculative_kv_quant: bool,
     pub speculative_adapters: bool,
 }
@@ -147,7 +146,6 @@ impl Capabilities {
             compiled_decode: has(model, caps::COMPILED_DECODE),
             speculative: speculative_blocker.is_none(),
             speculative_blocker,
-            speculative_logprobs: has(model, caps::SPECULATIVE_LOGPROBS) || has(drafter, caps::SPECULATIVE_LOGPROBS),
             speculative_kv_quant: rollback.is_none(),
             speculative_adapters: has(drafter, SPECULATIVE_ADAPTERS),
         }
@@ -244,8 +242,11 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
             (req.has_vision, "disabled for image inputs".to_owned()),
             // A drafter without the adapter drafts for a different model.
             (req.has_adapters && !cap.speculative_adapters, format!("disabled for adapters (drafter lacks `{SPECULATIVE_ADAPTERS}`)")),
-            // Logprobs of accepted drafts need the verifier to report them.
-            (req.wants_logprobs && !cap.speculative_logprobs, format!("disabled for logprobs (no `{}` on the model or drafter)", caps::SPECULATIVE_LOGPROBS)),
+            // A penalty depends on every token before it: drafts cannot be
+            // verified against penalised logits in one forward. (Logprobs are
+            // no blocker: the host reads each emitted token's logprobs off
+            // the verify's logits, whatever the family.)
+            (req.has_penalties, "disabled for repetition, presence and frequency penalties".to_owned()),
             // Rollback must work in the request's KV scheme.
             (req.kv_quant.is_some() && !cap.speculative_kv_quant, format!("disabled for KV scheme `{}` (no rollback)", req.kv_quant.as_deref().unwrap_or(""))),
         ];
@@ -353,9 +354,9 @@ mod tests {
             (RequestFacts { user_seed: true, has_penalties: true, ..r() }, full(), srv(), "ar cont pc ck cd", ""),
             (RequestFacts { wants_logprobs: true, user_seed: true, ..r() }, full(), srv(), "ar cont pc cd", "no checkpoint: logprobs"),
             (draft(), full(), srv(), "spec cont", "no prompt cache: speculative rounds"),
-            (RequestFacts { has_penalties: true, user_seed: true, ..draft() }, full(), srv(), "spec cont", "no compiled decode: speculative"),
-            (RequestFacts { wants_logprobs: true, ..draft() }, full(), srv(), "ar cont pc cd", "autoregressive: speculation disabled for logprobs (no `speculative-logprobs`"),
-            (RequestFacts { wants_logprobs: true, ..draft() }, Capabilities { speculative_logprobs: true, ..full() }, srv(), "spec cont", "no prompt cache"),
+            (RequestFacts { user_seed: true, ..draft() }, full(), srv(), "spec cont", "no compiled decode: speculative"),
+            (RequestFacts { has_penalties: true, ..draft() }, full(), srv(), "ar cont pc ck cd", "autoregressive: speculation disabled for repetition, presence and frequency penalties"),
+            (RequestFacts { wants_logprobs: true, ..draft() }, full(), srv(), "spec cont", "no prompt cache"),
             (draft(), full(), ServerFeatures { speculation_enabled: false, ..srv() }, "ar cont pc ck cd", "speculation is disabled on this server"),
             (draft(), Capabilities::from_tags(LLAMA, &[PLAIN], None), srv(), "ar cont pc ck cd", "no drafter is mounted"),
             (draft(), without("grouped:speculative"), srv(), "spec serial", "serial: the speculative method has no grouped executor"),
@@ -401,7 +402,7 @@ mod tests {
     #[test]
     fn deterministic_and_reasons_iff_fallback() {
         let bindings = [full(), without("grouped:speculative"), without("shared-checkpoints"), Capabilities::default(),
-            Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], Some(&[])), Capabilities { speculative_logprobs: true, adapter_batch: true, ..full() }];
+            Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], Some(&[])), Capabilities { adapter_batch: true, ..full() }];
         let servers = [srv(), ServerFeatures::default(), ServerFeatures { batch_limit: 1, ..srv() }, ServerFeatures { prompt_cache: false, ..srv() }];
         for bits in 0u32..256 {
             let b = |k: u32| bits & (1 << k) != 0;

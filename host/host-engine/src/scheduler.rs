@@ -405,6 +405,9 @@ impl<'a> Scheduler<'a> {
         y.eval()?;
         let tokens: Vec<u32> = y.as_slice::<u32>().to_vec();
         self.spec_clock.plain(self.rows.len(), started.elapsed().as_secs_f64());
+        if spec::trace_steps() {
+            eprintln!("batch plain rows {} ms {:.2}", self.rows.len(), started.elapsed().as_secs_f64() * 1e3);
+        }
         let mut keep: Vec<u32> = Vec::new();
         let mut finished = Vec::new();
         for (i, (r, lp)) in self.rows.iter_mut().zip(lps).enumerate() {

@@ -30,6 +30,13 @@ use plugin_api::{DraftArgs, DrafterBox};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+/// `HOST_BATCH_TRACE=1`: each batched step's kind, rows, width and
+/// milliseconds on stderr (diagnosing the cost rule in a batch).
+pub(super) fn trace_steps() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("HOST_BATCH_TRACE").is_some())
+}
+
 /// A row's speculation state.
 pub struct RowSpec {
     pub stats: SpecStats,
@@ -146,6 +153,9 @@ impl Scheduler<'_> {
         let (verdicts, lps) = self.choose(&logits, &drafts)?;
         // The step's cost in plain steps (the choices above were evaluated).
         let cost = self.spec_clock.spec_cost(b, k + 1, started.elapsed().as_secs_f64());
+        if trace_steps() {
+            eprintln!("batch spec rows {b} width {} ms {:.2} cost {cost:?} drafted {:?}", k + 1, started.elapsed().as_secs_f64() * 1e3, drafts.iter().map(|d| d.tokens.len()).collect::<Vec<_>>());
+        }
         let judge = !self.engine.speculate_always;
 
         let mut keep_rows = Vec::new();
@@ -180,6 +190,9 @@ impl Scheduler<'_> {
                 Outcome::Continue => keep_rows.push(i as u32),
                 Outcome::Done(f) => finished.push((i, f)),
             }
+        }
+        if trace_steps() {
+            eprintln!("batch spec kept {keep_counts:?} offsets {:?}", self.batch.as_ref().map(|b| b.iter().map(|c| c.offset()).collect::<Vec<_>>()));
         }
         let all_kept = keep_counts.iter().all(|&n| n as usize == k + 1);
         let replays = self.engine.replay_layers();

@@ -83,11 +83,14 @@ pub fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usi
 }
 
 /// Queues the request; the job stops when `stop` is set or the receiver is gone.
-pub fn submit(st: &AppState, id: &str, req: GenerateRequest) -> Result<Running, ApiError> {
+pub fn submit(st: &AppState, id: &str, mut req: GenerateRequest) -> Result<Running, ApiError> {
     let mut facts = host_engine::plan::RequestFacts::of(&req);
     facts.has_draft = st.draft_kind.is_some() && req.speculate;
     facts.draft_kind = st.draft_kind.clone();
     let plan = host_engine::plan::resolve_execution(&facts, &st.caps, &st.features);
+    // The plan is what runs: a request whose plan fell back from speculation
+    // decodes plainly (the engine would otherwise speculate whenever it can).
+    req.speculate = plan.method == host_engine::plan::Method::Speculative;
     tracing::info!(id, prompt_tokens = req.prompt.len(), max_tokens = req.max_tokens, plan = %plan.summary(), "request accepted");
     let (tx, rx) = unbounded_channel();
     let stop = Arc::new(AtomicBool::new(false));

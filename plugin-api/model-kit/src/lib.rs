@@ -12,6 +12,7 @@ pub mod attention;
 pub mod checkpoint;
 pub mod compiled;
 pub mod config;
+pub mod depthwise_conv;
 pub mod graph;
 pub mod layers;
 pub mod moe;

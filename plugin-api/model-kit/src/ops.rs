@@ -93,3 +93,9 @@ pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
 pub fn dtype_from_raw(raw: u32) -> Result<Dtype> {
     Dtype::try_from(raw).map_err(|_| crate::error(format!("unknown dtype number {raw}")))
 }
+
+/// Whether the default device is a GPU (where MLX sends some ops to
+/// libraries with per-shape setup: `short_attention`, `depthwise_conv`).
+pub fn on_gpu() -> bool {
+    mlx_rs::Device::try_default().ok().and_then(|d| d.get_type().ok()).is_some_and(|t| matches!(t, mlx_rs::DeviceType::Gpu))
+}

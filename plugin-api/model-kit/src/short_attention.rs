@@ -53,7 +53,7 @@ fn per_query_limit() -> i32 {
 /// Whether queries `q` `[B, Hq, L, D]` with `mask` should take [`per_query`]
 /// on the current device (checked before [`wanted`]).
 pub fn per_query_wanted(q: &[i32], mask: &Mask) -> bool {
-    matches!(mask, Mask::None | Mask::Causal) && (2..=per_query_limit()).contains(&q[2]) && on_gpu()
+    matches!(mask, Mask::None | Mask::Causal) && (2..=per_query_limit()).contains(&q[2]) && crate::ops::on_gpu()
 }
 
 /// Each query `i` of q `[B, Hq, L, D]` through the fused kernel alone over
@@ -86,11 +86,7 @@ fn limit() -> i32 {
 /// [`unfused`] on the current device.
 pub fn wanted(q: &[i32], keys: i32) -> bool {
     let (b, h, l) = (q[0] as i64, q[1] as i64, q[2]);
-    (2..=limit()).contains(&l) && b * h * l as i64 * keys as i64 <= MAX_SCORES && on_gpu()
-}
-
-fn on_gpu() -> bool {
-    mlx_rs::Device::try_default().ok().and_then(|d| d.get_type().ok()).is_some_and(|t| matches!(t, mlx_rs::DeviceType::Gpu))
+    (2..=limit()).contains(&l) && b * h * l as i64 * keys as i64 <= MAX_SCORES && crate::ops::on_gpu()
 }
 
 /// The most negative score a masked position gets (finite, so a row whose
@@ -244,7 +240,7 @@ mod tests {
         // past the limit and scores past MAX_SCORES never do.
         assert!(!wanted(&[1, 16, 1, 64], 100) && !wanted(&[1, 16, limit() + 1, 64], 4096));
         assert!(!wanted(&[1, 16, 2048, 64], 32768), "16 x 2048 x 32768 scores are past MAX_SCORES");
-        assert_eq!(wanted(&[1, 16, 4, 64], 100), on_gpu());
-        assert_eq!(wanted(&[8, 16, 512, 64], 1024), on_gpu());
+        assert_eq!(wanted(&[1, 16, 4, 64], 100), crate::ops::on_gpu());
+        assert_eq!(wanted(&[8, 16, 512, 64], 1024), crate::ops::on_gpu());
     }
 }

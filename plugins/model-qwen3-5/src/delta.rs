@@ -12,6 +12,7 @@
 use crate::args::Linear as Geometry;
 use model_kit::layers::{Linear, LoadCtx};
 use model_kit::compiled::{self, silu, Compiled};
+use model_kit::depthwise_conv::DepthwiseConv;
 use model_kit::ops::{scalar, slice, zeros};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::ROption;
@@ -28,8 +29,8 @@ pub struct DeltaNet {
     in_z: Linear,
     in_b: Linear,
     in_a: Linear,
-    /// Depthwise conv weight `[conv_dim, K, 1]` (MLX's layout).
-    conv: Array,
+    /// Depthwise conv over `[conv_dim, K, 1]` weights (MLX's layout).
+    conv: DepthwiseConv,
     dt_bias: Array,
     /// Kept in float32 whatever the compute dtype (mlx-lm's `cast_predicate`).
     a_log: Array,
@@ -50,7 +51,7 @@ impl DeltaNet {
         if conv.shape() != want {
             return Err(error(format!("{p}.conv1d.weight is {:?}, config.json implies {want:?}", conv.shape())));
         }
-        let conv = ctx.cast(conv)?;
+        let conv = DepthwiseConv::new(ctx.cast(conv)?)?;
         let a_log = ctx.weights.take(&format!("{p}.A_log"))?;
         let dt_bias = ctx.tensor(&format!("{p}.dt_bias"))?;
         let norm = ctx.tensor(&format!("{p}.norm.weight"))?;
@@ -59,7 +60,8 @@ impl DeltaNet {
                 return Err(error(format!("{p}.{name} is {:?}, config.json implies [{n}]", a.shape())));
             }
         }
-        ctx.loaded.extend([conv.clone(), a_log.clone(), dt_bias.clone(), norm.clone()]);
+        ctx.loaded.extend(conv.params());
+        ctx.loaded.extend([a_log.clone(), dt_bias.clone(), norm.clone()]);
         Ok(Self {
             in_qkv: Linear::load(ctx, &format!("{p}.in_proj_qkv"), false)?,
             in_z: Linear::load(ctx, &format!("{p}.in_proj_z"), false)?,
@@ -91,8 +93,7 @@ impl DeltaNet {
         };
         // The layout ignores `values`; it returns the window as both.
         let window = into_array(boundary(cache.update_and_fetch(into_tensor(qkv.clone()), into_tensor(qkv)))?.keys);
-        let conv = ops::conv1d(&window, &self.conv, 1, 0, 1, g.conv_dim() as i32)?;
-        let conv = silu(&conv)?;
+        let conv = self.conv.forward_silu(&window)?;
         let kd = g.key_dim() as i32;
         let parts = conv.split_at_indices(&[kd, 2 * kd], -1)?;
         let heads = |t: &Array, h: usize, d: usize| t.reshape(&[b, s, h as i32, d as i32]);
