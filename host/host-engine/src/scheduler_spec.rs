@@ -233,9 +233,9 @@ impl Scheduler<'_> {
         let batch = self.batch.as_mut().expect("rows have batch caches");
         let mut replay = Vec::with_capacity(keep.len() * most);
         for (row, &n) in ids.chunks(width).zip(keep) {
-            let kept = &row[..n as usize];
-            replay.extend_from_slice(kept);
-            replay.extend(std::iter::repeat(kept[kept.len() - 1]).take(most - kept.len()));
+            replay.extend_from_slice(&row[..n as usize]);
+            // Any token serves as filler: it is padding to the replay layouts.
+            replay.extend(std::iter::repeat(row[0]).take(most - n as usize));
         }
         for c in batch.iter_mut() {
             c.spec_begin().into_result().map_err(model_err("spec_begin"))?;
