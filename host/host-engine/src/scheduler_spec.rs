@@ -167,7 +167,7 @@ impl Scheduler<'_> {
                 s.stats.rejection_sampling |= drafts[i].q.is_some();
                 if let Some(own) = s.own.as_mut() {
                     if let Err(e) = own.commit(n as u32).into_result() {
-                        s.stats.disabled = Some(format!("the drafter failed to commit ({e}): plain steps from here"));
+                        s.stats.disabled = Some(crate::speculative::commit_failed(e));
                     }
                 }
                 s.depth = s.stats.record_round(d.len(), n, s.max_depth, judge);

@@ -130,6 +130,12 @@ pub(crate) fn draft_probability_rows(rows: ROption<plugin_api::Tensor>, sampler:
 }
 
 /// A plugin error from a cache-layout or drafter call, named by the call.
+/// Why speculation stopped when a drafter could not commit a verdict (the
+/// request continues with plain steps).
+pub(crate) fn commit_failed(e: impl std::fmt::Display) -> String {
+    format!("the drafter failed to commit ({e}): plain steps from here")
+}
+
 pub(crate) fn model_err(what: &str) -> impl Fn(plugin_api::PluginError) -> EngineError + '_ {
     move |e| EngineError::Model(format!("{what}: {e}"))
 }

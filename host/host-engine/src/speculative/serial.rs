@@ -294,7 +294,7 @@ impl Engine {
                             queued = Some(Round { since: settled, ..next });
                         }
                         Err(e) => {
-                            stats.disabled = Some(format!("the drafter failed to commit ({e}): plain steps from here"));
+                            stats.disabled = Some(crate::speculative::commit_failed(e));
                             self.close_chain(c, &[], false, &mut caches)?;
                         }
                     }
@@ -302,7 +302,7 @@ impl Engine {
                 (Some(c), _) => {
                     self.close_chain(c, &v.input[..n + 1], n == k, &mut caches)?;
                     if let Err(e) = drafter.commit(n as u32).into_result() {
-                        stats.disabled = Some(format!("the drafter failed to commit ({e}): plain steps from here"));
+                        stats.disabled = Some(crate::speculative::commit_failed(e));
                     }
                 }
                 (None, _) => {}
