@@ -18,7 +18,7 @@ pub(crate) struct State {
     pub pads: Vec<u64>,
     /// After a rollback restored the round's start: how many of the next
     /// update's columns are row r's kept tokens, replayed by the host in one
-    /// forward for all rows (right-aligned filler after them is padding).
+    /// forward for all rows (the filler columns after them are padding).
     pub replay: Option<Vec<u64>>,
 }
 
