@@ -10,6 +10,9 @@
 pub const CONTINUOUS_BATCHING: &str = "continuous-batching";
 /// `grouped:<method>`: that inference method may run inside a batch group.
 pub const GROUPED_PREFIX: &str = "grouped:";
+/// `grouped:speculative`: speculative rounds may run inside a batch group (a
+/// `[B, k+1]` verify over batched caches; docs/plugin-guide.md).
+pub const GROUPED_SPECULATIVE: &str = "grouped:speculative";
 /// Forward can return hidden-state taps at requested layers.
 pub const HIDDEN_TAPS: &str = "hidden-taps";
 /// `embed` and `lm_head` are available to drafters that share them.

@@ -39,7 +39,7 @@ fn manifest() -> PluginManifest {
             architectures: rstrings(&["Gemma3ForCausalLM"]),
             ..Default::default()
         },
-        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, "grouped:speculative"],
+        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::GROUPED_SPECULATIVE],
     )
 }
 

@@ -49,7 +49,7 @@ fn manifest() -> PluginManifest {
             architectures: rstrings(args::ARCHITECTURES),
             ..Default::default()
         },
-        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, "grouped:speculative"],
+        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::GROUPED_SPECULATIVE],
     )
 }
 

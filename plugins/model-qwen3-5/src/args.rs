@@ -237,7 +237,7 @@ impl Args {
             weights_dtype: self.weights_dtype,
             quant_bits: quant.as_ref().map_or(0, |q| q.default.bits as u32),
             quant_group_size: quant.as_ref().map_or(0, |q| q.default.group_size as u32),
-            capabilities: rstrings(&[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, "grouped:speculative"]),
+            capabilities: rstrings(&[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, caps::GROUPED_SPECULATIVE]),
         }
     }
 }

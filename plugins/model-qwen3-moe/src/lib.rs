@@ -33,7 +33,7 @@ fn manifest() -> PluginManifest {
         PluginKind::MODEL_FAMILY,
         "Qwen3-MoE: qwen3 attention, sparse mixture-of-experts MLPs",
         Claims { model_types: rstrings(&[args::MODEL_TYPE]), architectures: rstrings(&["Qwen3MoeForCausalLM"]), ..Default::default() },
-        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, "grouped:speculative"],
+        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, caps::GROUPED_SPECULATIVE],
     )
 }
 
