@@ -24,14 +24,14 @@ secs, out = b.burst(18999, 4, 96, 0)
 print(f"{sum(o['usage']['completion_tokens'] for o in out) / secs:.1f} tok/s", [o["usage"].get("speculation", {}).get("disabled") for o in out])
 PY
 kill $pid
-grep -n "measured\|batch" /tmp/trace.log | awk '{print}' > /tmp/t.txt
 python3 - <<'PY'
 import re, collections
 lines = [l for l in open("/tmp/trace.log") if l.startswith("batch ")]
 tot = collections.Counter(); cnt = collections.Counter()
 for l in lines:
-    kind = l.split()[1]; ms = float(re.search(r"ms ([0-9.]+)", l).group(1))
-    tot[kind] += ms; cnt[kind] += 1
+    m = re.search(r" ms ([0-9.]+)", l)  # the "batch spec kept" lines carry no time
+    if m:
+        kind = l.split()[1]; tot[kind] += float(m.group(1)); cnt[kind] += 1
 print({k: (cnt[k], round(tot[k], 1)) for k in cnt})
 print("".join(lines[-160:]))
 PY

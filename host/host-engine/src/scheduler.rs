@@ -93,11 +93,13 @@ pub struct Scheduler<'a> {
     reserved: u64,
     /// Plain and speculative step times, for the batched cost rule.
     spec_clock: BatchClock,
+    /// Per batch cache: whether its layout rolls back by snapshot and replay.
+    replay_layers: Vec<bool>,
 }
 
 impl<'a> Scheduler<'a> {
     pub fn new(engine: &'a Engine, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, limit: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
-        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), cohort: None, padded_prefill: true, serial_next: None, waiting: None, memory, reserved: 0, spec_clock: BatchClock::default() }
+        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), cohort: None, padded_prefill: true, serial_next: None, waiting: None, memory, reserved: 0, spec_clock: BatchClock::default(), replay_layers: engine.replay_layers() }
     }
 
     fn idle(&self) -> bool {

@@ -195,7 +195,7 @@ impl Scheduler<'_> {
             eprintln!("batch spec kept {keep_counts:?} offsets {:?}", self.batch.as_ref().map(|b| b.iter().map(|c| c.offset()).collect::<Vec<_>>()));
         }
         let all_kept = keep_counts.iter().all(|&n| n as usize == k + 1);
-        let replays = self.engine.replay_layers();
+        let replays = &self.replay_layers;
         let batch = self.batch.as_mut().unwrap();
         if all_kept {
             for c in batch.iter_mut() {
@@ -208,7 +208,7 @@ impl Scheduler<'_> {
         } else {
             // Every layer back to the round's start: the replay layouts
             // learn each row's count, the others keep nothing of the round.
-            for (c, &replay) in batch.iter_mut().zip(&replays) {
+            for (c, &replay) in batch.iter_mut().zip(replays) {
                 let keep = if replay { keep_counts.as_slice() } else { &[0] };
                 c.spec_rollback(RSlice::from_slice(keep)).into_result().map_err(model_err("spec_rollback"))?;
             }

@@ -79,7 +79,8 @@ impl DepthwiseConv {
     }
 
     /// The GPU formula run on any device (tests compare it with conv1d).
-    pub fn tap_sum_unfused(&self, window: &Array) -> Result<Array> {
+    #[cfg(test)]
+    fn tap_sum_unfused(&self, window: &Array) -> Result<Array> {
         let args: Vec<Array> = self.shifted(window)?.into_iter().chain(self.taps.iter().cloned()).collect();
         tap_sum(&args)
     }

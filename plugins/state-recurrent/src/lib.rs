@@ -221,8 +221,8 @@ impl Recurrent {
 
     /// Exports need a settled state: between a restoring rollback and its
     /// replay the state lacks the kept tokens its offsets will count.
-    fn settled(&self, st: &State) -> std::result::Result<(), PluginError> {
-        match st.replay {
+    fn settled(&self) -> std::result::Result<(), PluginError> {
+        match self.state.replay {
             Some(_) => Err(PluginError::invalid_input("state-recurrent: the state awaits the replay of kept tokens; it cannot be exported yet")),
             None => Ok(()),
         }
@@ -290,7 +290,7 @@ impl CacheLayout for Recurrent {
 
     fn export_state(&self) -> PResult<CacheState> {
         guard(|| {
-            self.settled(&self.state)?;
+            self.settled()?;
             Ok(self.export(&self.state))
         })
     }
@@ -331,7 +331,7 @@ impl CacheLayout for Recurrent {
 
     fn extract_row(&self, row: u32) -> PResult<CacheState> {
         guard(|| {
-            self.settled(&self.state)?;
+            self.settled()?;
             let row = self.state.row(row as usize).map_err(plugin_sdk::mlx_error)?;
             Ok(self.export(&row))
         })
