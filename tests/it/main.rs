@@ -8,6 +8,7 @@ mod batching_sliding;
 mod compiled_across_plugins;
 mod foundation;
 mod http;
+mod memory;
 mod parity;
 mod parity_gemma4;
 mod parity_hybrid;

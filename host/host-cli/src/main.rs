@@ -173,6 +173,7 @@ fn engine(m: &ModelArgs) -> Result<(std::sync::Arc<Registry>, Engine)> {
 
 fn main() -> Result<()> {
     runtime_switch::apply()?;
+    host_engine::runtime::map_large_buffers();
     let cli = Cli::parse();
     let _ = &cli.mlx_lib; // consumed by runtime_switch before parsing
     match cli.command {
@@ -211,7 +212,7 @@ fn main() -> Result<()> {
             use host_engine::admission::{default_memory_budget, gib, Budget, MemoryModel};
             let (_reg, engine) = engine(&model)?;
             let m = MemoryModel::measure(&engine);
-            let budget = Budget { memory_bytes: memory_budget.map(|g| (g * (1u64 << 30) as f64) as u64).unwrap_or_else(default_memory_budget), kv_bytes: None };
+            let budget = Budget { memory_bytes: memory_budget.map(|g| (g * (1u64 << 30) as f64) as u64).unwrap_or_else(default_memory_budget), kv_bytes: None, mlx_cache_bytes: 0 };
             let n = m.need(ctx.min(m.prefill_step), ctx);
             println!("model        {} ({} via {}, dtype {})", model.model.display(), engine.model.model_type, engine.model.family_plugin, engine.dtype_name);
             println!("weights      {:.3} GiB (measured after load)", gib(m.weights_bytes));

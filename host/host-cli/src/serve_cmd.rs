@@ -60,6 +60,9 @@ pub struct ServeArgs {
     /// Cap in GiB on the KV cache of all running requests together (default: none).
     #[arg(long = "kv-budget")]
     pub kv_budget: Option<f64>,
+    /// MLX's buffer cache limit in GiB (freed buffers kept for reuse; counted in the memory budget; default: 32 MiB on the CPU, 1/16 of the budget on a GPU).
+    #[arg(long = "mlx-cache-limit")]
+    pub mlx_cache_limit: Option<f64>,
     /// Temperature for requests that give none (default: the model's generation_config.json, else 1)
     #[arg(long)]
     pub temp: Option<f32>,
@@ -97,6 +100,7 @@ struct FileArgs {
     prompt_cache: Option<f64>,
     memory_budget: Option<f64>,
     kv_budget: Option<f64>,
+    mlx_cache_limit: Option<f64>,
     temp: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<u32>,
@@ -135,6 +139,7 @@ fn merge(a: ServeArgs) -> Result<ServeArgs> {
         prompt_cache: a.prompt_cache.or(f.prompt_cache),
         memory_budget: a.memory_budget.or(f.memory_budget),
         kv_budget: a.kv_budget.or(f.kv_budget),
+        mlx_cache_limit: a.mlx_cache_limit.or(f.mlx_cache_limit),
         temp: a.temp.or(f.temp),
         top_p: a.top_p.or(f.top_p),
         top_k: a.top_k.or(f.top_k),
@@ -186,17 +191,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let info = ModelInfo { max_context: engine.model.plan.max_context as usize, vocab_size: engine.model.plan.vocab_size };
     let memory = host_engine::admission::MemoryModel::measure(&engine);
     let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
-    let budget = host_engine::admission::Budget {
-        memory_bytes: a.memory_budget.map(gib).unwrap_or_else(host_engine::admission::default_memory_budget),
-        kv_bytes: a.kv_budget.map(gib),
-    };
+    let memory_bytes = a.memory_budget.map(gib).unwrap_or_else(host_engine::admission::default_memory_budget);
+    let mlx_cache_bytes = a.mlx_cache_limit.map(gib).unwrap_or_else(|| host_engine::admission::default_mlx_cache_limit(memory_bytes));
+    host_engine::runtime::set_cache_limit(mlx_cache_bytes as usize);
+    let budget = host_engine::admission::Budget { memory_bytes, kv_bytes: a.kv_budget.map(gib), mlx_cache_bytes };
     eprintln!(
-        "memory: weights {:.3} GiB, KV {} bytes/token, budget {:.2} GiB{}",
+        "memory: weights {:.3} GiB, KV {} bytes/token, budget {:.2} GiB (MLX buffer cache {:.3} GiB){}",
         host_engine::admission::gib(memory.weights_bytes),
         memory.kv_bytes_per_token,
         host_engine::admission::gib(budget.memory_bytes),
+        host_engine::admission::gib(mlx_cache_bytes),
         budget.kv_bytes.map(|k| format!(", KV budget {:.4} GiB", host_engine::admission::gib(k))).unwrap_or_default()
     );
+    if memory.weights_bytes + mlx_cache_bytes > memory_bytes {
+        bail!("the weights ({:.2} GiB) and MLX's buffer cache ({:.2} GiB) do not fit the memory budget of {:.2} GiB", host_engine::admission::gib(memory.weights_bytes), host_engine::admission::gib(mlx_cache_bytes), host_engine::admission::gib(memory_bytes));
+    }
     let text = engine.text.clone();
     let caps = engine.capabilities();
     let draft_kind = engine.drafter.as_ref().and_then(|d| d.lock().ok().map(|g| g.1.clone()));

@@ -7,6 +7,13 @@
 //! activations plus a logits row. A request that can never fit is refused
 //! with its numbers; one that fits but not beside the rows already running
 //! waits (the scheduler holds it until rows finish).
+//!
+//! Beside running work, the budget also pays for MLX's buffer cache (its
+//! limit) and the prefix cache (its entries' real bytes); the prefix cache
+//! gets what is left (`prefix_room`) and gives bytes back, oldest entries
+//! first, when a request needs them. Batched rows are reserved as the
+//! layouts hold them: every row as wide as the widest (left padding), in
+//! whole growth steps (`batch_kv`).
 
 use crate::engine::Engine;
 
@@ -28,10 +35,13 @@ pub struct MemoryModel {
 
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
-    /// Everything: weights + all running requests' KV + transients.
+    /// Everything: weights + all running requests' KV + transients + MLX's
+    /// buffer cache + the prefix cache.
     pub memory_bytes: u64,
     /// Optional cap on the KV of all running rows together.
     pub kv_bytes: Option<u64>,
+    /// MLX's buffer cache limit (freed buffers kept for reuse).
+    pub mlx_cache_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,21 +117,44 @@ impl MemoryModel {
         lo
     }
 
-    /// Whether a request fits beside running rows that reserved `reserved` KV
-    /// bytes and `transient` bytes.
-    pub fn fits_now(&self, budget: &Budget, reserved_kv: u64, need: Need) -> bool {
-        let kv_ok = budget.kv_bytes.is_none_or(|cap| reserved_kv + need.kv <= cap);
-        kv_ok && self.weights_bytes + reserved_kv + need.kv + need.transient <= budget.memory_bytes
+    /// KV bytes of `rows` batched rows whose longest may reach `widest`
+    /// tokens: left-padded rows are all as wide as the widest, and storage
+    /// grows in whole steps of `step` tokens.
+    pub fn batch_kv(&self, rows: u64, widest: u64, step: u64) -> u64 {
+        let step = step.max(1);
+        rows * (widest.div_ceil(step) * step * self.kv_bytes_per_token + self.state_bytes)
+    }
+
+    /// Whether work whose KV takes `kv` bytes (running rows and the new
+    /// one together) and whose largest transient is `transient` fits; the
+    /// prefix cache does not count here (it gives its bytes back).
+    pub fn fits_now(&self, budget: &Budget, kv: u64, transient: u64) -> bool {
+        let kv_ok = budget.kv_bytes.is_none_or(|cap| kv <= cap);
+        kv_ok && self.weights_bytes + budget.mlx_cache_bytes + kv + transient <= budget.memory_bytes
+    }
+
+    /// Bytes the prefix cache may hold beside work of `kv` KV bytes and
+    /// `transient` transient bytes.
+    pub fn prefix_room(&self, budget: &Budget, kv: u64, transient: u64) -> u64 {
+        budget.memory_bytes.saturating_sub(self.weights_bytes + budget.mlx_cache_bytes + kv + transient)
     }
 }
 
-/// 75% of the machine's memory (MemTotal), the default budget.
+/// 75% of the default device's memory (a GPU's own, else RAM), the
+/// default budget.
 pub fn default_memory_budget() -> u64 {
-    let total_kib = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
-        .unwrap_or(8 << 20);
-    total_kib * 1024 / 4 * 3
+    crate::runtime::device_memory() / 4 * 3
+}
+
+/// MLX's buffer cache limit when none is given: MLX's own default on the
+/// CPU (32 MiB: cached CPU buffers are resident memory), and on a GPU a
+/// sixteenth of the memory budget (MLX's own default there is 95% of the
+/// device, which lets freed buffers crowd out everything else).
+pub fn default_mlx_cache_limit(memory_budget: u64) -> u64 {
+    match crate::runtime::default_device() {
+        crate::runtime::DeviceKind::Cpu => 32 << 20,
+        crate::runtime::DeviceKind::Gpu => memory_budget / 16,
+    }
 }
 
 pub fn gib(bytes: u64) -> f64 {
@@ -139,11 +172,11 @@ mod tests {
     #[test]
     fn refuses_what_can_never_fit_and_says_how_much_it_needs() {
         let m = model();
-        let b = Budget { memory_bytes: 2 << 30, kv_bytes: None };
+        let b = Budget { memory_bytes: 2 << 30, kv_bytes: None, mlx_cache_bytes: 0 };
         assert!(m.refuse(&b, 100, 500).is_none());
         let why = m.refuse(&b, 100, 2000).unwrap();
         assert!(why.contains("needs 2.") && why.contains("memory budget of 2.00 GiB"), "{why}");
-        let kv = Budget { memory_bytes: 64 << 30, kv_bytes: Some(100 << 20) };
+        let kv = Budget { memory_bytes: 64 << 30, kv_bytes: Some(100 << 20), mlx_cache_bytes: 0 };
         assert!(m.refuse(&kv, 10, 101).unwrap().contains("KV budget"));
         assert!(m.refuse(&kv, 10, 99).is_none());
     }
@@ -151,7 +184,7 @@ mod tests {
     #[test]
     fn largest_fit_is_the_boundary() {
         let m = model();
-        let b = Budget { memory_bytes: 2 << 30, kv_bytes: None };
+        let b = Budget { memory_bytes: 2 << 30, kv_bytes: None, mlx_cache_bytes: 0 };
         let n = m.max_tokens_that_fit(&b);
         assert!(m.refuse(&b, n.min(2048), n).is_none());
         assert!(m.refuse(&b, (n + 1).min(2048), n + 1).is_some());
@@ -160,9 +193,26 @@ mod tests {
     #[test]
     fn waiting_depends_on_what_runs() {
         let m = model();
-        let b = Budget { memory_bytes: 64 << 30, kv_bytes: Some(1000 << 20) };
+        let b = Budget { memory_bytes: 64 << 30, kv_bytes: Some(1000 << 20), mlx_cache_bytes: 0 };
         let need = m.need(10, 600);
-        assert!(m.fits_now(&b, 0, need));
-        assert!(!m.fits_now(&b, 500 << 20, need));
+        assert!(m.fits_now(&b, need.kv, need.transient));
+        assert!(!m.fits_now(&b, (500 << 20) + need.kv, need.transient));
+    }
+
+    #[test]
+    fn batched_rows_are_as_wide_as_the_widest_in_whole_steps() {
+        let m = MemoryModel { state_bytes: 7, ..model() };
+        // Three rows, the widest 300 tokens: 512 columns each (two steps of 256).
+        assert_eq!(m.batch_kv(3, 300, 256), 3 * (512 * (1 << 20) + 7));
+        assert_eq!(m.batch_kv(0, 300, 256), 0);
+    }
+
+    #[test]
+    fn the_prefix_cache_gets_what_work_leaves() {
+        let m = model();
+        let b = Budget { memory_bytes: 4 << 30, kv_bytes: None, mlx_cache_bytes: 256 << 20 };
+        // 4 GiB - 1 GiB weights - 256 MiB MLX cache - 1 GiB KV - 256 MiB transient.
+        assert_eq!(m.prefix_room(&b, 1 << 30, 256 << 20), (4u64 << 30) - (1 << 30) - (256 << 20) - (1 << 30) - (256 << 20));
+        assert_eq!(m.prefix_room(&b, 8 << 30, 0), 0);
     }
 }

@@ -263,6 +263,15 @@ impl Engine {
         self.prefix_put(&known[..held.min(known.len())], caches);
     }
 
+    /// Evicts prefix-cache entries until it holds at most `limit` bytes;
+    /// true when something was evicted.
+    pub fn prefix_shrink(&self, limit: u64) -> bool {
+        let Ok(mut p) = self.prefix.lock() else { return false };
+        let before = p.counters.evictions;
+        p.shrink_to(limit.min(usize::MAX as u64) as usize);
+        p.counters.evictions > before
+    }
+
     pub fn prefix_counters(&self) -> crate::prefix_cache::CacheCounters {
         self.prefix.lock().map(|p| p.counters).unwrap_or_default()
     }

@@ -102,8 +102,14 @@ impl Engine {
 
     /// Prefills `tokens` into `caches` in chunks, evaluating each chunk.
     pub fn prefill(&self, tokens: &[u32], caches: &mut [CacheBox]) -> Result<(), EngineError> {
+        let chunks = tokens.len().div_ceil(self.prefill_step.max(1));
         for chunk in tokens.chunks(self.prefill_step.max(1)) {
             self.prefill_chunk(&token_array(chunk), caches)?;
+            if chunks > 1 {
+                // As mlx-lm between prefill chunks: a chunk's activations go
+                // back before the next one allocates its own.
+                crate::runtime::clear_cache();
+            }
         }
         Ok(())
     }
@@ -280,6 +286,10 @@ impl Engine {
             if n + 1 == budget {
                 break;
             }
+            if d.out.len() % CLEAR_CACHE_EVERY == 0 {
+                // As mlx-lm's generate_step: freed buffers go back every 256 tokens.
+                crate::runtime::clear_cache();
+            }
             (y, lp) = match next {
                 Some(v) => v,
                 None => step(&token_array(&[id]), &d.history, caches)?,
@@ -288,6 +298,9 @@ impl Engine {
         Ok(None)
     }
 }
+
+/// Serial decode steps between clearings of MLX's buffer cache.
+const CLEAR_CACHE_EVERY: usize = 256;
 
 /// int32 `[1, L]` token ids.
 pub fn token_array(ids: &[u32]) -> Array {

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod generate;
 pub mod histogram;
 pub mod plan;
+pub mod owned_state;
 pub mod prefix_cache;
 pub mod probe;
 pub mod runtime;

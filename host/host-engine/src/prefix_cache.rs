@@ -1,7 +1,10 @@
 //! A byte-capped LRU of cache-layout state keyed by token prefix.
 //!
-//! Entries hold each layer's exported 1-row state (`CacheState`: immutable
-//! MLX arrays, shared, not copied) for a token sequence, under a namespace
+//! Entries hold each layer's exported 1-row state (`CacheState`) for a token
+//! sequence, copied out of the layout's storage into buffers of their own
+//! (`owned_state`), so an entry keeps alive exactly the bytes it counts and
+//! the cap bounds real memory; importing an entry shares its arrays (MLX
+//! arrays are immutable) rather than copying them. Entries live under a namespace
 //! that names everything the state depends on (model, compute dtype, layout
 //! signatures, tokenizer, adapter, drafter), so incompatible state is never
 //! reused. `take` finds the longest usable common prefix of a prompt (at most
@@ -14,6 +17,7 @@
 //! the next-longest candidate is tried: a half-imported state never leaks.
 
 use plugin_api::abi_stable::std_types::RVec;
+use crate::owned_state;
 use plugin_api::{CacheBox, CacheState, Tensor};
 
 struct Entry {
@@ -39,10 +43,6 @@ pub struct PrefixCache {
     cap: usize,
     clock: u64,
     pub counters: CacheCounters,
-}
-
-fn tensor_bytes(t: &Tensor) -> usize {
-    unsafe { mlx_sys::mlx_array_nbytes(t.as_raw()) }
 }
 
 /// A new owned copy of a state (its arrays are shared, refcounted).
@@ -137,16 +137,18 @@ impl PrefixCache {
         self.insert(ns, tokens.to_vec(), states, trimmable);
     }
 
-    /// Stores already-exported 1-row states; `trimmable` says whether every
-    /// layout can cut them down (then shorter prefixes of it are redundant).
+    /// Stores already-exported 1-row states (copied into buffers of their
+    /// own first); `trimmable` says whether every layout can cut them down
+    /// (then shorter prefixes of it are redundant).
     pub fn insert(&mut self, ns: &str, tokens: Vec<u32>, states: Vec<CacheState>, trimmable: bool) {
         if !self.enabled() || tokens.is_empty() || states.iter().any(|s| s.offset as usize != tokens.len()) {
             return;
         }
-        let bytes: usize = states.iter().flat_map(|s| s.tensors.iter()).map(tensor_bytes).sum();
-        if bytes > self.cap {
+        if owned_state::bytes(&states) > self.cap {
             return;
         }
+        let Ok(states) = owned_state::own(states) else { return };
+        let bytes = owned_state::bytes(&states);
         // A stored sequence that is a prefix of the new one is superseded,
         // unless the new one cannot be trimmed back to it.
         if trimmable {
@@ -154,12 +156,23 @@ impl PrefixCache {
         }
         self.clock += 1;
         self.entries.push(Entry { ns: ns.to_owned(), tokens, states, bytes, used: self.clock });
-        while self.entries.iter().map(|e| e.bytes).sum::<usize>() > self.cap {
-            let oldest = self.entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i).unwrap();
+        self.shrink_to(self.cap);
+    }
+
+    /// Bytes the entries hold.
+    pub fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.bytes).sum()
+    }
+
+    /// Evicts least recently used entries until at most `limit` bytes are
+    /// held (memory pressure gives the prefix cache's bytes back to requests).
+    pub fn shrink_to(&mut self, limit: usize) {
+        while self.bytes() > limit {
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i) else { break };
             self.entries.remove(oldest);
             self.counters.evictions += 1;
         }
-        self.counters.bytes = self.entries.iter().map(|e| e.bytes).sum::<usize>() as u64;
+        self.counters.bytes = self.bytes() as u64;
         self.counters.entries = self.entries.len() as u64;
     }
 

@@ -58,6 +58,24 @@ pub fn device_description() -> String {
     }
 }
 
+/// What MLX's allocator takes for an array of `nbytes` on the default
+/// device, as its active-memory count sees it: on a GPU (MLX's CUDA
+/// allocator) sizes under one 16 KiB page round up to a power of two (8
+/// bytes at least) and larger ones to whole pages; on the CPU the size
+/// itself. Caches that must count real bytes count this.
+pub fn allocation_bytes(nbytes: usize) -> usize {
+    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    const PAGE: usize = 16 << 10;
+    if nbytes == 0 || !*GPU.get_or_init(|| default_device() == DeviceKind::Gpu) {
+        return nbytes;
+    }
+    if nbytes < PAGE {
+        nbytes.next_power_of_two().max(8)
+    } else {
+        nbytes.div_ceil(PAGE) * PAGE
+    }
+}
+
 /// Bytes MLX currently holds in live arrays (process-wide: one allocator).
 pub fn active_memory() -> usize {
     let mut n = 0usize;
@@ -70,6 +88,71 @@ pub fn peak_memory() -> usize {
     let mut n = 0usize;
     unsafe { mlx_sys::mlx_get_peak_memory(&mut n) };
     n
+}
+
+/// Bytes of freed buffers MLX keeps for reuse (its buffer cache).
+pub fn cache_memory() -> usize {
+    let mut n = 0usize;
+    unsafe { mlx_sys::mlx_get_cache_memory(&mut n) };
+    n
+}
+
+/// Bounds MLX's buffer cache; returns the previous limit.
+pub fn set_cache_limit(bytes: usize) -> usize {
+    let mut old = 0usize;
+    unsafe { mlx_sys::mlx_set_cache_limit(&mut old, bytes) };
+    old
+}
+
+/// Returns every cached buffer to the system (or the device).
+pub fn clear_cache() {
+    unsafe { mlx_sys::mlx_clear_cache() };
+}
+
+/// Large buffers (MLX's arrays on the CPU) are mapped and unmapped one by
+/// one by the C allocator instead of carved from its heap. glibc otherwise
+/// raises its mmap threshold after the first large free (up to 32 MiB), so
+/// arrays of a few MiB land in the heap, where freed ones stay resident
+/// between live ones: a server's resident memory crept up by hundreds of MB
+/// while MLX's own count stayed flat (docs/benchmarks.md, memory).
+pub fn map_large_buffers() {
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+    const M_MMAP_THRESHOLD: i32 = -3;
+    unsafe { mallopt(M_MMAP_THRESHOLD, LARGE_BUFFER as i32) };
+}
+
+/// Allocations from this size up are mapped on their own (`map_large_buffers`).
+pub const LARGE_BUFFER: usize = 1 << 20;
+
+/// Memory of the default device: a GPU's own memory (MLX's device info,
+/// `total_memory`), else the machine's RAM (MemTotal).
+pub fn device_memory() -> u64 {
+    if default_device() == DeviceKind::Gpu {
+        if let Some(total) = gpu_total_memory() {
+            return total;
+        }
+    }
+    let total_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .unwrap_or(8 << 20);
+    total_kib * 1024
+}
+
+fn gpu_total_memory() -> Option<u64> {
+    unsafe {
+        let mut dev = mlx_sys::mlx_device_new();
+        let mut info = mlx_sys::mlx_device_info_new();
+        let mut total = 0usize;
+        let ok = mlx_sys::mlx_get_default_device(&mut dev) == 0
+            && mlx_sys::mlx_device_info_get(&mut info, dev) == 0
+            && mlx_sys::mlx_device_info_get_size(&mut total, info, c"total_memory".as_ptr()) == 0;
+        mlx_sys::mlx_device_info_free(info);
+        mlx_sys::mlx_device_free(dev);
+        (ok && total > 0).then_some(total as u64)
+    }
 }
 
 /// Path of the shared object that defines `addr`, as the dynamic linker sees

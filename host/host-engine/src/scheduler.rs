@@ -39,8 +39,6 @@ use std::time::Instant;
 struct Row {
     job: Job,
     cached: usize,
-    /// KV bytes this row may grow to (admission bookkeeping).
-    reserved: u64,
     sampler: Sampler,
     history: Vec<u32>,
     out: Vec<u32>,
@@ -67,6 +65,9 @@ struct Joiner {
 mod spec;
 use spec::RowSpec;
 
+/// Batched decode steps between clearings of MLX's buffer cache.
+const CLEAR_CACHE_EVERY: u32 = 512;
+
 enum Outcome {
     Continue,
     Done(Finish),
@@ -89,8 +90,8 @@ pub struct Scheduler<'a> {
     /// A job that fits the memory budget only once running rows finish.
     waiting: Option<Job>,
     memory: Option<(MemoryModel, Budget)>,
-    /// KV bytes reserved by the rows and joiners running now.
-    reserved: u64,
+    /// Decode steps since MLX's buffer cache was last cleared.
+    steps_since_clear: u32,
     /// Plain and speculative step times, for the batched cost rule.
     spec_clock: BatchClock,
     /// Per batch cache: whether its layout rolls back by snapshot and replay.
@@ -99,25 +100,59 @@ pub struct Scheduler<'a> {
 
 impl<'a> Scheduler<'a> {
     pub fn new(engine: &'a Engine, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, limit: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
-        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), cohort: None, padded_prefill: true, serial_next: None, waiting: None, memory, reserved: 0, spec_clock: BatchClock::default(), replay_layers: engine.replay_layers() }
+        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), cohort: None, padded_prefill: true, serial_next: None, waiting: None, memory, steps_since_clear: 0, spec_clock: BatchClock::default(), replay_layers: engine.replay_layers() }
     }
 
     fn idle(&self) -> bool {
         self.rows.is_empty() && self.joining.is_empty() && self.cohort.is_none() && self.serial_next.is_none() && self.waiting.is_none()
     }
 
-    /// KV bytes a job may grow to.
-    fn need(&self, job: &Job) -> u64 {
-        let r = &job.request;
-        self.memory.map_or(0, |(m, _)| m.need(r.prompt.len() as u64, (r.prompt.len() + r.max_tokens) as u64).kv)
+    /// Every job in flight: running rows, joiners, cohort members.
+    fn jobs(&self) -> impl Iterator<Item = &Job> {
+        let cohort = self.cohort.iter().flat_map(|(_, m)| m.iter().map(|j| &j.job));
+        self.rows.iter().map(|r| &r.job).chain(self.joining.iter().map(|j| &j.job)).chain(cohort)
     }
 
-    /// Whether a job fits beside what runs now.
+    /// KV and transient bytes of the work in flight, plus `extra` if given:
+    /// batched rows as wide as the widest, in whole growth steps.
+    fn committed(&self, m: &MemoryModel, extra: Option<&Job>) -> (u64, u64) {
+        let (mut rows, mut widest, mut transient) = (0u64, 0u64, 0u64);
+        for job in self.jobs().chain(extra) {
+            let r = &job.request;
+            let end = (r.prompt.len() + r.max_tokens) as u64;
+            rows += 1;
+            widest = widest.max(end);
+            transient = transient.max(m.need(r.prompt.len() as u64, end).transient);
+        }
+        (m.batch_kv(rows, widest, host_loader::compose::KV_STEP as u64), transient)
+    }
+
+    /// Whether a job fits beside what runs now, by the layouts' reservation
+    /// and by the bytes MLX really holds (minus the prefix cache, which
+    /// gives its bytes back). Whatever fits alone runs when nothing else does.
     fn fits(&self, job: &Job) -> bool {
         let Some((m, b)) = &self.memory else { return true };
+        if self.jobs().next().is_none() {
+            return true;
+        }
+        let (kv, transient) = self.committed(m, Some(job));
         let r = &job.request;
-        let n = m.need(r.prompt.len() as u64, (r.prompt.len() + r.max_tokens) as u64);
-        self.reserved == 0 || m.fits_now(b, self.reserved, n)
+        let need = m.need(r.prompt.len() as u64, (r.prompt.len() + r.max_tokens) as u64);
+        let held = crate::runtime::active_memory() as u64;
+        let real = held.saturating_sub(self.engine.prefix_counters().bytes) + need.kv + need.transient;
+        m.fits_now(b, kv, transient) && real + b.mlx_cache_bytes <= b.memory_bytes
+    }
+
+    /// Bounds the prefix cache by what the budget leaves beside the work in
+    /// flight (reserved, and really held by MLX).
+    fn bound_prefix_cache(&self) {
+        let Some((m, b)) = &self.memory else { return };
+        let (kv, transient) = self.committed(m, None);
+        let held = (crate::runtime::active_memory() as u64).saturating_sub(self.engine.prefix_counters().bytes);
+        let real_room = b.memory_bytes.saturating_sub(held + b.mlx_cache_bytes + transient);
+        if self.engine.prefix_shrink(m.prefix_room(b, kv, transient).min(real_room)) {
+            self.stats.sync_prefix(self.engine);
+        }
     }
 
     /// Runs until the queue is closed and all work is done.
@@ -128,6 +163,10 @@ impl<'a> Scheduler<'a> {
                 if !open {
                     return;
                 }
+                // Between requests: freed buffers go back (mlx-lm clears its
+                // buffer cache between requests too).
+                crate::runtime::clear_cache();
+                self.steps_since_clear = 0;
                 match rx.recv() {
                     Ok(job) => self.admit(job),
                     Err(_) => return,
@@ -155,11 +194,10 @@ impl<'a> Scheduler<'a> {
             }
             // A joiner that fails is answered with its error; the batch goes on.
             self.advance_joiner();
+            self.bound_prefix_cache();
             if !self.rows.is_empty() {
                 if let Err(e) = self.step() {
                     // A failed batch step fails every row in it (joiners stay).
-                    let freed: u64 = self.rows.iter().map(|r| r.reserved).sum();
-                    self.reserved = self.reserved.saturating_sub(freed);
                     for mut r in self.rows.drain(..) {
                         self.stats.active.fetch_sub(1, Ordering::SeqCst);
                         self.stats.failed.fetch_add(1, Ordering::SeqCst);
@@ -197,7 +235,6 @@ impl<'a> Scheduler<'a> {
     }
 
     fn start(&mut self, job: Job) {
-        self.reserved += self.need(&job);
         self.stats.requests.fetch_add(1, Ordering::SeqCst);
         self.stats.active.fetch_add(1, Ordering::SeqCst);
         self.stats.prompt_tokens.fetch_add(job.request.prompt.len() as u64, Ordering::SeqCst);
@@ -212,7 +249,6 @@ impl<'a> Scheduler<'a> {
     }
 
     fn fail_job(&mut self, mut job: Job, e: EngineError) {
-        self.reserved = self.reserved.saturating_sub(self.need(&job));
         self.stats.active.fetch_sub(1, Ordering::SeqCst);
         self.stats.failed.fetch_add(1, Ordering::SeqCst);
         let _ = (job.on_event)(Event::Failed(e));
@@ -343,9 +379,8 @@ impl<'a> Scheduler<'a> {
         };
         let eos = if req.stop_on_eos { self.engine.eos_ids() } else { Vec::new() };
         let pending = *req.prompt.last().unwrap();
-        let reserved = self.need(&j.job);
         let spec = RowSpec::for_request(self.engine, req);
-        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, cached: j.cached, reserved, spec, job: j.job });
+        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, cached: j.cached, spec, job: j.job });
     }
 
     /// Appends a 1-row cache set to the batch caches, layer by layer.
@@ -366,6 +401,12 @@ impl<'a> Scheduler<'a> {
     /// One decode step over every row.
     fn step(&mut self) -> Result<(), EngineError> {
         let started = std::time::Instant::now();
+        self.steps_since_clear += 1;
+        if self.steps_since_clear >= CLEAR_CACHE_EVERY {
+            // As mlx-lm's batch generator: freed buffers go back every 512 steps.
+            crate::runtime::clear_cache();
+            self.steps_since_clear = 0;
+        }
         if let Some(drafts) = self.draft_rows() {
             return self.spec_step(drafts, started);
         }
@@ -430,7 +471,6 @@ impl<'a> Scheduler<'a> {
         for (i, f) in finished.into_iter().rev() {
             self.keep_final_state(i);
             let r = self.rows.remove(i);
-            self.reserved = self.reserved.saturating_sub(r.reserved);
             finish_row(r, f, &self.stats, self.engine);
         }
         let batch = self.batch.as_mut().unwrap();

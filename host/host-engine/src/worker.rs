@@ -81,6 +81,11 @@ impl Stats {
         }
         self.last_prefill_tps.store(r.prefill_tps().to_bits(), Ordering::Relaxed);
         self.last_decode_tps.store(r.decode_tps().to_bits(), Ordering::Relaxed);
+        self.sync_prefix(engine);
+    }
+
+    /// Copies the engine's prefix-cache counters.
+    pub(crate) fn sync_prefix(&self, engine: &Engine) {
         let c = engine.prefix_counters();
         self.prefix_hits.store(c.hits, Ordering::Relaxed);
         self.prefix_misses.store(c.misses, Ordering::Relaxed);
@@ -160,7 +165,19 @@ impl Drop for Worker {
 }
 
 fn run(engine: Engine, rx: Receiver<Job>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>) {
-    while let Ok(mut job) = rx.recv() {
+    loop {
+        let mut job = match rx.try_recv() {
+            Ok(job) => job,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+            Err(std::sync::mpsc::TryRecvError::Empty) => {
+                // Between requests, with nothing queued: freed buffers go back.
+                crate::runtime::clear_cache();
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            }
+        };
         stats.queued.fetch_sub(1, Ordering::SeqCst);
         if shutdown.load(Ordering::SeqCst) {
             let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest("the server is shutting down".into())));

@@ -42,6 +42,9 @@ pub struct ComposedModel {
     factories: Vec<(NewCache, LayerNeed)>,
 }
 
+/// Tokens by which a layout's storage grows (written in place between steps).
+pub const KV_STEP: u32 = 256;
+
 impl ComposedModel {
     /// Fresh caches for `rows` rows (1 = serial), one per planned layer.
     pub fn new_caches(&self, rows: u32) -> Result<Vec<CacheBox>, ComposeError> {
@@ -49,7 +52,7 @@ impl ComposedModel {
             .iter()
             .zip(&self.layouts)
             .map(|((f, need), plugin)| {
-                let spec = CacheSpec { need: need.clone(), scheme: self.scheme.as_str().into(), dtype: self.cache_dtype, rows, step: 256 };
+                let spec = CacheSpec { need: need.clone(), scheme: self.scheme.as_str().into(), dtype: self.cache_dtype, rows, step: KV_STEP };
                 f(&spec).into_result().map_err(|error| ComposeError::Plugin { plugin: plugin.clone(), error })
             })
             .collect()

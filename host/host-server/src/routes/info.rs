@@ -41,5 +41,15 @@ pub async fn stats(State(st): State<AppState>) -> Json<Value> {
         "client_errors": s.client_errors.load(Relaxed),
         "client_disconnects": s.client_disconnects.load(Relaxed),
         "stop_string_hits": s.stop_string_hits.load(Relaxed),
+        "prefix_cache_bytes": w.prefix_bytes.load(Relaxed),
+        "prefix_cache_entries": w.prefix_entries.load(Relaxed),
+        "mlx_memory": {
+            "active_bytes": host_engine::runtime::active_memory(),
+            "cache_bytes": host_engine::runtime::cache_memory(),
+            "peak_bytes": host_engine::runtime::peak_memory(),
+            "weights_bytes": st.memory.weights_bytes,
+            "cache_limit_bytes": st.budget.mlx_cache_bytes,
+            "budget_bytes": st.budget.memory_bytes,
+        },
     }))
 }

@@ -32,6 +32,11 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
     metric(&mut o, "prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.", w.prefix_hit_tokens.load(Relaxed));
     metric(&mut o, "prefix_cache_bytes", "gauge", "Bytes held by the prefix cache.", w.prefix_bytes.load(Relaxed));
     metric(&mut o, "prefix_cache_entries", "gauge", "Entries in the prefix cache.", w.prefix_entries.load(Relaxed));
+    metric(&mut o, "mlx_active_bytes", "gauge", "Bytes MLX holds in live arrays (weights, caches, prefix cache, transients).", host_engine::runtime::active_memory());
+    metric(&mut o, "mlx_cache_bytes", "gauge", "Bytes of freed buffers MLX keeps for reuse (bounded by --mlx-cache-limit).", host_engine::runtime::cache_memory());
+    metric(&mut o, "mlx_peak_bytes", "gauge", "The most bytes MLX held in live arrays since start.", host_engine::runtime::peak_memory());
+    metric(&mut o, "mlx_cache_limit_bytes", "gauge", "MLX's buffer cache limit.", st.budget.mlx_cache_bytes);
+    metric(&mut o, "memory_budget_bytes", "gauge", "The memory budget requests are admitted against.", st.budget.memory_bytes);
     metric(&mut o, "admission_refusals_total", "counter", "Requests refused because they could never fit in memory.", w.admission_refusals.load(Relaxed));
     metric(&mut o, "http_requests_total", "counter", "HTTP requests received.", s.http_requests.load(Relaxed));
     metric(&mut o, "http_client_errors_total", "counter", "HTTP 4xx answers.", s.client_errors.load(Relaxed));
