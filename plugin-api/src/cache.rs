@@ -162,7 +162,9 @@ pub trait CacheLayout: Send {
     /// those rows one at a time.
     fn begin_padded(&mut self, pads: RSlice<'_, u32>) -> PResult<()> {
         let _ = pads;
-        abi_stable::std_types::RResult::RErr(crate::error::PluginError::unsupported("this cache layout cannot start left-padded rows"))
+        abi_stable::std_types::RResult::RErr(crate::error::PluginError::unsupported(
+            "this cache layout cannot start left-padded rows",
+        ))
     }
 }
 

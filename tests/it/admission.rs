@@ -52,7 +52,10 @@ fn requests_that_fit_only_one_at_a_time_wait_instead_of_batching() {
         let hs: Vec<_> = (0..3)
             .map(|i| {
                 let s = &s;
-                sc.spawn(move || s.post("/v1/completions", &json!({ "prompt": [1, 2, 3 + i], "max_tokens": 60, "temperature": 0 })).status)
+                sc.spawn(move || {
+                    s.post("/v1/completions", &json!({ "prompt": [1, 2, 3 + i], "max_tokens": 60, "temperature": 0 }))
+                        .status
+                })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -66,7 +69,13 @@ fn requests_that_fit_only_one_at_a_time_wait_instead_of_batching() {
     std::thread::scope(|sc| {
         for i in 0..3 {
             let s = &free;
-            sc.spawn(move || assert_eq!(s.post("/v1/completions", &json!({ "prompt": [1, 2, 3 + i], "max_tokens": 60, "temperature": 0 })).status, 200));
+            sc.spawn(move || {
+                assert_eq!(
+                    s.post("/v1/completions", &json!({ "prompt": [1, 2, 3 + i], "max_tokens": 60, "temperature": 0 }))
+                        .status,
+                    200
+                )
+            });
         }
     });
     assert!(free.stats()["max_batch_rows"].as_u64().unwrap() >= 2);
@@ -75,11 +84,28 @@ fn requests_that_fit_only_one_at_a_time_wait_instead_of_batching() {
 #[test]
 fn host_fit_prints_the_estimate_and_the_largest_context() {
     let d = model("tiny/tiny-llama-f32");
-    let fit = |budget: &str| run_ok(std::process::Command::new(host_bin()).current_dir(it::repo_root()).args(["fit", "--model"]).arg(&d).args(["--ctx", "1000", "--memory-budget", budget]));
+    let fit = |budget: &str| {
+        run_ok(
+            std::process::Command::new(host_bin())
+                .current_dir(it::repo_root())
+                .args(["fit", "--model"])
+                .arg(&d)
+                .args(["--ctx", "1000", "--memory-budget", budget]),
+        )
+    };
     let out = fit("1");
     assert!(out.contains("KV           512 bytes/token x 1000 tokens"), "{out}");
     assert!(out.contains("fits"), "{out}");
-    let largest = |o: &str| -> u64 { o.lines().find(|l| l.starts_with("largest context")).unwrap().split_whitespace().nth(4).unwrap().parse().unwrap() };
+    let largest = |o: &str| -> u64 {
+        o.lines()
+            .find(|l| l.starts_with("largest context"))
+            .unwrap()
+            .split_whitespace()
+            .nth(4)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
     let (small, big) = (largest(&fit("0.05")), largest(&fit("0.1")));
     assert!(big > small && small > 0, "{small} {big}");
     // The extra 0.05 GiB buys exactly that many tokens of KV.

@@ -19,7 +19,12 @@ fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
 /// (from `#[cfg(test)]` to the end of a file) may use such names as data.
 #[test]
 fn no_host_source_names_a_family_or_a_plugin() {
-    let report: serde_json::Value = serde_json::from_str(&run_ok(std::process::Command::new(host_bin()).args(["plugins", "--json", "--plugins"]).arg(repo_root().join("plugins")))).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&run_ok(
+        std::process::Command::new(host_bin())
+            .args(["plugins", "--json", "--plugins"])
+            .arg(repo_root().join("plugins")),
+    ))
+    .unwrap();
     let mut names: Vec<String> = Vec::new();
     for p in report["plugins"].as_array().unwrap() {
         names.push(p["name"].as_str().unwrap().to_owned());

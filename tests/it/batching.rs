@@ -7,7 +7,8 @@ use it::{model, Server};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 
-const PROMPTS: &[&[u32]] = &[&[1, 2, 3], &[5, 6, 7, 8, 9, 10, 11], &[100, 200], &[7; 14], &[42], &[300, 301, 302, 303, 304]];
+const PROMPTS: &[&[u32]] =
+    &[&[1, 2, 3], &[5, 6, 7, 8, 9, 10, 11], &[100, 200], &[7; 14], &[42], &[300, 301, 302, 303, 304]];
 
 fn body(i: usize) -> Value {
     json!({ "prompt": PROMPTS[i], "max_tokens": 24 + 7 * i, "temperature": 0 })
@@ -56,7 +57,12 @@ fn a_cancelled_row_does_not_disturb_the_others() {
     let mut sock = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     write!(sock, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
     let got: Vec<String> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..3).map(|i| { let s = &s; sc.spawn(move || text(&s.post("/v1/completions", &body(i)).json())) }).collect();
+        let hs: Vec<_> = (0..3)
+            .map(|i| {
+                let s = &s;
+                sc.spawn(move || text(&s.post("/v1/completions", &body(i)).json()))
+            })
+            .collect();
         let mut buf = [0u8; 4096];
         let mut seen = 0;
         while seen < 5 {
@@ -85,7 +91,13 @@ fn seeded_sampling_is_reproducible_inside_a_batch() {
     let req = |seed: u64| json!({ "prompt": [1, 2, 3], "max_tokens": 20, "temperature": 1.0, "seed": seed });
     let alone = text(&s.post("/v1/completions", &req(7)).json());
     let together: Vec<String> = std::thread::scope(|sc| {
-        let hs: Vec<_> = [7u64, 8, 7, 9].iter().map(|&seed| { let s = &s; sc.spawn(move || text(&s.post("/v1/completions", &req(seed)).json())) }).collect();
+        let hs: Vec<_> = [7u64, 8, 7, 9]
+            .iter()
+            .map(|&seed| {
+                let s = &s;
+                sc.spawn(move || text(&s.post("/v1/completions", &req(seed)).json()))
+            })
+            .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(together[0], alone, "a seeded row changed when batched");
@@ -117,9 +129,13 @@ fn bf16_batched_runs_match_serial_within_the_stated_tolerance() {
         for k in 0..ta.len().min(tb.len()) {
             let (pa, pb) = (la["token_logprobs"][k].as_f64().unwrap(), lb["token_logprobs"][k].as_f64().unwrap());
             if ta[k] != tb[k] {
-                let mut top: Vec<f64> = la["top_logprobs"][k].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).collect();
+                let mut top: Vec<f64> =
+                    la["top_logprobs"][k].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).collect();
                 top.sort_by(|x, y| y.total_cmp(x));
-                assert!(top.len() == 2 && top[0] - top[1] < TOL, "request {i} step {k}: tokens diverge without a near-tie (top-2 {top:?})");
+                assert!(
+                    top.len() == 2 && top[0] - top[1] < TOL,
+                    "request {i} step {k}: tokens diverge without a near-tie (top-2 {top:?})"
+                );
                 break; // past a divergence the two runs continue different texts
             }
             assert!((pa - pb).abs() <= TOL, "request {i} step {k}: logprob {pa} (serial) vs {pb} (batched)");
@@ -145,18 +161,28 @@ fn a_burst_prefills_as_one_padded_cohort_and_matches_serial() {
     let s = Server::start(&m, &["--batch", "8"]);
     // A blocker with a long prompt keeps the scheduler in prefill while the
     // burst queues up behind it.
-    let blocker = json!({ "prompt": (0..4000u32).map(|k| 5 + k % 3000).collect::<Vec<_>>(), "max_tokens": 1, "temperature": 0 });
+    let blocker =
+        json!({ "prompt": (0..4000u32).map(|k| 5 + k % 3000).collect::<Vec<_>>(), "max_tokens": 1, "temperature": 0 });
     // (4000 tokens: two prefill chunks, under the tiny model's 4096 context.)
     let got: Vec<String> = std::thread::scope(|sc| {
         let b = sc.spawn(|| s.post("/v1/completions", &blocker).json());
         std::thread::sleep(std::time::Duration::from_millis(30));
-        let hs: Vec<_> = prompts.iter().map(|p| { let s = &s; sc.spawn(move || text(&s.post("/v1/completions", &body(p)).json())) }).collect();
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                sc.spawn(move || text(&s.post("/v1/completions", &body(p)).json()))
+            })
+            .collect();
         let out = hs.into_iter().map(|h| h.join().unwrap()).collect();
         assert_eq!(b.join().unwrap()["usage"]["completion_tokens"], 1);
         out
     });
     let st = s.stats();
-    assert!(st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2, "the burst never prefilled as a cohort: {st}");
+    assert!(
+        st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2,
+        "the burst never prefilled as a cohort: {st}"
+    );
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "request {i} differs between its cohort prefill and its serial run");
     }

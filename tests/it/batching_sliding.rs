@@ -16,7 +16,11 @@ fn text(r: &Value) -> String {
 
 /// Prompts of 9 to 30 tokens (all longer than the window), and a short one.
 fn long_prompts() -> Vec<Vec<u32>> {
-    [20usize, 9, 30, 13, 3, 17].iter().enumerate().map(|(i, &n)| (0..n as u32).map(|k| 50 + 97 * i as u32 + 13 * k).collect()).collect()
+    [20usize, 9, 30, 13, 3, 17]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (0..n as u32).map(|k| 50 + 97 * i as u32 + 13 * k).collect())
+        .collect()
 }
 
 fn body(p: &[u32], i: usize) -> Value {
@@ -66,7 +70,12 @@ fn prompts_longer_than_the_window_batch_and_match_serial() {
         let st = s.stats();
         assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{name}: requests never shared a step: {st}");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g, w, "{name}: request {i} ({} prompt tokens) differs between batched and serial runs", prompts[i].len());
+            assert_eq!(
+                g,
+                w,
+                "{name}: request {i} ({} prompt tokens) differs between batched and serial runs",
+                prompts[i].len()
+            );
         }
     }
 }
@@ -90,7 +99,10 @@ fn a_burst_of_long_prompts_prefills_as_a_cohort_and_matches_serial() {
             got
         });
         let st = s.stats();
-        assert!(st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2, "{name}: the burst never prefilled as a cohort: {st}");
+        assert!(
+            st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2,
+            "{name}: the burst never prefilled as a cohort: {st}"
+        );
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g, w, "{name}: request {i} differs between its cohort prefill and its serial run");
         }
@@ -129,5 +141,8 @@ fn batched_ngram_speculation_over_a_sliding_window_is_lossless() {
         drafted += sp["drafted"].as_u64().unwrap_or(0);
         accepted += sp["accepted"].as_u64().unwrap_or(0);
     }
-    assert!(accepted > 0 && accepted < drafted, "both kept and rejected drafts needed (drafted {drafted}, accepted {accepted})");
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "both kept and rejected drafts needed (drafted {drafted}, accepted {accepted})"
+    );
 }

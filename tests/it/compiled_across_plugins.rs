@@ -16,14 +16,33 @@ const PROMPT: [u32; 5] = [1, 2, 3, 4, 5];
 const TOKENS: usize = 24;
 
 fn request() -> GenerateRequest {
-    GenerateRequest { prompt: PROMPT.to_vec(), max_tokens: TOKENS, params: SamplingParams::default(), stop_on_eos: false, logprobs: None, speculate: false }
+    GenerateRequest {
+        prompt: PROMPT.to_vec(),
+        max_tokens: TOKENS,
+        params: SamplingParams::default(),
+        stop_on_eos: false,
+        logprobs: None,
+        speculate: false,
+    }
 }
 
 /// Greedy tokens of `folder` decoded alone, in a process of its own.
 fn alone(folder: &str) -> Vec<u32> {
     let ids = PROMPT.map(|t| t.to_string()).join(",");
     let dir = it::model(folder);
-    let out = it::run_ok(Command::new(it::host_bin()).current_dir(it::repo_root()).args(["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids, "--max-tokens", &TOKENS.to_string(), "--ignore-eos", "--dtype", "native", "--json"]));
+    let out = it::run_ok(Command::new(it::host_bin()).current_dir(it::repo_root()).args([
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--max-tokens",
+        &TOKENS.to_string(),
+        "--ignore-eos",
+        "--dtype",
+        "native",
+        "--json",
+    ]));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
 }
@@ -37,7 +56,8 @@ fn families_compiling_in_one_process_each_run_their_own_fused_graphs() {
     let _mlx = it::mlx_exclusive();
     let info = HostInfo { abi_version: ABI_VERSION, host_version: "it".into(), mlx_version: "test".into() };
     let reg = Registry::discover(&it::repo_root().join("plugins"), &info).unwrap();
-    let mut engines: Vec<Engine> = folders.iter().map(|f| Engine::load(&reg, &it::model(f), DtypeChoice::Native).unwrap()).collect();
+    let mut engines: Vec<Engine> =
+        folders.iter().map(|f| Engine::load(&reg, &it::model(f), DtypeChoice::Native).unwrap()).collect();
     // Twice round, so later plugins compile after earlier ones have traced.
     for _ in 0..2 {
         for (i, e) in engines.iter_mut().enumerate() {

@@ -23,7 +23,9 @@ type SymbolOf = unsafe extern "C" fn() -> *const c_void;
 /// That crashed this test binary with SIGSEGV about one run in ten.
 fn load() -> &'static (Library, Library) {
     static LIBS: std::sync::OnceLock<(Library, Library)> = std::sync::OnceLock::new();
-    LIBS.get_or_init(|| unsafe { (Library::new(cdylib("proof_maker")).unwrap(), Library::new(cdylib("proof_consumer")).unwrap()) })
+    LIBS.get_or_init(|| unsafe {
+        (Library::new(cdylib("proof_maker")).unwrap(), Library::new(cdylib("proof_consumer")).unwrap())
+    })
 }
 
 #[test]
@@ -41,7 +43,10 @@ fn a_lazy_array_made_in_one_plugin_evaluates_in_the_host_and_feeds_another() {
         let x = Array::from_ptr(raw);
         x.eval().unwrap();
         // The allocator the host reads is the one the plugin's graph used.
-        assert!(runtime::active_memory() >= before + 4 * (1 << 20), "the host's allocator did not see the plugin's array");
+        assert!(
+            runtime::active_memory() >= before + 4 * (1 << 20),
+            "the host's allocator did not see the plugin's array"
+        );
         assert_eq!(x.shape(), &[1 << 20]);
         assert_eq!(x.as_slice::<i32>()[..4], [0, 2, 4, 6]);
 
@@ -82,7 +87,11 @@ fn mlx_errors_keep_their_message_in_host_and_plugins_after_plugins_loaded() {
     let a = Array::from_slice(&[1.0f32, 2.0, 3.0], &[1, 3]);
     let b = Array::from_slice(&[1.0f32, 2.0], &[2, 1]);
     let err = a.matmul(&b).unwrap_err();
-    assert!(err.what().contains("matmul") && !err.what().contains("failed with status"), "host lost MLX's message: {:?}", err.what());
+    assert!(
+        err.what().contains("matmul") && !err.what().contains("failed with status"),
+        "host lost MLX's message: {:?}",
+        err.what()
+    );
 }
 
 #[test]

@@ -52,7 +52,8 @@ fn batch(e: &Engine, lens: &[usize]) -> Vec<CacheBox> {
         }
     }
     // Evaluate the merged storage: each row's export reads all of it.
-    let rows: Vec<Vec<CacheState>> = (0..lens.len() as u32).map(|r| b.iter().map(|c| c.extract_row(r).unwrap()).collect()).collect();
+    let rows: Vec<Vec<CacheState>> =
+        (0..lens.len() as u32).map(|r| b.iter().map(|c| c.extract_row(r).unwrap()).collect()).collect();
     for r in rows {
         owned_state::own(r).unwrap();
     }
@@ -78,14 +79,20 @@ fn exported_states_own_exactly_their_bytes_for_every_layout() {
             owned_state::own(states).unwrap()
         });
         assert!(counted > 0, "{folder}: nothing exported");
-        assert!(live >= counted && live <= counted + n * SLACK_PER_TENSOR, "{folder} 1-row: {live} bytes live for {counted} counted ({n} tensors)");
+        assert!(
+            live >= counted && live <= counted + n * SLACK_PER_TENSOR,
+            "{folder} 1-row: {live} bytes live for {counted} counted ({n} tensors)"
+        );
         // The shortest of three left-padded batch rows (40 of 300 columns).
         let (live, counted, n) = retained(|| {
             let b = batch(&e, &[300, 40, 120]);
             let states: Vec<CacheState> = b.iter().map(|c| c.extract_row(1).unwrap()).collect();
             owned_state::own(states).unwrap()
         });
-        assert!(live >= counted && live <= counted + n * SLACK_PER_TENSOR, "{folder} batch row: {live} bytes live for {counted} counted ({n} tensors)");
+        assert!(
+            live >= counted && live <= counted + n * SLACK_PER_TENSOR,
+            "{folder} batch row: {live} bytes live for {counted} counted ({n} tensors)"
+        );
         // What an unowned row keeps alive instead: the cause of the leak
         // the prefix cache had (reported, not asserted: it is the layouts'
         // business how they cut rows).
@@ -99,14 +106,27 @@ fn exported_states_own_exactly_their_bytes_for_every_layout() {
 
 fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap();
     kib * 1024
 }
 
-const WORDS: &[&str] = &["apple", "river", "stone", "cloud", "music", "paper", "window", "garden", "silver", "engine", "forest", "candle", "winter", "market", "planet"];
+const WORDS: &[&str] = &[
+    "apple", "river", "stone", "cloud", "music", "paper", "window", "garden", "silver", "engine", "forest", "candle",
+    "winter", "market", "planet",
+];
 
 /// Streaming chats with distinct prompts, in a loop, until `until`.
-fn client(s: &Server, seed: u64, until: std::time::Instant, done: &std::sync::atomic::AtomicU64, errors: &std::sync::Mutex<Vec<String>>) {
+fn client(
+    s: &Server,
+    seed: u64,
+    until: std::time::Instant,
+    done: &std::sync::atomic::AtomicU64,
+    errors: &std::sync::Mutex<Vec<String>>,
+) {
     let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     let mut next = || {
         x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -135,7 +155,10 @@ const WARM_UP_S: f64 = 8.0;
 #[test]
 fn sustained_load_keeps_memory_bounded_and_the_prefix_cache_counts_what_it_holds() {
     let cap: u64 = 96 << 20;
-    let s = Server::start(&model("smollm2-135m-instruct"), &["--batch", "8", "--prompt-cache", &format!("{}", cap as f64 / (1u64 << 30) as f64), "--queue", "64"]);
+    let s = Server::start(
+        &model("smollm2-135m-instruct"),
+        &["--batch", "8", "--prompt-cache", &format!("{}", cap as f64 / (1u64 << 30) as f64), "--queue", "64"],
+    );
     let pid = s.child.id();
     let done = std::sync::atomic::AtomicU64::new(0);
     let errors = std::sync::Mutex::new(Vec::new());
@@ -143,7 +166,11 @@ fn sustained_load_keeps_memory_bounded_and_the_prefix_cache_counts_what_it_holds
     let until = start + std::time::Duration::from_secs(38);
     let sample = || {
         let st = s.stats();
-        (rss_bytes(pid), st["prefix_cache_bytes"].as_u64().unwrap(), st["mlx_memory"]["weights_bytes"].as_u64().unwrap())
+        (
+            rss_bytes(pid),
+            st["prefix_cache_bytes"].as_u64().unwrap(),
+            st["mlx_memory"]["weights_bytes"].as_u64().unwrap(),
+        )
     };
     let samples = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|sc| {
@@ -183,5 +210,7 @@ fn sustained_load_keeps_memory_bounded_and_the_prefix_cache_counts_what_it_holds
     let prefix = st["prefix_cache_bytes"].as_u64().unwrap();
     let gap = active as i64 - (weights + prefix) as i64;
     assert!(gap.unsigned_abs() <= 16 << 20, "idle: MLX holds {active} bytes, the weights {weights} and the prefix cache counts {prefix}: {gap} bytes unexplained");
-    eprintln!("{requests} requests in 38 s; RSS {rss_warm} at warm-up; idle gap {gap} bytes with {prefix} bytes cached");
+    eprintln!(
+        "{requests} requests in 38 s; RSS {rss_warm} at warm-up; idle gap {gap} bytes with {prefix} bytes cached"
+    );
 }

@@ -18,11 +18,20 @@ const PROMPT: &str = "1,2,3,4,5";
 fn oracle(dir: &std::path::Path, args: &[&str]) -> Value {
     let s = Scratch::new("oracle");
     let out = s.0.join("ref.json");
-    run_ok(python().arg(it::repo_root().join("models/scripts/oracle.py")).arg("--model").arg(dir).args(args).arg("--out").arg(&out));
+    run_ok(
+        python()
+            .arg(it::repo_root().join("models/scripts/oracle.py"))
+            .arg("--model")
+            .arg(dir)
+            .args(args)
+            .arg("--out")
+            .arg(&out),
+    );
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     // Same runtime as the engine, so differences are ours, not MLX's.
     let ours = std::fs::canonicalize(it::repo_root().join(".mlx/lib/libmlx.so")).unwrap();
-    let libs: Vec<std::path::PathBuf> = v["libmlx"].as_array().unwrap().iter().map(|p| std::fs::canonicalize(p.as_str().unwrap()).unwrap()).collect();
+    let libs: Vec<std::path::PathBuf> =
+        v["libmlx"].as_array().unwrap().iter().map(|p| std::fs::canonicalize(p.as_str().unwrap()).unwrap()).collect();
     assert_eq!(libs, vec![ours], "the oracle did not run on the engine's libmlx");
     v
 }
@@ -50,12 +59,29 @@ pub(crate) fn check_prompt(name: &str, prompt: &str) {
     let dir = model(&format!("tiny/{name}"));
     let d = dir.to_str().unwrap();
     let r = oracle(&dir, &["--prompt-ids", prompt, "--max-tokens", "64"]);
-    let ours = host_json(&["generate", "--model", d, "--prompt-ids", prompt, "--max-tokens", "64", "--ignore-eos", "--dtype", "native", "--json"]);
+    let ours = host_json(&[
+        "generate",
+        "--model",
+        d,
+        "--prompt-ids",
+        prompt,
+        "--max-tokens",
+        "64",
+        "--ignore-eos",
+        "--dtype",
+        "native",
+        "--json",
+    ]);
     let (want, got) = (ids(&r["tokens"]), ids(&ours["tokens"]));
     assert_eq!(want.len(), 64);
     if want != got {
         let i = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(want.len().min(got.len()));
-        panic!("{name}: greedy tokens diverge from mlx-lm at step {i}: ours {:?} vs mlx-lm {:?}\noracle top-5 there: {}", &got[i..(i + 3).min(got.len())], &want[i..(i + 3).min(want.len())], r["step_logits_top"][i]);
+        panic!(
+            "{name}: greedy tokens diverge from mlx-lm at step {i}: ours {:?} vs mlx-lm {:?}\noracle top-5 there: {}",
+            &got[i..(i + 3).min(got.len())],
+            &want[i..(i + 3).min(want.len())],
+            r["step_logits_top"][i]
+        );
     }
     let logits = host_json(&["logits", "--model", d, "--prompt-ids", prompt, "--dtype", "native"]);
     let (a, b) = (floats(&logits["logits"]), floats(&r["prompt_last_logits"]));
@@ -122,7 +148,19 @@ fn default_model_answers_like_mlx_lm_on_a_chat_prompt() {
     let d = dir.to_str().unwrap();
     let chat = "What is the capital of France?";
     let r = oracle(&dir, &["--chat", chat, "--max-tokens", "24"]);
-    let ours = host_json(&["generate", "--model", d, "--chat", chat, "--max-tokens", "24", "--ignore-eos", "--dtype", "native", "--json"]);
+    let ours = host_json(&[
+        "generate",
+        "--model",
+        d,
+        "--chat",
+        chat,
+        "--max-tokens",
+        "24",
+        "--ignore-eos",
+        "--dtype",
+        "native",
+        "--json",
+    ]);
     assert_eq!(ids(&ours["prompt_tokens"]), ids(&r["prompt_ids"]), "chat template or tokenizer differs from mlx-lm");
     assert_eq!(ids(&ours["tokens"]), ids(&r["tokens"]), "greedy continuation differs from mlx-lm");
     let text = ours["text"].as_str().unwrap();
@@ -132,7 +170,8 @@ fn default_model_answers_like_mlx_lm_on_a_chat_prompt() {
 #[test]
 fn cpu_auto_dtype_is_float32_and_says_why() {
     let d = model("tiny/tiny-qwen3-bf16");
-    let ours = host_json(&["generate", "--model", d.to_str().unwrap(), "--prompt-ids", PROMPT, "--max-tokens", "4", "--json"]);
+    let ours =
+        host_json(&["generate", "--model", d.to_str().unwrap(), "--prompt-ids", PROMPT, "--max-tokens", "4", "--json"]);
     assert_eq!(ours["compute_dtype"], "float32");
     assert!(ours["dtype_reason"].as_str().unwrap().contains("CPU"), "{}", ours["dtype_reason"]);
     assert_eq!(ids(&ours["tokens"]).len(), 4);
@@ -145,16 +184,29 @@ fn cpu_auto_dtype_is_float32_and_says_why() {
 fn a_chat_template_in_chat_template_jinja_is_used() {
     let src = model("smollm2-135m-instruct");
     let s = Scratch::new("jinja");
-    for f in ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "special_tokens_map.json"] {
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "special_tokens_map.json"]
+    {
         if src.join(f).exists() {
             std::os::unix::fs::symlink(src.join(f), s.0.join(f)).unwrap();
         }
     }
-    let mut tc: Value = serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap()).unwrap();
+    let mut tc: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap()).unwrap();
     let template = tc.as_object_mut().unwrap().remove("chat_template").expect("the default model has a template");
     std::fs::write(s.0.join("tokenizer_config.json"), tc.to_string()).unwrap();
     std::fs::write(s.0.join("chat_template.jinja"), template.as_str().unwrap()).unwrap();
-    let ids = |d: &std::path::Path| ids(&host_json(&["generate", "--model", d.to_str().unwrap(), "--chat", "What is 2+2?", "--max-tokens", "1", "--json"])["prompt_tokens"]);
+    let ids = |d: &std::path::Path| {
+        ids(&host_json(&[
+            "generate",
+            "--model",
+            d.to_str().unwrap(),
+            "--chat",
+            "What is 2+2?",
+            "--max-tokens",
+            "1",
+            "--json",
+        ])["prompt_tokens"])
+    };
     assert_eq!(ids(&s.0), ids(&src));
 }
 
@@ -171,13 +223,19 @@ fn gpu_attention_is_a_checked_choice() {
     let plain = host_json(&base);
     let mlx = host_json(&[&base[..], &["--gpu-attention", "mlx"]].concat());
     assert_eq!(ids(&plain["tokens"]), ids(&mlx["tokens"]));
-    let bad = Command::new(host_bin()).current_dir(it::repo_root()).args(base).args(["--gpu-attention", "exact"]).output().unwrap();
+    let bad = Command::new(host_bin())
+        .current_dir(it::repo_root())
+        .args(base)
+        .args(["--gpu-attention", "exact"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && err.contains("fast or mlx"), "{err}");
     let s = Scratch::new("gpuattn");
     let cfg = s.0.join("serve.toml");
     std::fs::write(&cfg, format!("model = {d:?}\ngpu_attention = \"sometimes\"\n")).unwrap();
-    let bad = Command::new(host_bin()).current_dir(it::repo_root()).args(["serve", "--config"]).arg(&cfg).output().unwrap();
+    let bad =
+        Command::new(host_bin()).current_dir(it::repo_root()).args(["serve", "--config"]).arg(&cfg).output().unwrap();
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && err.contains("fast or mlx"), "{err}");
 }

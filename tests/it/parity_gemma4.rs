@@ -29,16 +29,17 @@ fn long_prompt() -> String {
 }
 
 fn host_tokens(dir: &Path, prompt: &str, dtype: &str) -> Vec<u64> {
-    let out = run_ok(Command::new(host_bin()).current_dir(it::repo_root()).args(["generate", "--model"]).arg(dir).args([
-        "--prompt-ids",
-        prompt,
-        "--max-tokens",
-        "64",
-        "--ignore-eos",
-        "--dtype",
-        dtype,
-        "--json",
-    ]));
+    let out =
+        run_ok(Command::new(host_bin()).current_dir(it::repo_root()).args(["generate", "--model"]).arg(dir).args([
+            "--prompt-ids",
+            prompt,
+            "--max-tokens",
+            "64",
+            "--ignore-eos",
+            "--dtype",
+            dtype,
+            "--json",
+        ]));
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("host printed no JSON ({e}): {out}"));
     v["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().unwrap()).collect()
 }
@@ -53,7 +54,8 @@ fn mlx_lm_tokens(dir: &Path, prompt: &str, float32: bool) -> Vec<u64> {
         ids = mx.array([int(t) for t in sys.argv[2].split(',')])\n\
         print(json.dumps([t for t, _ in generate_step(ids, m, max_tokens=64)]))";
     let out = run_ok(python().args(["-c", script]).arg(dir).arg(prompt).arg(if float32 { "1" } else { "0" }));
-    let want: Vec<u64> = serde_json::from_str(out.trim().lines().last().unwrap_or("")).unwrap_or_else(|e| panic!("mlx-lm printed no token list ({e}): {out}"));
+    let want: Vec<u64> = serde_json::from_str(out.trim().lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("mlx-lm printed no token list ({e}): {out}"));
     assert_eq!(want.len(), 64);
     want
 }
@@ -109,13 +111,13 @@ fn gemma4_prompt_longer_than_the_window() {
 /// layers, and the host composes exactly those.
 #[test]
 fn gemma4_kv_shared_layers_hold_no_cache() {
-    let out = run_ok(Command::new(host_bin()).current_dir(it::repo_root()).args(["generate", "--model"]).arg(model("tiny/tiny-gemma4-f32")).args([
-        "--prompt-ids",
-        PROMPT,
-        "--max-tokens",
-        "2",
-        "--json",
-    ]));
+    let out = run_ok(
+        Command::new(host_bin())
+            .current_dir(it::repo_root())
+            .args(["generate", "--model"])
+            .arg(model("tiny/tiny-gemma4-f32"))
+            .args(["--prompt-ids", PROMPT, "--max-tokens", "2", "--json"]),
+    );
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["family_plugin"], "model-gemma4");
     assert_eq!(v["cache_layouts"], serde_json::json!(["kv-rotating", "kv-rotating", "kv-plain", "kv-rotating"]));
@@ -234,7 +236,13 @@ fn gemma4_moe_is_refused_without_its_sizes() {
         c.as_object_mut().unwrap().remove("top_k_experts");
         c
     });
-    let out = Command::new(host_bin()).current_dir(it::repo_root()).args(["generate", "--model"]).arg(&dir.0).args(["--prompt-ids", PROMPT, "--max-tokens", "2"]).output().unwrap();
+    let out = Command::new(host_bin())
+        .current_dir(it::repo_root())
+        .args(["generate", "--model"])
+        .arg(&dir.0)
+        .args(["--prompt-ids", PROMPT, "--max-tokens", "2"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("top_k_experts"), "{err}");
 }

@@ -46,7 +46,9 @@ fn long_prompt() -> String {
 /// (token, expert) pairs, past mlx-lm's sorted-gather threshold of 64.
 #[test]
 fn qwen3_5_long_prompt() {
-    for name in ["tiny-qwen3_5-f32", "tiny-qwen3_5-bf16", "tiny-qwen3_5-q4", "tiny-qwen3_5_moe-f32", "tiny-qwen3_5_moe-q4"] {
+    for name in
+        ["tiny-qwen3_5-f32", "tiny-qwen3_5-bf16", "tiny-qwen3_5-q4", "tiny-qwen3_5_moe-f32", "tiny-qwen3_5_moe-q4"]
+    {
         check_prompt(name, &long_prompt());
     }
 }
@@ -60,7 +62,10 @@ fn both_engines(dir: &std::path::Path, prompt: &str, f32: bool) -> (Value, Value
         ids = mx.array([int(t) for t in sys.argv[2].split(',')])\n\
         print(json.dumps([t for t, _ in generate_step(ids, m, max_tokens=64)]))";
     let dtype = if f32 { "float32" } else { "native" };
-    let want: Value = serde_json::from_str(run_ok(python().args(["-c", script]).arg(dir).arg(prompt).arg(if f32 { "f32" } else { "native" })).trim()).unwrap();
+    let want: Value = serde_json::from_str(
+        run_ok(python().args(["-c", script]).arg(dir).arg(prompt).arg(if f32 { "f32" } else { "native" })).trim(),
+    )
+    .unwrap();
     let mut cmd = std::process::Command::new(host_bin());
     cmd.current_dir(it::repo_root()).args(["generate", "--model"]).arg(dir);
     cmd.args(["--prompt-ids", prompt, "--max-tokens", "64", "--ignore-eos", "--dtype", dtype, "--json"]);
@@ -154,7 +159,11 @@ fn qwen3_5_a_partial_prefix_hit_does_not_change_the_output() {
     let m = model("tiny/tiny-qwen3_5-f32");
     let a: Vec<u32> = (1..=20).collect();
     let b: Vec<u32> = (1..=10).chain([99, 98, 97, 96, 95]).collect();
-    let text = |s: &Server, p: &[u32]| s.post("/v1/completions", &json!({ "prompt": p, "max_tokens": 16, "temperature": 0 })).json()["choices"][0]["text"].clone();
+    let text = |s: &Server, p: &[u32]| {
+        s.post("/v1/completions", &json!({ "prompt": p, "max_tokens": 16, "temperature": 0 })).json()["choices"][0]
+            ["text"]
+            .clone()
+    };
     let cold = Server::start(&m, &["--prompt-cache", "0", "--batch", "1"]);
     let want = text(&cold, &b);
     let warm = Server::start(&m, &["--prompt-cache", "0.5", "--batch", "1"]);
@@ -176,7 +185,8 @@ fn burst_prefills_as_a_cohort_and_matches_serial(name: &str, prompts: &[Vec<u32>
     let s = Server::start(&m, &["--batch", "8"]);
     // Two prefill chunks of a 4000-token prompt keep the scheduler busy
     // while the burst queues up behind it.
-    let blocker = json!({ "prompt": (0..4000u32).map(|k| 5 + k % 3000).collect::<Vec<_>>(), "max_tokens": 1, "temperature": 0 });
+    let blocker =
+        json!({ "prompt": (0..4000u32).map(|k| 5 + k % 3000).collect::<Vec<_>>(), "max_tokens": 1, "temperature": 0 });
     let got: Vec<String> = std::thread::scope(|sc| {
         let b = sc.spawn(|| s.post("/v1/completions", &blocker).json());
         std::thread::sleep(std::time::Duration::from_millis(30));
@@ -192,7 +202,10 @@ fn burst_prefills_as_a_cohort_and_matches_serial(name: &str, prompts: &[Vec<u32>
         out
     });
     let st = s.stats();
-    assert!(st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2, "the burst never prefilled as a cohort: {st}");
+    assert!(
+        st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2,
+        "the burst never prefilled as a cohort: {st}"
+    );
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "{name}: request {i} differs between its cohort prefill and its serial run");
     }
@@ -216,7 +229,8 @@ fn qwen3_5_burst_prefills_as_one_padded_cohort_and_matches_serial() {
 /// padding in the second (the layout tracks each row's remaining padding).
 #[test]
 fn qwen3_5_cohort_padding_spans_prefill_chunks() {
-    let prompts: Vec<Vec<u32>> = (0..6u32).map(|i| (0..371 + 74 * i).map(|k| 10 + (37 * i + 3 * k) % 40000).collect()).collect();
+    let prompts: Vec<Vec<u32>> =
+        (0..6u32).map(|i| (0..371 + 74 * i).map(|k| 10 + (37 * i + 3 * k) % 40000).collect()).collect();
     burst_prefills_as_a_cohort_and_matches_serial("tiny/tiny-qwen3_5-f32", &prompts);
 }
 
@@ -231,7 +245,12 @@ fn qwen3_5_cohort_padding_spans_prefill_chunks() {
 #[test]
 fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
     let dir = Scratch::new("qwen3_5-cycle");
-    run_ok(python().arg(it::repo_root().join("models/scripts/make_cycle.py")).arg(model("tiny/tiny-qwen3_5-f32")).arg(&dir.0));
+    run_ok(
+        python()
+            .arg(it::repo_root().join("models/scripts/make_cycle.py"))
+            .arg(model("tiny/tiny-qwen3_5-f32"))
+            .arg(&dir.0),
+    );
     let prompts: Vec<Vec<u32>> = vec![
         vec![1000, 1001, 1002, 1003, 5, 6, 7, 1000, 1001, 1002],
         vec![1004, 1005, 1006, 1000, 1001, 1002, 1003, 1004],
@@ -246,13 +265,18 @@ fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
         (0..prompts.len()).map(|i| s.post("/v1/completions", &body(i)).json()).collect()
     };
     // --speculate-always: the cost rule depends on timing; the paths asserted below must not.
-    let s = Server::start(&dir.0, &["--batch", "8", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--speculate-always"]);
+    let s = Server::start(
+        &dir.0,
+        &["--batch", "8", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--speculate-always"],
+    );
     let got = s.post_staggered("/v1/completions", &(0..prompts.len()).map(body).collect::<Vec<_>>(), 5);
     let (mut drafted, mut accepted) = (0, 0);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let (lg, lw) = (&g["choices"][0]["logprobs"], &w["choices"][0]["logprobs"]);
         assert_eq!(lg["tokens"], lw["tokens"], "request {i} changed under batched speculation: {}", g["usage"]);
-        for (k, (a, b)) in lg["token_logprobs"].as_array().unwrap().iter().zip(lw["token_logprobs"].as_array().unwrap()).enumerate() {
+        for (k, (a, b)) in
+            lg["token_logprobs"].as_array().unwrap().iter().zip(lw["token_logprobs"].as_array().unwrap()).enumerate()
+        {
             let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
             // 1e-3: where the distribution is flat (top logprob near -9), the
             // logsumexp over 49152 similar terms moves by up to 4e-4 with the
@@ -268,6 +292,9 @@ fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
     }
     let st = s.stats();
     assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "speculative rows never shared a step: {st}");
-    assert!(accepted > 0 && accepted < drafted, "drafted {drafted}, accepted {accepted}: need kept and rejected drafts");
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "drafted {drafted}, accepted {accepted}: need kept and rejected drafts"
+    );
     assert!(st["spec_replays_padded"].as_u64().unwrap() > 0, "no replay had rows of different counts: {st}");
 }

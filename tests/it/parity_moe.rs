@@ -24,16 +24,17 @@ fn long_prompt() -> String {
 }
 
 fn host_tokens(dir: &std::path::Path, prompt: &str, dtype: &str) -> Vec<u64> {
-    let out = run_ok(Command::new(host_bin()).current_dir(it::repo_root()).args(["generate", "--model"]).arg(dir).args([
-        "--prompt-ids",
-        prompt,
-        "--max-tokens",
-        "64",
-        "--ignore-eos",
-        "--dtype",
-        dtype,
-        "--json",
-    ]));
+    let out =
+        run_ok(Command::new(host_bin()).current_dir(it::repo_root()).args(["generate", "--model"]).arg(dir).args([
+            "--prompt-ids",
+            prompt,
+            "--max-tokens",
+            "64",
+            "--ignore-eos",
+            "--dtype",
+            dtype,
+            "--json",
+        ]));
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("host printed no JSON ({e}): {out}"));
     v["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().unwrap()).collect()
 }
@@ -78,7 +79,8 @@ fn mlx_lm_float32_tokens(dir: &std::path::Path, prompt: &str) -> Vec<u64> {
         m, _ = load(sys.argv[1]); m = dequantize_model(m); m.set_dtype(mx.float32)\n\
         ids = mx.array([int(t) for t in sys.argv[2].split(',')])\n\
         print(json.dumps([t for t, _ in generate_step(ids, m, max_tokens=64)]))";
-    let tokens: Vec<u64> = serde_json::from_str(run_ok(python().args(["-c", script]).arg(dir).arg(prompt)).trim()).unwrap();
+    let tokens: Vec<u64> =
+        serde_json::from_str(run_ok(python().args(["-c", script]).arg(dir).arg(prompt)).trim()).unwrap();
     assert_eq!(tokens.len(), 64);
     tokens
 }
@@ -90,7 +92,11 @@ fn qwen3_moe_bf16_and_q4_in_float32_match_mlx_lm() {
     for name in ["tiny-qwen3_moe-bf16", "tiny-qwen3_moe-q4"] {
         let dir = model(&format!("tiny/{name}"));
         for prompt in [PROMPT.to_owned(), long_prompt()] {
-            assert_eq!(host_tokens(&dir, &prompt, "float32"), mlx_lm_float32_tokens(&dir, &prompt), "{name}, prompt {prompt}");
+            assert_eq!(
+                host_tokens(&dir, &prompt, "float32"),
+                mlx_lm_float32_tokens(&dir, &prompt),
+                "{name}, prompt {prompt}"
+            );
         }
     }
 }

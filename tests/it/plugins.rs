@@ -42,7 +42,12 @@ fn cargo_build(target: &Path, extra: &[&str]) -> Result<(), String> {
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = err.lines().rev().take(40).collect();
-        return Err(format!("`cargo build {}` in {} failed:\n{}", extra.join(" "), project().display(), tail.into_iter().rev().collect::<Vec<_>>().join("\n")));
+        return Err(format!(
+            "`cargo build {}` in {} failed:\n{}",
+            extra.join(" "),
+            project().display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ));
     }
     Ok(())
 }
@@ -163,11 +168,12 @@ fn next(t: u32) -> u32 {
 /// The greedy continuation of `prompt` for `n` tokens.
 fn chain(prompt: &[u32], n: usize) -> Vec<u32> {
     let mut t = *prompt.last().unwrap();
-    (0..n).map(|_| {
-        t = next(t);
-        t
-    })
-    .collect()
+    (0..n)
+        .map(|_| {
+            t = next(t);
+            t
+        })
+        .collect()
 }
 
 /// Row `t` of the embedding: the 32 rows are the 16 rows of a Sylvester
@@ -239,7 +245,12 @@ fn loaded_names(report: &Value) -> Vec<String> {
 }
 
 fn plugin<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["plugins"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("`{name}` is not loaded: {report:#}"))
+    report["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("`{name}` is not loaded: {report:#}"))
 }
 
 /// The one refusal of folder `folder`; its reason must be one line.
@@ -354,7 +365,10 @@ fn argmax_rows(logits: &Array) -> Vec<u32> {
     let v = *logits.shape().last().unwrap();
     let flat = logits.reshape(&[-1, v]).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
     flat.eval().unwrap();
-    let rows = flat.as_slice::<f32>().chunks(v as usize).map(|r| r.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32);
+    let rows = flat
+        .as_slice::<f32>()
+        .chunks(v as usize)
+        .map(|r| r.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32);
     rows.collect()
 }
 
@@ -388,7 +402,10 @@ fn out_of_tree_family_honours_logits_modes_hidden_and_its_cache_in_process() {
         use mlx_rs::ops::indexing::IndexOp;
         h.index((0, 0))
     };
-    assert!(first.all_close(&e4, None, None, None).unwrap(), "the hidden state read back from the cache is the embedding");
+    assert!(
+        first.all_close(&e4, None, None, None).unwrap(),
+        "the hidden state read back from the cache is the embedding"
+    );
     assert_eq!(caches[0].offset(), 3);
 
     // Every position's logits (speculative verification), no hidden.
@@ -461,7 +478,10 @@ fn out_of_tree_drafter_detects_opens_and_drafts_through_the_registry() {
     let p = Plugins::new("drafter").kv_plain().drafter();
     let reg = Registry::discover(&p.0, &host_info()).unwrap();
     assert!(reg.refused.is_empty(), "{:?}", reg.refused);
-    assert_eq!(reg.claims().get(&("draft kind".to_owned(), "toy-repeat".to_owned())).map(String::as_str), Some("toy-drafter"));
+    assert_eq!(
+        reg.claims().get(&("draft kind".to_owned(), "toy-repeat".to_owned())).map(String::as_str),
+        Some("toy-drafter")
+    );
     let d = reg.by_name("toy-drafter").expect("toy-drafter loaded");
     assert_eq!(d.kind(), PluginKind::DRAFTER);
     assert!(d.root.plan_model().is_none() && d.root.open_model().is_none() && d.root.new_cache().is_none());
@@ -479,7 +499,10 @@ fn out_of_tree_drafter_detects_opens_and_drafts_through_the_registry() {
     let mut drafter = open(&open_args("toy-repeat", Some(mine), 8), lend()).into_result().unwrap();
     drafter.prefill(RSlice::from_slice(&[5, 6, 7])).into_result().unwrap();
     let draft = |drafter: &mut DrafterBox, history: &[u32], max_tokens: u32| {
-        let r = drafter.draft(DraftArgs { history: RSlice::from_slice(history), max_tokens, sampling: DraftSampling::GREEDY }).into_result().unwrap();
+        let r = drafter
+            .draft(DraftArgs { history: RSlice::from_slice(history), max_tokens, sampling: DraftSampling::GREEDY })
+            .into_result()
+            .unwrap();
         assert!(r.probabilities.is_none(), "toy-repeat has no probability rows");
         r.tokens.into_vec()
     };
@@ -493,7 +516,10 @@ fn out_of_tree_drafter_detects_opens_and_drafts_through_the_registry() {
 
     let err = open(&open_args("ngram", None, 8), lend()).into_result().err().expect("another kind is refused");
     assert_eq!(err.code, ErrorCode::UNSUPPORTED);
-    let err = open(&open_args("toy-repeat", Some(r#"{"model_type":"llama"}"#), 8), lend()).into_result().err().expect("another artifact is refused");
+    let err = open(&open_args("toy-repeat", Some(r#"{"model_type":"llama"}"#), 8), lend())
+        .into_result()
+        .err()
+        .expect("another artifact is refused");
     assert_eq!(err.code, ErrorCode::INVALID_CONFIG);
     let err = open(&open_args("toy-repeat", None, 0), lend()).into_result().err().expect("max_depth 0 is refused");
     assert_eq!(err.code, ErrorCode::INVALID_INPUT);
@@ -517,7 +543,11 @@ fn a_plugin_built_for_another_abi_version_is_refused_naming_both() {
     // Honest plugin.toml (abi_version = 2): refused before the library is opened.
     // A plugin.toml that says 1 over the same library: refused from its manifest.
     let lying = plugin_toml("toy-family", "model-family", 1, "libtoy_family.so");
-    let p = with_good("abi-version").family("toy-family", "skew-abi-version").add("toy-family-lying", &lying, Some(&lib("skew-abi-version", "libtoy_family.so")));
+    let p = with_good("abi-version").family("toy-family", "skew-abi-version").add(
+        "toy-family-lying",
+        &lying,
+        Some(&lib("skew-abi-version", "libtoy_family.so")),
+    );
     let r = list(&p);
     assert_good_still_load(&r);
     assert!(!loaded_names(&r).contains(&"toy-family".to_owned()));
@@ -539,7 +569,10 @@ fn a_root_module_with_another_layout_is_refused_by_the_abi_layout_check() {
     // Refused by abi_stable's layout check, before any entry ran (the name
     // is plugin.toml's: the manifest was never read).
     assert_eq!(name.as_deref(), Some("toy-family"));
-    assert!(reason.starts_with("ABI layout mismatch: the plugin's boundary types differ from this host's plugin-api 1."), "{reason}");
+    assert!(
+        reason.starts_with("ABI layout mismatch: the plugin's boundary types differ from this host's plugin-api 1."),
+        "{reason}"
+    );
     assert!(reason.contains("in `PluginRoot`"), "{reason}");
     assert!(reason.contains("unexpected field: expected `manifest`, found `build_flags`"), "{reason}");
 }
@@ -574,7 +607,11 @@ fn a_forward_error_fails_generate_with_the_plugins_message_without_a_crash() {
 
 #[test]
 fn a_corrupt_plugin_toml_is_refused_as_invalid() {
-    let p = with_good("corrupt-toml").add("garbage", "\u{1f}this is not = = toml [[\n\0", Some(&lib("good", "libtoy_family.so")));
+    let p = with_good("corrupt-toml").add(
+        "garbage",
+        "\u{1f}this is not = = toml [[\n\0",
+        Some(&lib("good", "libtoy_family.so")),
+    );
     let r = list(&p);
     assert_good_still_load(&r);
     let (name, reason) = refusal(&r, "garbage");

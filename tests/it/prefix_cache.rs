@@ -42,7 +42,12 @@ fn multi_turn_reuse(batch: &str) {
     assert!(cached[1] > 0 && cached[2] > cached[1], "later turns should reuse more and more: {cached:?}");
     let metrics = warm.request("GET", "/metrics", &[], b"").text();
     let value = |name: &str| -> f64 {
-        metrics.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
     };
     assert_eq!(value("mlx_engine_prefix_cache_hits_total"), 2.0);
     assert_eq!(value("mlx_engine_prefix_cache_hit_tokens_total"), (cached[1] + cached[2]) as f64);
@@ -77,6 +82,9 @@ fn multi_turn_chat_on_a_recurrent_model_reuses_exact_snapshots() {
         let (got, cached) = conversation(&Server::start(&m, &["--prompt-cache", "0.5", "--batch", batch]));
         assert_eq!(got, want, "--batch {batch}: prefix reuse changed the output");
         assert_eq!(cached[0], 0);
-        assert!(cached[1] > 0 && cached[2] > cached[1], "--batch {batch}: later turns should reuse more and more: {cached:?}");
+        assert!(
+            cached[1] > 0 && cached[2] > cached[1],
+            "--batch {batch}: later turns should reuse more and more: {cached:?}"
+        );
     }
 }

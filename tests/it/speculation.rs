@@ -11,7 +11,12 @@ use serde_json::{json, Value};
 fn gen(m: &str, prompt: &[&str], extra: &[&str]) -> Value {
     let d = model(m);
     let mut cmd = std::process::Command::new(host_bin());
-    cmd.current_dir(it::repo_root()).args(["generate", "--model"]).arg(&d).args(prompt).args(["--json", "--ignore-eos", "--dtype", "native"]).args(extra);
+    cmd.current_dir(it::repo_root())
+        .args(["generate", "--model"])
+        .arg(&d)
+        .args(prompt)
+        .args(["--json", "--ignore-eos", "--dtype", "native"])
+        .args(extra);
     serde_json::from_str(&run_ok(&mut cmd)).unwrap()
 }
 
@@ -28,7 +33,11 @@ fn greedy_output_is_identical_with_every_drafter() {
         assert!(plain.get("speculation").is_none());
         let self_dir = model(target).to_string_lossy().into_owned();
         let other = model("tiny/tiny-mistral-f32").to_string_lossy().into_owned();
-        for drafter in [vec!["--draft-kind", "ngram"], vec!["--draft-model", &self_dir], vec!["--draft-model", &other, "--num-draft-tokens", "4"]] {
+        for drafter in [
+            vec!["--draft-kind", "ngram"],
+            vec!["--draft-model", &self_dir],
+            vec!["--draft-model", &other, "--num-draft-tokens", "4"],
+        ] {
             let spec = gen(target, IDS, &drafter);
             assert_eq!(tokens(&spec), tokens(&plain), "{target} with {drafter:?} changed the greedy output");
             let sp = &spec["speculation"];
@@ -75,7 +84,8 @@ fn ngram_on_a_copy_prompt_accepts_more_than_half_and_changes_nothing() {
     // output is the same and rounds were queued ahead.
     assert_eq!(sp["ahead_rounds"], 0, "{sp}");
     // (k=4: enough rounds for a streak of full accepts, after which rounds are queued ahead)
-    let ahead = gen("smollm2-135m-instruct", &p, &["--draft-kind", "ngram", "--num-draft-tokens", "4", "--draft-ahead", "on"]);
+    let ahead =
+        gen("smollm2-135m-instruct", &p, &["--draft-kind", "ngram", "--num-draft-tokens", "4", "--draft-ahead", "on"]);
     assert_eq!(tokens(&ahead), tokens(&plain));
     assert!(ahead["speculation"]["ahead_rounds"].as_u64().unwrap() > 0, "{}", ahead["speculation"]);
 }
@@ -95,9 +105,18 @@ fn two_model_drafts_ahead_only_when_asked_and_changes_nothing() {
     let on = gen(target, IDS, &["--draft-model", &self_dir, "--speculate-always", "--draft-ahead", "on"]);
     assert_eq!(tokens(&on), tokens(&plain));
     let sp = &on["speculation"];
-    assert!(sp["ahead_rounds"].as_u64().unwrap() + 3 >= sp["rounds"].as_u64().unwrap() && sp["ahead_voided"] == 0 && sp["accepted"] == sp["drafted"], "{sp}");
+    assert!(
+        sp["ahead_rounds"].as_u64().unwrap() + 3 >= sp["rounds"].as_u64().unwrap()
+            && sp["ahead_voided"] == 0
+            && sp["accepted"] == sp["drafted"],
+        "{sp}"
+    );
     let bf16 = model("tiny/tiny-llama-bf16").to_string_lossy().into_owned();
-    let on = gen(target, IDS, &["--draft-model", &bf16, "--num-draft-tokens", "4", "--speculate-always", "--draft-ahead", "on"]);
+    let on = gen(
+        target,
+        IDS,
+        &["--draft-model", &bf16, "--num-draft-tokens", "4", "--speculate-always", "--draft-ahead", "on"],
+    );
     assert_eq!(tokens(&on), tokens(&plain), "{}", on["speculation"]);
     let sp = &on["speculation"];
     assert!(sp["ahead_voided"].as_u64().unwrap() > 0 && sp["ahead_rounds"].as_u64().unwrap() > 0, "{sp}");
@@ -186,10 +205,18 @@ fn sampled_speculation_keeps_the_target_distribution() {
     let m = model("tiny/tiny-llama-f32");
     let self_dir = m.to_string_lossy().into_owned();
     let plain = Server::start(&m, &["--batch", "1"]);
-    let spec = Server::start(&m, &["--batch", "1", "--draft-model", &self_dir, "--num-draft-tokens", "2", "--speculate-always"]);
+    let spec = Server::start(
+        &m,
+        &["--batch", "1", "--draft-model", &self_dir, "--num-draft-tokens", "2", "--speculate-always"],
+    );
     let sample = |s: &Server, seed: u64| -> (u64, u64, Value) {
         let r = s.post("/v1/completions", &json!({ "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 1.0, "top_k": 3, "seed": seed, "logprobs": 0 })).json();
-        let toks = r["choices"][0]["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect::<Vec<_>>();
+        let toks = r["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_owned())
+            .collect::<Vec<_>>();
         let h = |s: &str| s.bytes().fold(0u64, |a, b| a.wrapping_mul(131).wrapping_add(b as u64));
         (h(&toks[0]), h(&toks[1]), r["usage"].clone())
     };
@@ -258,7 +285,11 @@ fn the_plan_decides_whether_a_request_speculates() {
     assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
     assert!(b["usage"].get("speculation").is_none(), "a penalised request speculated: {}", b["usage"]);
     let log = std::fs::read_to_string(&spec.log).unwrap();
-    assert!(log.contains("plan=autoregressive") && log.contains("speculation disabled for repetition, presence and frequency penalties"), "{log}");
+    assert!(
+        log.contains("plan=autoregressive")
+            && log.contains("speculation disabled for repetition, presence and frequency penalties"),
+        "{log}"
+    );
     let with_lp = json!({ "prompt": COPY, "max_tokens": 20, "temperature": 0, "logprobs": 2 });
     let (a, b) = (plain.post("/v1/completions", &with_lp).json(), spec.post("/v1/completions", &with_lp).json());
     assert!(b["usage"]["speculation"]["drafted"].as_u64().unwrap() > 0, "{}", b["usage"]);
@@ -267,7 +298,10 @@ fn the_plan_decides_whether_a_request_speculates() {
     for (x, y) in la["token_logprobs"].as_array().unwrap().iter().zip(lb["token_logprobs"].as_array().unwrap()) {
         assert!((x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-4, "logprob {x} plain vs {y} speculative");
     }
-    assert!(std::fs::read_to_string(&spec.log).unwrap().contains("plan=speculative"), "the logprobs request's plan is not speculative");
+    assert!(
+        std::fs::read_to_string(&spec.log).unwrap().contains("plan=speculative"),
+        "the logprobs request's plan is not speculative"
+    );
 }
 
 /// A stop string that matches inside a chain of pipelined rounds (served
@@ -279,15 +313,23 @@ fn the_plan_decides_whether_a_request_speculates() {
 fn a_stop_string_inside_pipelined_rounds_ends_the_text_where_plain_decoding_does() {
     let m = model("smollm2-135m-instruct");
     let plain = Server::start(&m, &["--batch", "1"]);
-    let spec = Server::start(&m, &["--batch", "1", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--draft-ahead", "on"]);
+    let spec =
+        Server::start(&m, &["--batch", "1", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--draft-ahead", "on"]);
     let body = json!({ "prompt": COPY, "max_tokens": 40, "temperature": 0, "stop": ["Guests"] });
     let want = plain.post("/v1/completions", &body).json();
     assert_eq!(want["choices"][0]["finish_reason"], "stop", "{want}");
     let got = spec.post("/v1/completions", &body).json();
     assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"]);
     assert_eq!(got["choices"][0]["finish_reason"], "stop");
-    assert!(got["usage"]["speculation"]["ahead_rounds"].as_u64().unwrap() > 0, "no chain ran before the stop: {}", got["usage"]);
-    let streamed = spec.post("/v1/completions", &json!({ "prompt": COPY, "max_tokens": 40, "temperature": 0, "stop": ["Guests"], "stream": true }));
+    assert!(
+        got["usage"]["speculation"]["ahead_rounds"].as_u64().unwrap() > 0,
+        "no chain ran before the stop: {}",
+        got["usage"]
+    );
+    let streamed = spec.post(
+        "/v1/completions",
+        &json!({ "prompt": COPY, "max_tokens": 40, "temperature": 0, "stop": ["Guests"], "stream": true }),
+    );
     let text: String = streamed
         .text()
         .lines()
@@ -297,7 +339,10 @@ fn a_stop_string_inside_pipelined_rounds_ends_the_text_where_plain_decoding_does
         .collect();
     assert_eq!(text, want["choices"][0]["text"].as_str().unwrap());
     let next = json!({ "prompt": format!("{COPY}{}", want["choices"][0]["text"].as_str().unwrap()), "max_tokens": 12, "temperature": 0 });
-    assert_eq!(spec.post("/v1/completions", &next).json()["choices"][0]["text"], plain.post("/v1/completions", &next).json()["choices"][0]["text"]);
+    assert_eq!(
+        spec.post("/v1/completions", &next).json()["choices"][0]["text"],
+        plain.post("/v1/completions", &next).json()["choices"][0]["text"]
+    );
 }
 
 /// Rejection sampling keeps the target's distribution with a draft model
@@ -313,11 +358,22 @@ fn rejection_sampling_with_another_draft_model_keeps_the_target_distribution() {
     let plain = Server::start(&m, &["--batch", "1"]);
     let drafts = ["tiny/tiny-llama-q4", "tiny/tiny-mistral-f32"].map(|d| {
         let dir = model(d).to_string_lossy().into_owned();
-        (d, Server::start(&m, &["--batch", "1", "--draft-model", &dir, "--num-draft-tokens", "2", "--speculate-always"]))
+        (
+            d,
+            Server::start(
+                &m,
+                &["--batch", "1", "--draft-model", &dir, "--num-draft-tokens", "2", "--speculate-always"],
+            ),
+        )
     });
     let sample = |s: &Server, seed: u64| -> (Vec<String>, Value) {
         let r = s.post("/v1/completions", &json!({ "prompt": [1, 2, 3], "max_tokens": 3, "temperature": 1.0, "top_k": 3, "seed": seed, "logprobs": 0 })).json();
-        let toks = r["choices"][0]["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect();
+        let toks = r["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_owned())
+            .collect();
         (toks, r["usage"]["speculation"].clone())
     };
     let n = 400;
@@ -355,7 +411,8 @@ fn rejection_sampling_with_another_draft_model_keeps_the_target_distribution() {
 fn a_self_draft_at_temperature_1_accepts_almost_everything_by_rejection_sampling() {
     let dir = model("tiny/tiny-llama-f32").to_string_lossy().into_owned();
     let sampled = ["--temp", "1", "--seed", "7", "--logprobs", "1"];
-    let spec = gen("tiny/tiny-llama-f32", IDS, &[&sampled[..], &["--draft-model", &dir, "--speculate-always"]].concat());
+    let spec =
+        gen("tiny/tiny-llama-f32", IDS, &[&sampled[..], &["--draft-model", &dir, "--speculate-always"]].concat());
     let sp = &spec["speculation"];
     assert_eq!(sp["rejection_sampling"], true, "{sp}");
     assert!(sp["drafted"].as_u64().unwrap() >= 30 && sp["disabled"].is_null(), "{sp}");

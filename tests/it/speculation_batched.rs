@@ -48,7 +48,10 @@ fn batched_ngram_speculation_is_lossless_with_staggered_rows() {
         let st = s.stats();
         assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{name}: speculative rows never shared a step: {st}");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{name}: request {i} changed under batched speculation");
+            assert_eq!(
+                g["choices"][0]["text"], w["choices"][0]["text"],
+                "{name}: request {i} changed under batched speculation"
+            );
             let sp = &g["usage"]["speculation"];
             assert!(!sp.is_null(), "{name}: request {i} reports no speculation: {g}");
             drafted += sp["drafted"].as_u64().unwrap();
@@ -56,7 +59,10 @@ fn batched_ngram_speculation_is_lossless_with_staggered_rows() {
             rounds += sp["rounds"].as_u64().unwrap();
         }
     }
-    assert!(rounds > 0 && accepted > 0 && accepted <= drafted, "drafted {drafted}, accepted {accepted}, rounds {rounds}");
+    assert!(
+        rounds > 0 && accepted > 0 && accepted <= drafted,
+        "drafted {drafted}, accepted {accepted}, rounds {rounds}"
+    );
     // Some drafts were rejected while others were kept: the per-row
     // rollback (holes) path ran.
     assert!(accepted < drafted, "every draft was accepted; the per-row rollback never ran");
@@ -78,13 +84,19 @@ fn batched_two_model_speculation_is_lossless_with_per_row_drafters() {
     for draft in ["tiny/tiny-llama-f32", "tiny/tiny-llama-q4"] {
         let dir = model(draft).to_string_lossy().into_owned();
         // --speculate-always: the cost rule depends on timing; the counts below must not.
-        let s = Server::start(&m, &["--batch", "8", "--draft-model", &dir, "--num-draft-tokens", "3", "--speculate-always"]);
+        let s = Server::start(
+            &m,
+            &["--batch", "8", "--draft-model", &dir, "--num-draft-tokens", "3", "--speculate-always"],
+        );
         let got: Vec<Value> = s.post_staggered("/v1/completions", &bodies(&ps), 7);
         let st = s.stats();
         assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{draft}: speculative rows never shared a step: {st}");
         let (mut drafted, mut accepted) = (0, 0);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{draft}: request {i} changed under batched two-model speculation");
+            assert_eq!(
+                g["choices"][0]["text"], w["choices"][0]["text"],
+                "{draft}: request {i} changed under batched two-model speculation"
+            );
             let sp = &g["usage"]["speculation"];
             assert_eq!(sp["kind"], "two-model", "{draft}: request {i}: {g}");
             assert!(sp["disabled"].is_null(), "{draft}: request {i} stopped speculating: {sp}");
@@ -148,6 +160,11 @@ fn batched_sampled_speculation_keeps_the_target_distribution() {
 #[test]
 fn batched_rejection_sampling_with_a_draft_model_keeps_the_target_distribution() {
     let dir = model("tiny/tiny-llama-q4").to_string_lossy().into_owned();
-    let usages = sampled_distribution_matches_plain(&["--draft-model", &dir, "--num-draft-tokens", "2", "--speculate-always"]);
-    assert!(usages.iter().any(|u| u["rejection_sampling"] == true), "no batched round used the q rows: {:?}", &usages[..3]);
+    let usages =
+        sampled_distribution_matches_plain(&["--draft-model", &dir, "--num-draft-tokens", "2", "--speculate-always"]);
+    assert!(
+        usages.iter().any(|u| u["rejection_sampling"] == true),
+        "no batched round used the q rows: {:?}",
+        &usages[..3]
+    );
 }

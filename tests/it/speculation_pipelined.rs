@@ -77,7 +77,14 @@ const PROMPT: [u32; 15] = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3];
 const TOKENS: usize = 40;
 
 fn request(prompt: &[u32], max_tokens: usize, speculate: bool) -> GenerateRequest {
-    GenerateRequest { prompt: prompt.to_vec(), max_tokens, params: SamplingParams::default(), stop_on_eos: false, logprobs: None, speculate }
+    GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        params: SamplingParams::default(),
+        stop_on_eos: false,
+        logprobs: None,
+        speculate,
+    }
 }
 
 fn engine(target: &str) -> Engine {
@@ -110,7 +117,9 @@ fn pipelined_rounds_keep_the_greedy_output_and_roll_back_past_voided_rounds() {
             assert!(s.disabled.is_none() && s.rounds > 3, "{what}");
             match (wrong_every, ahead) {
                 // Rounds are queued ahead after two full accepts in a row.
-                (0, _) => assert!(s.accepted == s.drafted && s.ahead_rounds + 4 >= s.rounds && s.ahead_voided == 0, "{what}"),
+                (0, _) => {
+                    assert!(s.accepted == s.drafted && s.ahead_rounds + 4 >= s.rounds && s.ahead_voided == 0, "{what}")
+                }
                 (_, true) => assert!(s.accepted < s.drafted && s.ahead_rounds > 0 && s.ahead_voided > 0, "{what}"),
                 (_, false) => assert!(s.ahead_rounds == 0 && s.ahead_voided == 0, "{what}"),
             }

@@ -29,7 +29,11 @@ pub fn place_plugins(root: &Path, dir: &Path) -> Result<()> {
         let text = std::fs::read_to_string(&manifest)?;
         let library = text
             .lines()
-            .find_map(|l| l.trim().strip_prefix("library").map(|r| r.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string()))
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("library")
+                    .map(|r| r.trim_start_matches([' ', '=']).trim().trim_matches('"').to_string())
+            })
             .with_context(|| format!("{}: no `library` key", manifest.display()))?;
         let built = root.join("target/release").join(&library);
         // Copy beside, then rename over: a host that has the old library

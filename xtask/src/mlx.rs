@@ -77,9 +77,18 @@ fn build_prefix(root: &Path, prefix: &Path) -> Result<()> {
     step("building libmlxc (shared)");
     let build = work.join("build");
     run(Command::new("cmake")
-        .arg("-S").arg(&patched).arg("-B").arg(&build)
-        .args(["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DMLX_C_USE_SYSTEM_MLX=ON",
-               "-DBUILD_SHARED_LIBS=ON", "-DMLX_C_BUILD_EXAMPLES=OFF"])
+        .arg("-S")
+        .arg(&patched)
+        .arg("-B")
+        .arg(&build)
+        .args([
+            "-G",
+            "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DMLX_C_USE_SYSTEM_MLX=ON",
+            "-DBUILD_SHARED_LIBS=ON",
+            "-DMLX_C_BUILD_EXAMPLES=OFF",
+        ])
         .arg(format!("-DMLX_DIR={}", prefix.join("share/cmake/MLX").display())))?;
     run(Command::new("cmake").arg("--build").arg(&build))?;
     // Beside libmlx: a binary's RUNPATH does not apply to its libraries' own
@@ -142,18 +151,14 @@ fn fetch_mlx_c(work: &Path) -> Result<PathBuf> {
     std::fs::write(fetch.join("src/lib.rs"), "")?;
     let manifest = fetch.join("Cargo.toml");
     run(Command::new("cargo").arg("fetch").arg("--manifest-path").arg(&manifest))?;
-    let meta = output(Command::new("cargo")
-        .args(["metadata", "--format-version", "1", "--manifest-path"])
-        .arg(&manifest))?;
+    let meta =
+        output(Command::new("cargo").args(["metadata", "--format-version", "1", "--manifest-path"]).arg(&manifest))?;
     let meta: serde_json::Value = serde_json::from_str(&meta)?;
     let pkg = meta["packages"]
         .as_array()
         .and_then(|ps| ps.iter().find(|p| p["name"] == "mlx-sys"))
         .context("mlx-sys in cargo metadata")?;
-    let dir = Path::new(pkg["manifest_path"].as_str().context("manifest_path")?)
-        .parent()
-        .unwrap()
-        .join("src/mlx-c");
+    let dir = Path::new(pkg["manifest_path"].as_str().context("manifest_path")?).parent().unwrap().join("src/mlx-c");
     if !dir.join("CMakeLists.txt").exists() {
         bail!("mlx-sys {MLX_SYS_VERSION} does not carry src/mlx-c at {}", dir.display());
     }
@@ -168,8 +173,21 @@ pub fn gpu_pack(root: &Path) -> Result<()> {
     let dl = cache_dir().join("downloads-cuda");
     std::fs::create_dir_all(&dl)?;
     run(Command::new("python3")
-        .args(["-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-               "--implementation", "cp", "--platform", "manylinux_2_35_x86_64", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            "--platform",
+            "manylinux_2_35_x86_64",
+            "-d",
+        ])
         .arg(&dl)
         .arg(format!("mlx-cuda-13=={MLX_VERSION}")))?;
     let wheel = std::fs::read_dir(&dl)?

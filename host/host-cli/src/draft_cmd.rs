@@ -44,7 +44,8 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
         (Some(k), _) => k.clone(),
         (None, Some(dir)) => host_loader::draft_kind::detect(dir),
     };
-    let ahead = host_engine::DraftAhead::parse(a.draft_ahead.as_deref().unwrap_or("auto")).map_err(anyhow::Error::msg)?;
+    let ahead =
+        host_engine::DraftAhead::parse(a.draft_ahead.as_deref().unwrap_or("auto")).map_err(anyhow::Error::msg)?;
     if kind == "ngram" && a.draft_model.is_some() {
         bail!("the ngram drafter is never combined with a draft model (drop --draft-model or choose another --draft-kind)");
     }
@@ -62,9 +63,20 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
     if let Some(n) = a.ngram_min {
         options.push(("ngram-min".to_owned(), n.to_string()));
     }
-    let (factory, drafter) = host_loader::services::open_drafter(reg, &kind, a.draft_model.as_deref(), depth as u32, &options, engine.compute_dtype).map_err(anyhow::Error::msg)?;
+    let (factory, drafter) = host_loader::services::open_drafter(
+        reg,
+        &kind,
+        a.draft_model.as_deref(),
+        depth as u32,
+        &options,
+        engine.compute_dtype,
+    )
+    .map_err(anyhow::Error::msg)?;
     let plugin = factory.plugin.clone();
-    let caps: Vec<String> = reg.by_name(&plugin).map(|p| p.manifest.capabilities.iter().map(|c| c.to_string()).collect()).unwrap_or_default();
+    let caps: Vec<String> = reg
+        .by_name(&plugin)
+        .map(|p| p.manifest.capabilities.iter().map(|c| c.to_string()).collect())
+        .unwrap_or_default();
     eprintln!("speculative decoding: kind {kind} via {plugin}, up to {depth} tokens per round");
     engine.set_drafter(drafter, &kind, &plugin, caps, depth);
     engine.draft_kv_bytes_per_token = factory.cache_bytes_per_token();
@@ -82,7 +94,8 @@ pub fn install(reg: &Arc<Registry>, engine: &mut Engine, a: &DraftArgs) -> Resul
 fn same_tokenizer(engine: &Engine, dir: &std::path::Path) -> Result<()> {
     let target = engine.text.as_ref().context("the target has no tokenizer.json to compare a draft model with")?;
     let path = dir.join("tokenizer.json");
-    let draft = tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow::anyhow!("draft model {}: {e} (its tokenizer must match the target's)", path.display()))?;
+    let draft = tokenizers::Tokenizer::from_file(&path)
+        .map_err(|e| anyhow::anyhow!("draft model {}: {e} (its tokenizer must match the target's)", path.display()))?;
     if draft.get_vocab(true) != target.tokenizer.get_vocab(true) {
         bail!("the draft model's tokenizer ({}) differs from the target's: speculative decoding needs the same vocabulary", path.display());
     }

@@ -37,11 +37,30 @@ pub fn prompt_ids(engine: &Engine, p: &Prompt) -> Result<Vec<u32>> {
     Ok(text.encode_rendered(&rendered)?)
 }
 
-pub fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, params: SamplingParams, ignore_eos: bool, logprobs: Option<usize>, as_json: bool) -> Result<()> {
-    let mut req = GenerateRequest { prompt: prompt.clone(), max_tokens, params, stop_on_eos: !ignore_eos, logprobs, speculate: true };
+pub fn generate(
+    engine: &Engine,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    params: SamplingParams,
+    ignore_eos: bool,
+    logprobs: Option<usize>,
+    as_json: bool,
+) -> Result<()> {
+    let mut req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens,
+        params,
+        stop_on_eos: !ignore_eos,
+        logprobs,
+        speculate: true,
+    };
     // One request from the command line: serial, no prompt cache. The plan
     // is what runs (a fallback from speculation decodes plainly).
-    let features = host_engine::plan::ServerFeatures { batch_limit: 1, speculation_enabled: engine.drafter.is_some(), ..Default::default() };
+    let features = host_engine::plan::ServerFeatures {
+        batch_limit: 1,
+        speculation_enabled: engine.drafter.is_some(),
+        ..Default::default()
+    };
     let plan = host_engine::plan::resolve_execution(&engine.facts(&req), &engine.capabilities(), &features);
     req.speculate = plan.method == host_engine::plan::Method::Speculative;
     let mut detok = engine.text.clone().map(host_engine::tokenizer::Detokenizer::new);
@@ -106,7 +125,9 @@ pub fn generate(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, params: Sa
 
 pub fn logits(engine: &Engine, prompt: Vec<u32>) -> Result<()> {
     let l = engine.prompt_logits(&prompt)?;
-    println!("{}", serde_json::to_string(&json!({ "prompt_tokens": prompt, "logits": l, "compute_dtype": engine.dtype_name }))?);
+    println!(
+        "{}",
+        serde_json::to_string(&json!({ "prompt_tokens": prompt, "logits": l, "compute_dtype": engine.dtype_name }))?
+    );
     Ok(())
 }
-

@@ -2,8 +2,8 @@
 //! crate that owns it; holds no logic of its own beyond the runtime switch.
 
 mod draft_cmd;
-mod gpu_attention;
 mod generate_cmd;
+mod gpu_attention;
 mod plugins_cmd;
 mod runtime_switch;
 mod serve_cmd;
@@ -15,7 +15,11 @@ use host_loader::Registry;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
-#[command(name = "host", about = "An OpenAI-compatible LLM server on MLX, composed from plugins", disable_version_flag = true)]
+#[command(
+    name = "host",
+    about = "An OpenAI-compatible LLM server on MLX, composed from plugins",
+    disable_version_flag = true
+)]
 struct Cli {
     /// Print the host, MLX runtime and device, then exit.
     #[arg(long = "version", short = 'V')]
@@ -180,7 +184,9 @@ fn main() -> Result<()> {
         Some(Command::Version) => print_version(),
         Some(Command::Serve(args)) => {
             tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+                )
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
@@ -195,15 +201,45 @@ fn main() -> Result<()> {
                 plugins_cmd::print_text(&reg);
             }
         }
-        Some(Command::Generate { model, prompt, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, ignore_eos, logprobs, json, draft, warmup }) => {
+        Some(Command::Generate {
+            model,
+            prompt,
+            max_tokens,
+            temp,
+            top_p,
+            top_k,
+            min_p,
+            repetition_penalty,
+            seed,
+            ignore_eos,
+            logprobs,
+            json,
+            draft,
+            warmup,
+        }) => {
             let (reg, mut engine) = engine(&model)?;
             draft_cmd::install(&reg, &mut engine, &draft)?;
             let p = generate_cmd::Prompt { text: prompt.prompt, chat: prompt.chat, ids: prompt.prompt_ids };
             let ids = generate_cmd::prompt_ids(&engine, &p)?;
-            let params = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };
+            let params = SamplingParams {
+                temperature: temp,
+                top_p,
+                top_k,
+                min_p,
+                repetition_penalty,
+                seed,
+                ..Default::default()
+            };
             if warmup {
                 let longer = ids.iter().copied().cycle().take(ids.len() + max_tokens + 16).collect();
-                let req = host_engine::GenerateRequest { prompt: longer, max_tokens, params: params.clone(), stop_on_eos: !ignore_eos, logprobs, speculate: true };
+                let req = host_engine::GenerateRequest {
+                    prompt: longer,
+                    max_tokens,
+                    params: params.clone(),
+                    stop_on_eos: !ignore_eos,
+                    logprobs,
+                    speculate: true,
+                };
                 engine.generate(&req, |_| host_engine::Flow::Continue)?;
             }
             generate_cmd::generate(&engine, ids, max_tokens, params, ignore_eos, logprobs, json)?;
@@ -212,15 +248,36 @@ fn main() -> Result<()> {
             use host_engine::admission::{default_memory_budget, gib, Budget, MemoryModel};
             let (_reg, engine) = engine(&model)?;
             let m = MemoryModel::measure(&engine);
-            let budget = Budget { memory_bytes: memory_budget.map(|g| (g * (1u64 << 30) as f64) as u64).unwrap_or_else(default_memory_budget), kv_bytes: None, mlx_cache_bytes: 0 };
+            let budget = Budget {
+                memory_bytes: memory_budget
+                    .map(|g| (g * (1u64 << 30) as f64) as u64)
+                    .unwrap_or_else(default_memory_budget),
+                kv_bytes: None,
+                mlx_cache_bytes: 0,
+            };
             let n = m.need(ctx.min(m.prefill_step), ctx);
-            println!("model        {} ({} via {}, dtype {})", model.model.display(), engine.model.model_type, engine.model.family_plugin, engine.dtype_name);
+            println!(
+                "model        {} ({} via {}, dtype {})",
+                model.model.display(),
+                engine.model.model_type,
+                engine.model.family_plugin,
+                engine.dtype_name
+            );
             println!("weights      {:.3} GiB (measured after load)", gib(m.weights_bytes));
             println!("KV           {} bytes/token x {ctx} tokens = {:.3} GiB", m.kv_bytes_per_token, gib(n.kv));
             println!("transient    {:.3} GiB (one prefill chunk's activations + logits, estimated)", gib(n.transient));
-            println!("total        {:.3} GiB of a {:.2} GiB budget: {}", gib(m.weights_bytes + n.kv + n.transient), gib(budget.memory_bytes), if m.refuse(&budget, ctx.min(m.prefill_step), ctx).is_none() { "fits" } else { "does NOT fit" });
+            println!(
+                "total        {:.3} GiB of a {:.2} GiB budget: {}",
+                gib(m.weights_bytes + n.kv + n.transient),
+                gib(budget.memory_bytes),
+                if m.refuse(&budget, ctx.min(m.prefill_step), ctx).is_none() { "fits" } else { "does NOT fit" }
+            );
             let most = m.max_tokens_that_fit(&budget);
-            let ctx_cap = if m.max_context > 0 { format!(" (the model's own context is {})", m.max_context) } else { String::new() };
+            let ctx_cap = if m.max_context > 0 {
+                format!(" (the model's own context is {})", m.max_context)
+            } else {
+                String::new()
+            };
             println!("largest context that fits: {most} tokens{ctx_cap}");
         }
         Some(Command::Logits { model, prompt_ids }) => {

@@ -46,7 +46,14 @@ pub fn print_text(reg: &Registry) {
     for p in &reg.plugins {
         let m = &p.manifest;
         let c = &m.claims;
-        println!("{:<16} {:<13} v{:<8} abi {}  {}", m.name.as_str(), m.kind.as_str(), m.version.as_str(), m.abi_version, m.description.as_str());
+        println!(
+            "{:<16} {:<13} v{:<8} abi {}  {}",
+            m.name.as_str(),
+            m.kind.as_str(),
+            m.version.as_str(),
+            m.abi_version,
+            m.description.as_str()
+        );
         for (label, list) in [
             ("model types", &c.model_types),
             ("architectures", &c.architectures),

@@ -18,7 +18,9 @@ const DONE: &str = "MLX_ENGINE_LIB_DIR_APPLIED";
 pub fn apply() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let from_flag = args.iter().enumerate().find_map(|(i, a)| {
-        a.strip_prefix("--mlx-lib=").map(str::to_owned).or_else(|| (a == "--mlx-lib").then(|| args.get(i + 1).cloned()).flatten())
+        a.strip_prefix("--mlx-lib=")
+            .map(str::to_owned)
+            .or_else(|| (a == "--mlx-lib").then(|| args.get(i + 1).cloned()).flatten())
     });
     let Some(dir) = from_flag.or_else(|| std::env::var(ENV).ok()).filter(|d| !d.is_empty()) else {
         return Ok(());
@@ -29,10 +31,6 @@ pub fn apply() -> Result<()> {
     let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
     let path = if old.is_empty() { dir.clone() } else { format!("{dir}:{old}") };
     let exe = std::env::current_exe().context("locating the host binary")?;
-    let err = std::process::Command::new(exe)
-        .args(&args[1..])
-        .env("LD_LIBRARY_PATH", path)
-        .env(DONE, &dir)
-        .exec();
+    let err = std::process::Command::new(exe).args(&args[1..]).env("LD_LIBRARY_PATH", path).env(DONE, &dir).exec();
     Err(err).context("re-executing with the selected MLX runtime")
 }

@@ -175,24 +175,46 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     stage(1, 4, &format!("{} plugins loaded; composing {}", reg.plugins.len(), model_dir.display()), t0);
     let choice = DtypeChoice::parse(a.dtype.as_deref().unwrap_or("auto")).map_err(anyhow::Error::msg)?;
-    let mut engine = Engine::load(&reg, &model_dir, choice).with_context(|| format!("loading {}", model_dir.display()))?;
+    let mut engine =
+        Engine::load(&reg, &model_dir, choice).with_context(|| format!("loading {}", model_dir.display()))?;
     let cache_gib = a.prompt_cache.unwrap_or(1.0);
     if !(0.0..=1024.0).contains(&cache_gib) {
         bail!("--prompt-cache must be between 0 and 1024 GiB");
     }
     engine.set_prefix_cache((cache_gib * (1u64 << 30) as f64) as usize);
     crate::draft_cmd::install(&reg, &mut engine, &a.draft)?;
-    stage(2, 4, &format!("{} via {} with {:?}; dtype {} ({})", engine.model.model_type, engine.model.family_plugin, dedup(&engine.model.layouts), engine.dtype_name, engine.dtype_reason), t0);
+    stage(
+        2,
+        4,
+        &format!(
+            "{} via {} with {:?}; dtype {} ({})",
+            engine.model.model_type,
+            engine.model.family_plugin,
+            dedup(&engine.model.layouts),
+            engine.dtype_name,
+            engine.dtype_reason
+        ),
+        t0,
+    );
     // MLX maps weights lazily: one tiny generation reads them all now rather
     // than on the first request.
-    let warm = GenerateRequest { prompt: vec![0], max_tokens: 1, params: SamplingParams::default(), stop_on_eos: false, logprobs: None, speculate: false };
+    let warm = GenerateRequest {
+        prompt: vec![0],
+        max_tokens: 1,
+        params: SamplingParams::default(),
+        stop_on_eos: false,
+        logprobs: None,
+        speculate: false,
+    };
     engine.generate(&warm, |_| Flow::Continue).context("warm-up generation")?;
     stage(3, 4, "weights read (warm-up step done)", t0);
-    let info = ModelInfo { max_context: engine.model.plan.max_context as usize, vocab_size: engine.model.plan.vocab_size };
+    let info =
+        ModelInfo { max_context: engine.model.plan.max_context as usize, vocab_size: engine.model.plan.vocab_size };
     let memory = host_engine::admission::MemoryModel::measure(&engine);
     let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
     let memory_bytes = a.memory_budget.map(gib).unwrap_or_else(host_engine::admission::default_memory_budget);
-    let mlx_cache_bytes = a.mlx_cache_limit.map(gib).unwrap_or_else(|| host_engine::admission::default_mlx_cache_limit(memory_bytes));
+    let mlx_cache_bytes =
+        a.mlx_cache_limit.map(gib).unwrap_or_else(|| host_engine::admission::default_mlx_cache_limit(memory_bytes));
     host_engine::runtime::set_cache_limit(mlx_cache_bytes as usize);
     let budget = host_engine::admission::Budget { memory_bytes, kv_bytes: a.kv_budget.map(gib), mlx_cache_bytes };
     eprintln!(
@@ -204,12 +226,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
         budget.kv_bytes.map(|k| format!(", KV budget {:.4} GiB", host_engine::admission::gib(k))).unwrap_or_default()
     );
     if memory.weights_bytes + mlx_cache_bytes > memory_bytes {
-        bail!("the weights ({:.2} GiB) and MLX's buffer cache ({:.2} GiB) do not fit the memory budget of {:.2} GiB", host_engine::admission::gib(memory.weights_bytes), host_engine::admission::gib(mlx_cache_bytes), host_engine::admission::gib(memory_bytes));
+        bail!(
+            "the weights ({:.2} GiB) and MLX's buffer cache ({:.2} GiB) do not fit the memory budget of {:.2} GiB",
+            host_engine::admission::gib(memory.weights_bytes),
+            host_engine::admission::gib(mlx_cache_bytes),
+            host_engine::admission::gib(memory_bytes)
+        );
     }
     let text = engine.text.clone();
     let caps = engine.capabilities();
     let draft_kind = engine.drafter.as_ref().and_then(|d| d.lock().ok().map(|g| g.1.clone()));
-    let model_id = a.model_id.clone().unwrap_or_else(|| model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let model_id = a.model_id.clone().unwrap_or_else(|| {
+        model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+    });
     let cfg = ServerConfig {
         host: a.host.clone().unwrap_or_else(|| "127.0.0.1".into()),
         port: a.port.unwrap_or(8080),
@@ -218,7 +247,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         queue: a.queue.unwrap_or(64),
         default_max_tokens: a.max_tokens.unwrap_or(512),
         batch: a.batch.unwrap_or(8).max(1),
-        defaults: SamplingDefaults { temperature: a.temp, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, repetition_penalty: a.repetition_penalty },
+        defaults: SamplingDefaults {
+            temperature: a.temp,
+            top_p: a.top_p,
+            top_k: a.top_k,
+            min_p: a.min_p,
+            repetition_penalty: a.repetition_penalty,
+        },
         model_id,
     };
     let worker = Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget)));

@@ -56,12 +56,16 @@ impl MemoryModel {
     pub fn measure(engine: &Engine) -> Self {
         // A draft model's caches grow with the target's (each drafting
         // request, serial or batched row, holds its own).
-        let kv = engine
-            .new_caches()
-            .map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum::<u64>())
-            .unwrap_or(0)
+        let kv = engine.new_caches().map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum::<u64>()).unwrap_or(0)
             + engine.draft_kv_bytes_per_token;
-        let state_bytes = engine.model.plan.layers.iter().flat_map(|l| l.state_shapes.iter()).map(|s| s.iter().product::<i64>().max(0) as u64 * 4).sum();
+        let state_bytes = engine
+            .model
+            .plan
+            .layers
+            .iter()
+            .flat_map(|l| l.state_shapes.iter())
+            .map(|s| s.iter().product::<i64>().max(0) as u64 * 4)
+            .sum();
         Self {
             weights_bytes: crate::runtime::active_memory() as u64,
             kv_bytes_per_token: kv,
@@ -78,7 +82,10 @@ impl MemoryModel {
         // Activations of one prefill chunk (residual, q/k/v, MLP, norms: a
         // generous 16 hidden-sized f32 vectors per token) and a logits row.
         let chunk = prompt.min(self.prefill_step).max(1);
-        Need { kv: tokens * self.kv_bytes_per_token + self.state_bytes, transient: chunk * self.hidden * 4 * 16 + self.vocab * 4 * 2 }
+        Need {
+            kv: tokens * self.kv_bytes_per_token + self.state_bytes,
+            transient: chunk * self.hidden * 4 * 16 + self.vocab * 4 * 2,
+        }
     }
 
     /// Why a request can never run under `budget`, if it cannot.
@@ -166,7 +173,15 @@ mod tests {
     use super::*;
 
     fn model() -> MemoryModel {
-        MemoryModel { weights_bytes: 1 << 30, kv_bytes_per_token: 1 << 20, state_bytes: 0, hidden: 1024, vocab: 32_000, prefill_step: 2048, max_context: 0 }
+        MemoryModel {
+            weights_bytes: 1 << 30,
+            kv_bytes_per_token: 1 << 20,
+            state_bytes: 0,
+            hidden: 1024,
+            vocab: 32_000,
+            prefill_step: 2048,
+            max_context: 0,
+        }
     }
 
     #[test]
@@ -212,7 +227,10 @@ mod tests {
         let m = model();
         let b = Budget { memory_bytes: 4 << 30, kv_bytes: None, mlx_cache_bytes: 256 << 20 };
         // 4 GiB - 1 GiB weights - 256 MiB MLX cache - 1 GiB KV - 256 MiB transient.
-        assert_eq!(m.prefix_room(&b, 1 << 30, 256 << 20), (4u64 << 30) - (1 << 30) - (256 << 20) - (1 << 30) - (256 << 20));
+        assert_eq!(
+            m.prefix_room(&b, 1 << 30, 256 << 20),
+            (4u64 << 30) - (1 << 30) - (256 << 20) - (1 << 30) - (256 << 20)
+        );
         assert_eq!(m.prefix_room(&b, 8 << 30, 0), 0);
     }
 }

@@ -18,7 +18,20 @@ fn strftime_now(fmt: String) -> String {
     // Only the formats templates use in practice, in UTC, without a date crate.
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
     fmt.replace("%Y", &y.to_string())
         .replace("%m", &format!("{m:02}"))
         .replace("%d", &format!("{d:02}"))
@@ -51,7 +64,12 @@ impl ChatTemplate {
 
     /// Renders `messages` (OpenAI-shaped JSON values). `extra` holds
     /// `chat_template_kwargs` (e.g. enable_thinking) and `tools`.
-    pub fn render(&self, messages: &serde_json::Value, add_generation_prompt: bool, extra: &serde_json::Map<String, serde_json::Value>) -> Result<String, String> {
+    pub fn render(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, String> {
         let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
         let base = context! {
             messages => Value::from_serialize(messages),
@@ -81,7 +99,10 @@ mod tests {
         let t = ChatTemplate::new(CHATML, None, None).unwrap();
         let msgs = serde_json::json!([{"role": "user", "content": "Hi"}]);
         let out = t.render(&msgs, true, &Default::default()).unwrap();
-        assert_eq!(out, "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
@@ -90,7 +111,9 @@ mod tests {
         let t = ChatTemplate::new(src, None, None).unwrap();
         let mut extra = serde_json::Map::new();
         extra.insert("enable_thinking".into(), true.into());
-        let out = t.render(&serde_json::json!([{"role":"user","content":" a "},{"role":"user","content":"b"}]), false, &extra).unwrap();
+        let out = t
+            .render(&serde_json::json!([{"role":"user","content":" a "},{"role":"user","content":"b"}]), false, &extra)
+            .unwrap();
         assert_eq!(out, "\"a\"4T");
         let err = t.render(&serde_json::json!([{"role":"bad","content":"x"}]), false, &Default::default()).unwrap_err();
         assert!(err.contains("no bad roles"), "{err}");

@@ -33,7 +33,12 @@ pub fn choose(heads: &[usize]) -> Vec<usize> {
     if anchor == 0 {
         return Vec::new();
     }
-    let picked: Vec<usize> = heads.iter().enumerate().filter(|&(_, &n)| n > 0 && n <= anchor * 2 && n * 2 >= anchor).map(|(i, _)| i).collect();
+    let picked: Vec<usize> = heads
+        .iter()
+        .enumerate()
+        .filter(|&(_, &n)| n > 0 && n <= anchor * 2 && n * 2 >= anchor)
+        .map(|(i, _)| i)
+        .collect();
     if picked.len() < 2 {
         Vec::new()
     } else {
@@ -81,7 +86,12 @@ impl Cohort {
 
     /// The 1-row state of member `row` (prefix cache, merging into a batch).
     pub fn row_state(&self, row: usize) -> Result<Vec<plugin_api::CacheState>, EngineError> {
-        self.caches.iter().map(|c| c.extract_row(row as u32).into_result().map_err(|e| EngineError::Model(format!("extract_row: {e}")))).collect()
+        self.caches
+            .iter()
+            .map(|c| {
+                c.extract_row(row as u32).into_result().map_err(|e| EngineError::Model(format!("extract_row: {e}")))
+            })
+            .collect()
     }
 
     pub fn head(&self, row: usize) -> &[u32] {

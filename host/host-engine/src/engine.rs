@@ -99,13 +99,21 @@ impl Engine {
                 // MLX's CPU kernels have no fast bf16/f16/quantized path here;
                 // f32 through OpenBLAS is ~10x faster (docs/benchmarks.md).
                 DeviceKind::Cpu => (Some(Dtype::FLOAT32), "float32: fastest on the CPU backend (auto)".to_owned()),
-                DeviceKind::Gpu => (None, format!("native{}: the checkpoint's dtype on the GPU (auto)", if quantized { " (quantized)" } else { "" })),
+                DeviceKind::Gpu => (
+                    None,
+                    format!(
+                        "native{}: the checkpoint's dtype on the GPU (auto)",
+                        if quantized { " (quantized)" } else { "" }
+                    ),
+                ),
             },
         };
         let model = registry.open_model(dir, dtype, "plain")?;
         let dtype_name = match dtype {
             Some(d) => d.name().to_owned(),
-            None if quantized => format!("{} (quantized {}-bit)", model.plan.weights_dtype.name(), model.plan.quant_bits),
+            None if quantized => {
+                format!("{} (quantized {}-bit)", model.plan.weights_dtype.name(), model.plan.quant_bits)
+            }
             None => model.plan.weights_dtype.name().to_owned(),
         };
         let text = if dir.join("tokenizer.json").exists() {
@@ -122,7 +130,22 @@ impl Engine {
             model.scheme,
             model.layouts.join(",")
         );
-        Ok(Self { model, text, compute_dtype: dtype, dtype_name, dtype_reason: reason, prefill_step: 2048, prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)), namespace, drafter: None, drafter_caps: Vec::new(), drafter_factory: None, draft_kv_bytes_per_token: 0, speculate_always: false, draft_ahead: DraftAhead::Auto })
+        Ok(Self {
+            model,
+            text,
+            compute_dtype: dtype,
+            dtype_name,
+            dtype_reason: reason,
+            prefill_step: 2048,
+            prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)),
+            namespace,
+            drafter: None,
+            drafter_caps: Vec::new(),
+            drafter_factory: None,
+            draft_kv_bytes_per_token: 0,
+            speculate_always: false,
+            draft_ahead: DraftAhead::Auto,
+        })
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).
@@ -145,8 +168,10 @@ impl Engine {
         let tags: Vec<&str> = self.drafter_caps.iter().map(String::as_str).collect();
         let drafter = self.drafter.as_ref().map(|_| tags.as_slice());
         let model: Vec<&str> = self.model.model_caps.iter().map(String::as_str).collect();
-        let tags: Vec<Vec<&str>> = self.model.layout_caps.iter().map(|(_, t)| t.iter().map(String::as_str).collect()).collect();
-        let layouts: Vec<(&str, &[&str])> = self.model.layout_caps.iter().zip(&tags).map(|((n, _), t)| (n.as_str(), t.as_slice())).collect();
+        let tags: Vec<Vec<&str>> =
+            self.model.layout_caps.iter().map(|(_, t)| t.iter().map(String::as_str).collect()).collect();
+        let layouts: Vec<(&str, &[&str])> =
+            self.model.layout_caps.iter().zip(&tags).map(|((n, _), t)| (n.as_str(), t.as_slice())).collect();
         let mut caps = crate::plan::Capabilities::from_tags(&model, &layouts, drafter);
         // The batch scheduler runs speculative rows with one history-only
         // drafter or one drafter instance per row (a factory): otherwise a
@@ -193,7 +218,12 @@ impl Engine {
     /// Per layer (cache order): whether its layout rolls back by snapshot
     /// and replay (`caps::SPEC_REPLAY`) rather than by dropping tokens.
     pub fn replay_layers(&self) -> Vec<bool> {
-        let replays = |name: &String| self.model.layout_caps.iter().any(|(n, t)| n == name && t.iter().any(|t| t == plugin_api::caps::SPEC_REPLAY));
+        let replays = |name: &String| {
+            self.model
+                .layout_caps
+                .iter()
+                .any(|(n, t)| n == name && t.iter().any(|t| t == plugin_api::caps::SPEC_REPLAY))
+        };
         self.model.layouts.iter().map(replays).collect()
     }
 
@@ -205,7 +235,14 @@ impl Engine {
 
     /// Installs a drafter. The prefix cache namespace then names it too
     /// (state is only reused under the same drafter).
-    pub fn set_drafter(&mut self, drafter: plugin_api::DrafterBox, kind: &str, plugin: &str, caps: Vec<String>, depth: usize) {
+    pub fn set_drafter(
+        &mut self,
+        drafter: plugin_api::DrafterBox,
+        kind: &str,
+        plugin: &str,
+        caps: Vec<String>,
+        depth: usize,
+    ) {
         self.drafter = Some(std::sync::Mutex::new((drafter, kind.to_owned(), depth.max(1))));
         self.drafter_caps = caps;
         self.namespace = self.namespace.replace("drafter:none", &format!("drafter:{plugin}/{kind}"));

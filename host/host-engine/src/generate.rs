@@ -89,8 +89,18 @@ impl Engine {
     /// Runs the graph over `tokens` `[B, L]`; returns `[B, V]` last logits
     /// when asked, else the final hidden state (to evaluate the caches).
     pub(crate) fn forward(&self, tokens: &Array, caches: &mut [CacheBox], logits: bool) -> Result<Array, EngineError> {
-        let args = ForwardArgs { tokens: tensor_ref(tokens), logits: if logits { LogitsMode::LAST } else { LogitsMode::NONE }, want_hidden: !logits, taps: RSlice::from_slice(&[]) };
-        let out = self.model.graph.forward(args, caches.into()).into_result().map_err(|e| EngineError::Model(e.to_string()))?;
+        let args = ForwardArgs {
+            tokens: tensor_ref(tokens),
+            logits: if logits { LogitsMode::LAST } else { LogitsMode::NONE },
+            want_hidden: !logits,
+            taps: RSlice::from_slice(&[]),
+        };
+        let out = self
+            .model
+            .graph
+            .forward(args, caches.into())
+            .into_result()
+            .map_err(|e| EngineError::Model(e.to_string()))?;
         if logits {
             let l = take(out.logits, "logits")?;
             let v = l.shape()[l.ndim() - 1];
@@ -142,7 +152,11 @@ impl Engine {
     /// Generates for one request: speculatively when the engine has a
     /// drafter and the request allows it (no penalties: they need each
     /// token's history before the next is chosen), else plainly.
-    pub fn generate(&self, req: &GenerateRequest, on_token: impl FnMut(&TokenOut) -> Flow) -> Result<GenerateResult, EngineError> {
+    pub fn generate(
+        &self,
+        req: &GenerateRequest,
+        on_token: impl FnMut(&TokenOut) -> Flow,
+    ) -> Result<GenerateResult, EngineError> {
         if let (true, Some(d)) = (req.speculate && !req.params.has_penalties(), &self.drafter) {
             let mut guard = d.lock().map_err(|_| EngineError::Model("drafter lock poisoned".into()))?;
             let (drafter, kind, depth) = &mut *guard;
@@ -153,7 +167,11 @@ impl Engine {
         self.generate_plain(req, on_token)
     }
 
-    pub fn generate_plain(&self, req: &GenerateRequest, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<GenerateResult, EngineError> {
+    pub fn generate_plain(
+        &self,
+        req: &GenerateRequest,
+        mut on_token: impl FnMut(&TokenOut) -> Flow,
+    ) -> Result<GenerateResult, EngineError> {
         let (start, mut caches, cached) = self.start_request(req)?;
         let head = &req.prompt[..req.prompt.len() - 1];
         if cached < head.len() {
@@ -175,7 +193,9 @@ impl Engine {
         req.params.validate().map_err(EngineError::InvalidRequest)?;
         let vocab = self.model.plan.vocab_size;
         if let Some(bad) = req.prompt.iter().find(|&&t| t >= vocab) {
-            return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
         }
         Ok(())
     }
@@ -196,7 +216,14 @@ impl Engine {
 
     /// A serial request's end: stores its final state in the prefix cache
     /// and reports it.
-    pub(crate) fn end_request(&self, d: Decoding, caches: &mut [CacheBox], finish: Finish, cached: usize, start: Instant) -> GenerateResult {
+    pub(crate) fn end_request(
+        &self,
+        d: Decoding,
+        caches: &mut [CacheBox],
+        finish: Finish,
+        cached: usize,
+        start: Instant,
+    ) -> GenerateResult {
         let Decoding { req, history, out, first_at, .. } = d;
         let first_at = first_at.unwrap_or_else(Instant::now);
         self.prefix_put_final(&history, caches);
@@ -228,7 +255,14 @@ pub(crate) struct Decoding<'r> {
 impl<'r> Decoding<'r> {
     pub fn new(engine: &Engine, req: &'r GenerateRequest) -> Result<Self, EngineError> {
         let eos = if req.stop_on_eos { engine.eos_ids() } else { Vec::new() };
-        Ok(Decoding { req, sampler: Sampler::new(req.params.clone())?, eos, history: req.prompt.clone(), out: Vec::new(), first_at: None })
+        Ok(Decoding {
+            req,
+            sampler: Sampler::new(req.params.clone())?,
+            eos,
+            history: req.prompt.clone(),
+            out: Vec::new(),
+            first_at: None,
+        })
     }
 }
 
@@ -238,7 +272,13 @@ impl Engine {
     /// nothing queued, so speculation can take over again). Penalties read
     /// the full history, so those steps wait for each token; everything
     /// else keeps one step queued ahead.
-    pub(crate) fn decode_plain(&self, d: &mut Decoding, caches: &mut [CacheBox], limit: usize, on_token: &mut impl FnMut(&TokenOut) -> Flow) -> Result<Option<Finish>, EngineError> {
+    pub(crate) fn decode_plain(
+        &self,
+        d: &mut Decoding,
+        caches: &mut [CacheBox],
+        limit: usize,
+        on_token: &mut impl FnMut(&TokenOut) -> Flow,
+    ) -> Result<Option<Finish>, EngineError> {
         let req = d.req;
         let budget = limit.min(req.max_tokens.saturating_sub(d.out.len()));
         if budget == 0 {
@@ -249,23 +289,29 @@ impl Engine {
         // HOST_STEP_TRACE=1: each step's host time building its graph and
         // handing it to the device (async_eval), on stderr.
         let trace = std::env::var_os("HOST_STEP_TRACE").is_some();
-        let mut step = |input: &Array, history: &[u32], caches: &mut [CacheBox]| -> Result<(Array, Array), EngineError> {
-            let t0 = Instant::now();
-            let logits = self.forward(input, caches, true)?;
-            let logits = sampler.process(logits, history)?;
-            let lp = Sampler::logprobs(&logits)?;
-            let y = sampler.sample(&lp)?;
-            let t1 = Instant::now();
-            mlx_rs::transforms::async_eval([&y])?;
-            if trace {
-                eprintln!("step-trace graph_ms={:.2} launch_ms={:.2}", (t1 - t0).as_secs_f64() * 1e3, t1.elapsed().as_secs_f64() * 1e3);
-            }
-            Ok((y, lp))
-        };
+        let mut step =
+            |input: &Array, history: &[u32], caches: &mut [CacheBox]| -> Result<(Array, Array), EngineError> {
+                let t0 = Instant::now();
+                let logits = self.forward(input, caches, true)?;
+                let logits = sampler.process(logits, history)?;
+                let lp = Sampler::logprobs(&logits)?;
+                let y = sampler.sample(&lp)?;
+                let t1 = Instant::now();
+                mlx_rs::transforms::async_eval([&y])?;
+                if trace {
+                    eprintln!(
+                        "step-trace graph_ms={:.2} launch_ms={:.2}",
+                        (t1 - t0).as_secs_f64() * 1e3,
+                        t1.elapsed().as_secs_f64() * 1e3
+                    );
+                }
+                Ok((y, lp))
+            };
         let pending = *d.history.last().expect("a decoding has a prompt");
         let (mut y, mut lp) = step(&token_array(&[pending]), &d.history, caches)?;
         for n in 0..budget {
-            let next = if pipelined && n + 1 < budget { Some(step(&y.reshape(&[1, 1])?, &d.history, caches)?) } else { None };
+            let next =
+                if pipelined && n + 1 < budget { Some(step(&y.reshape(&[1, 1])?, &d.history, caches)?) } else { None };
             let id = y.try_item_cast::<u32>()?;
             d.first_at.get_or_insert_with(Instant::now);
             if d.eos.contains(&id) {

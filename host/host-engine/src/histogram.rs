@@ -15,7 +15,8 @@ pub struct Histogram {
 
 /// Upper bounds, in the unit of each histogram.
 pub const TTFT_SECONDS: &[f64] = &[0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-pub const TOKENS_PER_SECOND: &[f64] = &[1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0];
+pub const TOKENS_PER_SECOND: &[f64] =
+    &[1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0];
 
 impl Histogram {
     pub fn observe(&self, bounds: &[f64], v: f64) {
@@ -39,7 +40,11 @@ impl Histogram {
             let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {}", b.load(Relaxed));
         }
         let n = self.count();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}\n{name}_sum {}\n{name}_count {n}", self.sum_micro.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {n}\n{name}_sum {}\n{name}_count {n}",
+            self.sum_micro.load(Relaxed) as f64 / 1e6
+        );
     }
 }
 

@@ -55,7 +55,11 @@ pub fn own(states: Vec<CacheState>) -> Result<Vec<CacheState>, EngineError> {
 /// it rounds them, `runtime::allocation_bytes`); after `own`, also what
 /// they keep alive, within `SLACK_PER_TENSOR` each.
 pub fn bytes(states: &[CacheState]) -> usize {
-    states.iter().flat_map(|s| s.tensors.iter()).map(|t| crate::runtime::allocation_bytes(unsafe { mlx_sys::mlx_array_nbytes(t.as_raw()) })).sum()
+    states
+        .iter()
+        .flat_map(|s| s.tensors.iter())
+        .map(|t| crate::runtime::allocation_bytes(unsafe { mlx_sys::mlx_array_nbytes(t.as_raw()) }))
+        .sum()
 }
 
 /// A new owned raw handle to the same array.

@@ -127,7 +127,9 @@ impl Capabilities {
                 "the drafter borrows the target's embeddings but the model lacks `{}`",
                 caps::SHARED_EMBEDDINGS
             )),
-            Some(_) => rollback.map(|n| format!("the cache layout `{n}` cannot roll back a rejected draft (no `trim` or `spec-round`)")),
+            Some(_) => rollback.map(|n| {
+                format!("the cache layout `{n}` cannot roll back a rejected draft (no `trim` or `spec-round`)")
+            }),
         };
         let drafter = drafter.unwrap_or(&[]);
         let state_io = lacking(&|t| has(t, caps::STATE_IO)).is_none();
@@ -203,7 +205,11 @@ impl ResolvedExecution {
     pub fn summary(&self) -> String {
         let mech = if self.mechanism == Mechanism::Serial { "serial" } else { "continuous" };
         let mut s = format!("{} {mech}", self.method.as_str());
-        let flags = [(self.prompt_cache, " +prompt-cache"), (self.checkpoint, " +checkpoint"), (self.compiled_decode, " +compiled-decode")];
+        let flags = [
+            (self.prompt_cache, " +prompt-cache"),
+            (self.checkpoint, " +checkpoint"),
+            (self.compiled_decode, " +compiled-decode"),
+        ];
         s.extend(flags.iter().filter(|(on, _)| *on).map(|(_, name)| *name));
         if !self.reasons.is_empty() {
             s += &format!(" ({})", self.reasons.join("; "));
@@ -231,24 +237,39 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
     // 1. Method. Each blocker not waived by a capability is one reason.
     let mut method = Method::Autoregressive;
     if req.has_draft && base_known {
-        let spec = format!("autoregressive: {}speculation", req.draft_kind.as_deref().map(|k| format!("{k} ")).unwrap_or_default());
+        let spec = format!(
+            "autoregressive: {}speculation",
+            req.draft_kind.as_deref().map(|k| format!("{k} ")).unwrap_or_default()
+        );
         let before = reasons.len();
         let blockers = [
             // Doctrine: speculation must be switched on for the pair.
             (!srv.speculation_enabled, "is disabled on this server".to_owned()),
             // No drafter, or a layout that cannot undo a rejected draft.
-            (!cap.speculative, format!("is unavailable: {}", cap.speculative_blocker.as_deref().unwrap_or("the binding cannot run speculative rounds"))),
+            (
+                !cap.speculative,
+                format!(
+                    "is unavailable: {}",
+                    cap.speculative_blocker.as_deref().unwrap_or("the binding cannot run speculative rounds")
+                ),
+            ),
             // Drafters propose from text only; media rows would diverge.
             (req.has_vision, "disabled for image inputs".to_owned()),
             // A drafter without the adapter drafts for a different model.
-            (req.has_adapters && !cap.speculative_adapters, format!("disabled for adapters (drafter lacks `{SPECULATIVE_ADAPTERS}`)")),
+            (
+                req.has_adapters && !cap.speculative_adapters,
+                format!("disabled for adapters (drafter lacks `{SPECULATIVE_ADAPTERS}`)"),
+            ),
             // A penalty depends on every token before it: drafts cannot be
             // verified against penalised logits in one forward. (Logprobs are
             // no blocker: the host reads each emitted token's logprobs off
             // the verify's logits, whatever the family.)
             (req.has_penalties, "disabled for repetition, presence and frequency penalties".to_owned()),
             // Rollback must work in the request's KV scheme.
-            (req.kv_quant.is_some() && !cap.speculative_kv_quant, format!("disabled for KV scheme `{}` (no rollback)", req.kv_quant.as_deref().unwrap_or(""))),
+            (
+                req.kv_quant.is_some() && !cap.speculative_kv_quant,
+                format!("disabled for KV scheme `{}` (no rollback)", req.kv_quant.as_deref().unwrap_or("")),
+            ),
         ];
         reasons.extend(blockers.into_iter().filter(|(on, _)| *on).map(|(_, why)| format!("{spec} {why}")));
         if reasons.len() == before {
@@ -264,15 +285,32 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
         // The operator asked for strict serial execution.
         (srv.batch_limit <= 1, "serial: the server runs one request at a time (`--batch 1`)".to_owned()),
         // The graph or a layout has no row operations.
-        (!cap.continuous, format!("serial: {}", cap.continuous_blocker.as_deref().unwrap_or("the model binding has no continuous batching"))),
+        (
+            !cap.continuous,
+            format!(
+                "serial: {}",
+                cap.continuous_blocker.as_deref().unwrap_or("the model binding has no continuous batching")
+            ),
+        ),
         // A group runs one method; speculation without `grouped:speculative` stays serial.
-        (cap.continuous && !cap.grouped_methods.iter().any(|m| m == method.as_str()),
-            format!("serial: the {0} method has no grouped executor (no `grouped:{0}`)", method.as_str())),
+        (
+            cap.continuous && !cap.grouped_methods.iter().any(|m| m == method.as_str()),
+            format!("serial: the {0} method has no grouped executor (no `grouped:{0}`)", method.as_str()),
+        ),
         // Image prefill is per request; no media batch capability exists yet.
         (req.has_vision, "serial: image inputs run alone".to_owned()),
-        (req.has_adapters && !cap.adapter_batch, format!("serial: adapters cannot share a batch (no `{ADAPTER_BATCH}`)")),
-        (req.kv_quant.is_some() && !cap.quantized_batch, format!("serial: KV scheme `{kv}` cannot batch (no `{}`)", caps::QUANTIZED_KV_BATCH)),
-        (req.has_grammar && !cap.grammar_batch, format!("serial: grammar-constrained rows cannot batch (no `{GRAMMAR_BATCH}`)")),
+        (
+            req.has_adapters && !cap.adapter_batch,
+            format!("serial: adapters cannot share a batch (no `{ADAPTER_BATCH}`)"),
+        ),
+        (
+            req.kv_quant.is_some() && !cap.quantized_batch,
+            format!("serial: KV scheme `{kv}` cannot batch (no `{}`)", caps::QUANTIZED_KV_BATCH),
+        ),
+        (
+            req.has_grammar && !cap.grammar_batch,
+            format!("serial: grammar-constrained rows cannot batch (no `{GRAMMAR_BATCH}`)"),
+        ),
     ];
     reasons.extend(exclusions.into_iter().filter(|(on, _)| *on).map(|(_, why)| why));
     let mechanism = if reasons.len() == before { Mechanism::Continuous } else { Mechanism::Serial };
@@ -291,7 +329,10 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
     // grouped one needs `shared-checkpoints`; grammar state is not part of a
     // snapshot; a resumed run could not report logprobs for skipped tokens.
     let ck_block = [
-        (mechanism == Mechanism::Continuous && !cap.shared_checkpoints, format!("continuous rows cannot be checkpointed (no `{SHARED_CHECKPOINTS}`)")),
+        (
+            mechanism == Mechanism::Continuous && !cap.shared_checkpoints,
+            format!("continuous rows cannot be checkpointed (no `{SHARED_CHECKPOINTS}`)"),
+        ),
         (req.has_grammar, "grammar state is not part of a checkpoint".to_owned()),
         (req.wants_logprobs, "logprobs of resumed tokens would be lost".to_owned()),
     ];
@@ -301,7 +342,8 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
         (!ar, "speculative rounds verify several positions".to_owned()),
         (req.has_adapters, "adapters change the graph".to_owned()),
     ];
-    let compiled_decode = srv.compiled_decode && cap.compiled_decode && first_cause(&cd_block, "no compiled decode", &mut reasons);
+    let compiled_decode =
+        srv.compiled_decode && cap.compiled_decode && first_cause(&cd_block, "no compiled decode", &mut reasons);
 
     ResolvedExecution { method, mechanism, prompt_cache, checkpoint, compiled_decode, reasons }
 }
@@ -321,8 +363,16 @@ fn first_cause(causes: &[(bool, String)], what: &str, reasons: &mut Vec<String>)
 mod tests {
     use super::*;
 
-    const LLAMA: &[&str] = &["continuous-batching", "hidden-taps", "shared-embeddings", "grouped:speculative", "quantized-kv-batch",
-        "checkpoints", "shared-checkpoints", "compiled-decode"];
+    const LLAMA: &[&str] = &[
+        "continuous-batching",
+        "hidden-taps",
+        "shared-embeddings",
+        "grouped:speculative",
+        "quantized-kv-batch",
+        "checkpoints",
+        "shared-checkpoints",
+        "compiled-decode",
+    ];
     const PLAIN: (&str, &[&str]) = ("kv-plain", &["trim", "spec-round", "state-io", "rows"]);
     const ROTATING: (&str, &[&str]) = ("kv-rotating", &["state-io"]);
 
@@ -352,43 +402,181 @@ mod tests {
         let cases: Vec<(RequestFacts, Capabilities, ServerFeatures, &str, &str)> = vec![
             (r(), full(), srv(), "ar cont pc ck cd", ""),
             (RequestFacts { user_seed: true, has_penalties: true, ..r() }, full(), srv(), "ar cont pc ck cd", ""),
-            (RequestFacts { wants_logprobs: true, user_seed: true, ..r() }, full(), srv(), "ar cont pc cd", "no checkpoint: logprobs"),
+            (
+                RequestFacts { wants_logprobs: true, user_seed: true, ..r() },
+                full(),
+                srv(),
+                "ar cont pc cd",
+                "no checkpoint: logprobs",
+            ),
             (draft(), full(), srv(), "spec cont", "no prompt cache: speculative rounds"),
-            (RequestFacts { user_seed: true, ..draft() }, full(), srv(), "spec cont", "no compiled decode: speculative"),
-            (RequestFacts { has_penalties: true, ..draft() }, full(), srv(), "ar cont pc ck cd", "autoregressive: speculation disabled for repetition, presence and frequency penalties"),
+            (
+                RequestFacts { user_seed: true, ..draft() },
+                full(),
+                srv(),
+                "spec cont",
+                "no compiled decode: speculative",
+            ),
+            (
+                RequestFacts { has_penalties: true, ..draft() },
+                full(),
+                srv(),
+                "ar cont pc ck cd",
+                "autoregressive: speculation disabled for repetition, presence and frequency penalties",
+            ),
             (RequestFacts { wants_logprobs: true, ..draft() }, full(), srv(), "spec cont", "no prompt cache"),
-            (draft(), full(), ServerFeatures { speculation_enabled: false, ..srv() }, "ar cont pc ck cd", "speculation is disabled on this server"),
-            (draft(), Capabilities::from_tags(LLAMA, &[PLAIN], None), srv(), "ar cont pc ck cd", "no drafter is mounted"),
-            (draft(), without("grouped:speculative"), srv(), "spec serial", "serial: the speculative method has no grouped executor"),
-            (RequestFacts { has_vision: true, ..draft() }, full(), srv(), "ar serial cd", "speculation disabled for image inputs"),
+            (
+                draft(),
+                full(),
+                ServerFeatures { speculation_enabled: false, ..srv() },
+                "ar cont pc ck cd",
+                "speculation is disabled on this server",
+            ),
+            (
+                draft(),
+                Capabilities::from_tags(LLAMA, &[PLAIN], None),
+                srv(),
+                "ar cont pc ck cd",
+                "no drafter is mounted",
+            ),
+            (
+                draft(),
+                without("grouped:speculative"),
+                srv(),
+                "spec serial",
+                "serial: the speculative method has no grouped executor",
+            ),
+            (
+                RequestFacts { has_vision: true, ..draft() },
+                full(),
+                srv(),
+                "ar serial cd",
+                "speculation disabled for image inputs",
+            ),
             (RequestFacts { has_vision: true, ..r() }, full(), srv(), "ar serial cd", "no prompt cache: image inputs"),
             (RequestFacts { kv_quant: q4(), ..mtp() }, full(), srv(), "spec cont", "no prompt cache"),
-            (RequestFacts { kv_quant: q4(), ..mtp() }, Capabilities { speculative_kv_quant: false, ..full() }, srv(), "ar cont pc ck cd", "mtp speculation disabled for KV scheme `affine4`"),
-            (RequestFacts { kv_quant: q4(), ..r() }, without("quantized-kv-batch"), srv(), "ar serial pc ck cd", "KV scheme `affine4` cannot batch"),
-            (RequestFacts { has_adapters: true, ..r() }, full(), srv(), "ar serial pc ck", "serial: adapters cannot share a batch"),
-            (RequestFacts { has_adapters: true, ..r() }, Capabilities { adapter_batch: true, ..full() }, srv(), "ar cont pc ck", "no compiled decode: adapters"),
-            (RequestFacts { has_adapters: true, ..draft() }, full(), srv(), "ar serial pc ck", "speculation disabled for adapters"),
-            (RequestFacts { has_grammar: true, ..r() }, full(), srv(), "ar serial pc cd", "serial: grammar-constrained rows"),
-            (RequestFacts { has_grammar: true, ..r() }, Capabilities { grammar_batch: true, ..full() }, srv(), "ar cont pc cd", "no checkpoint: grammar"),
+            (
+                RequestFacts { kv_quant: q4(), ..mtp() },
+                Capabilities { speculative_kv_quant: false, ..full() },
+                srv(),
+                "ar cont pc ck cd",
+                "mtp speculation disabled for KV scheme `affine4`",
+            ),
+            (
+                RequestFacts { kv_quant: q4(), ..r() },
+                without("quantized-kv-batch"),
+                srv(),
+                "ar serial pc ck cd",
+                "KV scheme `affine4` cannot batch",
+            ),
+            (
+                RequestFacts { has_adapters: true, ..r() },
+                full(),
+                srv(),
+                "ar serial pc ck",
+                "serial: adapters cannot share a batch",
+            ),
+            (
+                RequestFacts { has_adapters: true, ..r() },
+                Capabilities { adapter_batch: true, ..full() },
+                srv(),
+                "ar cont pc ck",
+                "no compiled decode: adapters",
+            ),
+            (
+                RequestFacts { has_adapters: true, ..draft() },
+                full(),
+                srv(),
+                "ar serial pc ck",
+                "speculation disabled for adapters",
+            ),
+            (
+                RequestFacts { has_grammar: true, ..r() },
+                full(),
+                srv(),
+                "ar serial pc cd",
+                "serial: grammar-constrained rows",
+            ),
+            (
+                RequestFacts { has_grammar: true, ..r() },
+                Capabilities { grammar_batch: true, ..full() },
+                srv(),
+                "ar cont pc cd",
+                "no checkpoint: grammar",
+            ),
             (r(), full(), ServerFeatures { batch_limit: 1, ..srv() }, "ar serial pc ck cd", "(`--batch 1`)"),
             (draft(), full(), ServerFeatures { batch_limit: 0, ..srv() }, "spec serial", "one request at a time"),
-            (r(), Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], None), srv(), "ar serial pc ck cd", "serial: the cache layout `kv-rotating` has no row operations"),
-            (draft(), Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], Some(&[])), srv(), "ar serial pc ck cd", "layout `kv-rotating` cannot roll back a rejected draft"),
-            (r(), without("continuous-batching"), srv(), "ar serial pc ck cd", "serial: the model family lacks `continuous-batching`"),
+            (
+                r(),
+                Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], None),
+                srv(),
+                "ar serial pc ck cd",
+                "serial: the cache layout `kv-rotating` has no row operations",
+            ),
+            (
+                draft(),
+                Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], Some(&[])),
+                srv(),
+                "ar serial pc ck cd",
+                "layout `kv-rotating` cannot roll back a rejected draft",
+            ),
+            (
+                r(),
+                without("continuous-batching"),
+                srv(),
+                "ar serial pc ck cd",
+                "serial: the model family lacks `continuous-batching`",
+            ),
             (draft(), without("shared-embeddings"), srv(), "spec cont", "no prompt cache"),
-            (draft(), Capabilities::from_tags(&LLAMA[..2], &[PLAIN], Some(&["needs-target"])), srv(), "ar cont pc", "the drafter borrows the target's embeddings"),
-            (r(), without("shared-checkpoints"), srv(), "ar cont pc cd", "no checkpoint: continuous rows cannot be checkpointed"),
-            (r(), without("shared-checkpoints"), ServerFeatures { batch_limit: 1, ..srv() }, "ar serial pc ck cd", "`--batch 1`"),
+            (
+                draft(),
+                Capabilities::from_tags(&LLAMA[..2], &[PLAIN], Some(&["needs-target"])),
+                srv(),
+                "ar cont pc",
+                "the drafter borrows the target's embeddings",
+            ),
+            (
+                r(),
+                without("shared-checkpoints"),
+                srv(),
+                "ar cont pc cd",
+                "no checkpoint: continuous rows cannot be checkpointed",
+            ),
+            (
+                r(),
+                without("shared-checkpoints"),
+                ServerFeatures { batch_limit: 1, ..srv() },
+                "ar serial pc ck cd",
+                "`--batch 1`",
+            ),
             (r(), full(), ServerFeatures { prompt_cache: false, compiled_decode: false, ..srv() }, "ar cont", ""),
-            (r(), Capabilities::from_tags(LLAMA, &[("kv-plain", &["trim", "rows"])], None), srv(), "ar cont cd", "no prompt cache: the cache layouts cannot export state"),
-            (r(), Capabilities { method: "denoising".into(), ..full() }, srv(), "ar cont pc ck cd", "base method `denoising` is unknown"),
+            (
+                r(),
+                Capabilities::from_tags(LLAMA, &[("kv-plain", &["trim", "rows"])], None),
+                srv(),
+                "ar cont cd",
+                "no prompt cache: the cache layouts cannot export state",
+            ),
+            (
+                r(),
+                Capabilities { method: "denoising".into(), ..full() },
+                srv(),
+                "ar cont pc ck cd",
+                "base method `denoising` is unknown",
+            ),
         ];
         assert!(cases.len() >= 20);
         for (i, (facts, cap, feat, want, reason)) in cases.iter().enumerate() {
             let got = resolve_execution(facts, cap, feat);
             let w: Vec<&str> = want.split(' ').collect();
             let flags = (w[0] == "spec", w[1] == "cont", w.contains(&"pc"), w.contains(&"ck"), w.contains(&"cd"));
-            let seen = (got.method == Method::Speculative, got.mechanism == Mechanism::Continuous, got.prompt_cache, got.checkpoint, got.compiled_decode);
+            let seen = (
+                got.method == Method::Speculative,
+                got.mechanism == Mechanism::Continuous,
+                got.prompt_cache,
+                got.checkpoint,
+                got.compiled_decode,
+            );
             assert_eq!(seen, flags, "case {i} ({want}): {got}");
             match *reason {
                 "" => assert!(got.reasons.is_empty(), "case {i}: {got}"),
@@ -401,13 +589,33 @@ mod tests {
     /// the plan is deterministic and `reasons` is empty iff nothing fell back.
     #[test]
     fn deterministic_and_reasons_iff_fallback() {
-        let bindings = [full(), without("grouped:speculative"), without("shared-checkpoints"), Capabilities::default(),
-            Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], Some(&[])), Capabilities { adapter_batch: true, ..full() }];
-        let servers = [srv(), ServerFeatures::default(), ServerFeatures { batch_limit: 1, ..srv() }, ServerFeatures { prompt_cache: false, ..srv() }];
+        let bindings = [
+            full(),
+            without("grouped:speculative"),
+            without("shared-checkpoints"),
+            Capabilities::default(),
+            Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], Some(&[])),
+            Capabilities { adapter_batch: true, ..full() },
+        ];
+        let servers = [
+            srv(),
+            ServerFeatures::default(),
+            ServerFeatures { batch_limit: 1, ..srv() },
+            ServerFeatures { prompt_cache: false, ..srv() },
+        ];
         for bits in 0u32..256 {
             let b = |k: u32| bits & (1 << k) != 0;
-            let facts = RequestFacts { has_draft: b(0), draft_kind: None, wants_logprobs: b(1), user_seed: b(2), kv_quant: if b(3) { q4() } else { None },
-                has_adapters: b(4), has_grammar: b(5), has_vision: b(6), has_penalties: b(7) };
+            let facts = RequestFacts {
+                has_draft: b(0),
+                draft_kind: None,
+                wants_logprobs: b(1),
+                user_seed: b(2),
+                kv_quant: if b(3) { q4() } else { None },
+                has_adapters: b(4),
+                has_grammar: b(5),
+                has_vision: b(6),
+                has_penalties: b(7),
+            };
             for cap in &bindings {
                 for feat in &servers {
                     let got = resolve_execution(&facts, cap, feat);

@@ -16,8 +16,8 @@
 //! candidate cannot be cut down, the caches are replaced by fresh ones and
 //! the next-longest candidate is tried: a half-imported state never leaks.
 
-use plugin_api::abi_stable::std_types::RVec;
 use crate::owned_state;
+use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::{CacheBox, CacheState, Tensor};
 
 struct Entry {
@@ -72,7 +72,13 @@ impl PrefixCache {
     /// 1-row) and returns how many tokens it covers (0 on a miss). `fresh`
     /// makes a new cache set, to start over after a candidate that could
     /// not be cut down to the shared prefix.
-    pub fn take(&mut self, ns: &str, prompt: &[u32], caches: &mut [CacheBox], fresh: &dyn Fn() -> Option<Vec<CacheBox>>) -> usize {
+    pub fn take(
+        &mut self,
+        ns: &str,
+        prompt: &[u32],
+        caches: &mut [CacheBox],
+        fresh: &dyn Fn() -> Option<Vec<CacheBox>>,
+    ) -> usize {
         if !self.enabled() || prompt.len() < 2 {
             return 0;
         }
@@ -100,7 +106,8 @@ impl PrefixCache {
             let fits = caches.iter_mut().zip(&e.states).all(|(c, s)| {
                 // A layout that cannot cut the entry down to the shared prefix
                 // (a wrapped ring, a recurrent state) makes it unusable here.
-                c.import_state(share(s)).into_result().is_ok() && (excess == 0 || (c.is_trimmable() && c.trim(excess) == excess))
+                c.import_state(share(s)).into_result().is_ok()
+                    && (excess == 0 || (c.is_trimmable() && c.trim(excess) == excess))
             });
             if !fits {
                 continue;
@@ -168,7 +175,9 @@ impl PrefixCache {
     /// held (memory pressure gives the prefix cache's bytes back to requests).
     pub fn shrink_to(&mut self, limit: usize) {
         while self.bytes() > limit {
-            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i) else { break };
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.used).map(|(i, _)| i) else {
+                break;
+            };
             self.entries.remove(oldest);
             self.counters.evictions += 1;
         }

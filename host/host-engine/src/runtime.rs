@@ -53,7 +53,11 @@ pub fn device_description() -> String {
         DeviceKind::Gpu => {
             let mut cuda = false;
             unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) };
-            if cuda { "gpu (cuda)".to_owned() } else { "gpu".to_owned() }
+            if cuda {
+                "gpu (cuda)".to_owned()
+            } else {
+                "gpu".to_owned()
+            }
         }
     }
 }
@@ -136,7 +140,11 @@ pub fn device_memory() -> u64 {
     }
     let total_kib = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
         .unwrap_or(8 << 20);
     total_kib * 1024
 }

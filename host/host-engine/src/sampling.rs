@@ -255,7 +255,8 @@ pub fn top_logprobs(logprobs: &Array, k: usize) -> R<Vec<(u32, f32)>> {
     let vals = take_along_axis(logprobs, &idx, -1)?.as_dtype(mlx_rs::Dtype::Float32)?;
     let idx = idx.as_dtype(mlx_rs::Dtype::Int32)?;
     mlx_rs::transforms::eval([&idx, &vals])?;
-    let mut out: Vec<(u32, f32)> = idx.as_slice::<i32>().iter().zip(vals.as_slice::<f32>()).map(|(&i, &x)| (i as u32, x)).collect();
+    let mut out: Vec<(u32, f32)> =
+        idx.as_slice::<i32>().iter().zip(vals.as_slice::<f32>()).map(|(&i, &x)| (i as u32, x)).collect();
     out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     Ok(out)
 }
@@ -286,6 +287,9 @@ mod tests {
         // Temperature 2: proportional to sqrt(p).
         let r: Vec<f32> = [0.5f32, 0.25, 0.15, 0.1].iter().map(|p| p.sqrt()).collect();
         let sum: f32 = r.iter().sum();
-        assert!(close(&probs(SamplingParams { temperature: 2.0, ..t1 }), &r.iter().map(|x| x / sum).collect::<Vec<_>>()));
+        assert!(close(
+            &probs(SamplingParams { temperature: 2.0, ..t1 }),
+            &r.iter().map(|x| x / sum).collect::<Vec<_>>()
+        ));
     }
 }

@@ -24,8 +24,8 @@ use crate::cohort::{self, Cohort};
 use crate::engine::{Engine, EngineError};
 use crate::generate::{token_array, Finish, Flow, GenerateResult, TokenOut};
 use crate::plan::{resolve_execution, Mechanism, ServerFeatures};
-use crate::speculative::clock::BatchClock;
 use crate::sampling::{top_logprobs, Sampler};
+use crate::speculative::clock::BatchClock;
 use crate::worker::{Event, Job, Stats};
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::{RSlice, RVec};
@@ -99,12 +99,38 @@ pub struct Scheduler<'a> {
 }
 
 impl<'a> Scheduler<'a> {
-    pub fn new(engine: &'a Engine, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, limit: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
-        Self { engine, stats, shutdown, limit, rows: Vec::new(), batch: None, joining: VecDeque::new(), cohort: None, padded_prefill: true, serial_next: None, waiting: None, memory, steps_since_clear: 0, spec_clock: BatchClock::default(), replay_layers: engine.replay_layers() }
+    pub fn new(
+        engine: &'a Engine,
+        stats: Arc<Stats>,
+        shutdown: Arc<AtomicBool>,
+        limit: usize,
+        memory: Option<(MemoryModel, Budget)>,
+    ) -> Self {
+        Self {
+            engine,
+            stats,
+            shutdown,
+            limit,
+            rows: Vec::new(),
+            batch: None,
+            joining: VecDeque::new(),
+            cohort: None,
+            padded_prefill: true,
+            serial_next: None,
+            waiting: None,
+            memory,
+            steps_since_clear: 0,
+            spec_clock: BatchClock::default(),
+            replay_layers: engine.replay_layers(),
+        }
     }
 
     fn idle(&self) -> bool {
-        self.rows.is_empty() && self.joining.is_empty() && self.cohort.is_none() && self.serial_next.is_none() && self.waiting.is_none()
+        self.rows.is_empty()
+            && self.joining.is_empty()
+            && self.cohort.is_none()
+            && self.serial_next.is_none()
+            && self.waiting.is_none()
     }
 
     /// Every job in flight: running rows, joiners, cohort members.
@@ -179,7 +205,11 @@ impl<'a> Scheduler<'a> {
                     self.waiting = Some(job);
                 }
             }
-            while open && self.serial_next.is_none() && self.waiting.is_none() && self.rows.len() + self.joining.len() + self.cohort_rows() < self.limit {
+            while open
+                && self.serial_next.is_none()
+                && self.waiting.is_none()
+                && self.rows.len() + self.joining.len() + self.cohort_rows() < self.limit
+            {
                 match rx.try_recv() {
                     Ok(job) => self.admit(job),
                     Err(TryRecvError::Empty) => break,
@@ -215,7 +245,11 @@ impl<'a> Scheduler<'a> {
             let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest("the server is shutting down".into())));
             return;
         }
-        let features = ServerFeatures { batch_limit: self.limit, speculation_enabled: self.engine.drafter.is_some(), ..Default::default() };
+        let features = ServerFeatures {
+            batch_limit: self.limit,
+            speculation_enabled: self.engine.drafter.is_some(),
+            ..Default::default()
+        };
         let plan = resolve_execution(&self.engine.facts(&job.request), &self.engine.capabilities(), &features);
         if plan.mechanism == Mechanism::Serial {
             self.serial_next = Some(job);
@@ -302,13 +336,15 @@ impl<'a> Scheduler<'a> {
         if !self.padded_prefill || self.joining.front().is_some_and(|j| j.done > 0) {
             return;
         }
-        let fresh: Vec<usize> = (0..self.joining.len()).filter(|&i| self.joining[i].done == 0 && self.joining[i].cached == 0).collect();
+        let fresh: Vec<usize> =
+            (0..self.joining.len()).filter(|&i| self.joining[i].done == 0 && self.joining[i].cached == 0).collect();
         let heads: Vec<usize> = fresh.iter().map(|&i| self.joining[i].job.request.prompt.len() - 1).collect();
         let picked: Vec<usize> = cohort::choose(&heads).into_iter().map(|p| fresh[p]).collect();
         if picked.is_empty() {
             return;
         }
-        let mut members: Vec<Joiner> = picked.iter().rev().map(|&i| self.joining.remove(i).expect("index in range")).collect();
+        let mut members: Vec<Joiner> =
+            picked.iter().rev().map(|&i| self.joining.remove(i).expect("index in range")).collect();
         members.reverse();
         let heads = members.iter().map(|j| j.job.request.prompt[..j.job.request.prompt.len() - 1].to_vec()).collect();
         match Cohort::start(self.engine, heads) {
@@ -346,7 +382,11 @@ impl<'a> Scheduler<'a> {
     fn land_cohort(&mut self, c: Cohort, members: &[Joiner]) -> Result<(), EngineError> {
         if self.engine.prefix.lock().map(|p| p.enabled()).unwrap_or(false) {
             for r in 0..members.len() {
-                self.engine.prefix_insert(c.head(r).to_vec(), c.row_state(r)?, c.caches.iter().all(|l| l.is_trimmable()));
+                self.engine.prefix_insert(
+                    c.head(r).to_vec(),
+                    c.row_state(r)?,
+                    c.caches.iter().all(|l| l.is_trimmable()),
+                );
             }
         }
         if self.batch.is_none() {
@@ -357,7 +397,12 @@ impl<'a> Scheduler<'a> {
         for (b, layer) in batch.iter_mut().zip(&c.caches) {
             let mut states = RVec::new();
             for r in 0..members.len() {
-                states.push(layer.extract_row(r as u32).into_result().map_err(|e| EngineError::Model(format!("extract_row: {e}")))?);
+                states.push(
+                    layer
+                        .extract_row(r as u32)
+                        .into_result()
+                        .map_err(|e| EngineError::Model(format!("extract_row: {e}")))?,
+                );
             }
             b.merge_rows(states).into_result().map_err(|e| EngineError::Model(format!("merge_rows: {e}")))?;
         }
@@ -380,7 +425,19 @@ impl<'a> Scheduler<'a> {
         let eos = if req.stop_on_eos { self.engine.eos_ids() } else { Vec::new() };
         let pending = *req.prompt.last().unwrap();
         let spec = RowSpec::for_request(self.engine, req);
-        self.rows.push(Row { history: req.prompt.clone(), out: Vec::new(), pending, eos, sampler, start: j.start, first_at: None, stopped_by_caller: false, cached: j.cached, spec, job: j.job });
+        self.rows.push(Row {
+            history: req.prompt.clone(),
+            out: Vec::new(),
+            pending,
+            eos,
+            sampler,
+            start: j.start,
+            first_at: None,
+            stopped_by_caller: false,
+            cached: j.cached,
+            spec,
+            job: j.job,
+        });
     }
 
     /// Appends a 1-row cache set to the batch caches, layer by layer.
@@ -436,7 +493,9 @@ impl<'a> Scheduler<'a> {
                     use mlx_rs::ops::indexing::IndexOp;
                     let lp = match &all_lp {
                         Some(all) => all.index(i as i32..i as i32 + 1),
-                        None => Sampler::logprobs(&r.sampler.process(logits.index(i as i32..i as i32 + 1), &r.history)?)?,
+                        None => {
+                            Sampler::logprobs(&r.sampler.process(logits.index(i as i32..i as i32 + 1), &r.history)?)?
+                        }
                     };
                     ys.push(r.sampler.sample(&lp)?);
                     lps.push(lp);
@@ -478,7 +537,9 @@ impl<'a> Scheduler<'a> {
             self.batch = None;
         } else {
             for c in batch.iter_mut() {
-                c.filter_rows(RSlice::from_slice(&keep)).into_result().map_err(|e| EngineError::Model(format!("filter_rows: {e}")))?;
+                c.filter_rows(RSlice::from_slice(&keep))
+                    .into_result()
+                    .map_err(|e| EngineError::Model(format!("filter_rows: {e}")))?;
             }
         }
         Ok(())
@@ -504,7 +565,13 @@ impl Scheduler<'_> {
 
 /// The serial loop's per-token rules: EOS ends without emitting; the caller
 /// may stop; `max_tokens` ends with `length`.
-fn handle_token(r: &mut Row, id: u32, lp: &Array, stats: &Stats, shutdown: &AtomicBool) -> Result<Outcome, EngineError> {
+fn handle_token(
+    r: &mut Row,
+    id: u32,
+    lp: &Array,
+    stats: &Stats,
+    shutdown: &AtomicBool,
+) -> Result<Outcome, EngineError> {
     r.first_at.get_or_insert_with(Instant::now);
     if r.eos.contains(&id) {
         return Ok(Outcome::Done(Finish::Stop));

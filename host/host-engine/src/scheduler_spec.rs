@@ -61,11 +61,20 @@ impl RowSpec {
             let d = engine.drafter.as_ref()?.lock().ok()?;
             (d.1.clone(), d.2)
         };
-        let mut spec = Self { stats: SpecStats { kind, accepted_by_position: vec![0; max_depth], ..Default::default() }, depth: max_depth, max_depth, cost: RowCost::default(), own: None };
+        let mut spec = Self {
+            stats: SpecStats { kind, accepted_by_position: vec![0; max_depth], ..Default::default() },
+            depth: max_depth,
+            max_depth,
+            cost: RowCost::default(),
+            own: None,
+        };
         if !engine.history_only_drafter() {
             // Its own instance, fed the prompt as the serial path does.
-            let opened = engine.drafter_factory.as_ref().ok_or_else(|| "no drafter factory".to_owned()).and_then(|open| open());
-            match opened.and_then(|mut d| d.prefill(RSlice::from_slice(&req.prompt)).into_result().map(|_| d).map_err(|e| e.to_string())) {
+            let opened =
+                engine.drafter_factory.as_ref().ok_or_else(|| "no drafter factory".to_owned()).and_then(|open| open());
+            match opened.and_then(|mut d| {
+                d.prefill(RSlice::from_slice(&req.prompt)).into_result().map(|_| d).map_err(|e| e.to_string())
+            }) {
                 Ok(d) => spec.own = Some(d),
                 Err(e) => spec.stats.disabled = Some(format!("could not open this row's drafter ({e}): plain steps")),
             }
@@ -110,7 +119,14 @@ impl Scheduler<'_> {
                     Some(own) => own,
                     None => &mut *shared,
                 };
-                match drafter.draft(DraftArgs { history: RSlice::from_slice(&r.history), max_tokens: n as u32, sampling: crate::speculative::draft_sampling(&r.sampler, r.history.len()) }).into_result() {
+                match drafter
+                    .draft(DraftArgs {
+                        history: RSlice::from_slice(&r.history),
+                        max_tokens: n as u32,
+                        sampling: crate::speculative::draft_sampling(&r.sampler, r.history.len()),
+                    })
+                    .into_result()
+                {
                     Ok(d) => {
                         let tokens: Vec<u32> = d.tokens.into_iter().take(n).collect();
                         let q = crate::speculative::draft_probability_rows(d.probabilities, &r.sampler, tokens.len());
@@ -154,7 +170,12 @@ impl Scheduler<'_> {
         // The step's cost in plain steps (the choices above were evaluated).
         let cost = self.spec_clock.spec_cost(b, k + 1, started.elapsed().as_secs_f64());
         if trace_steps() {
-            eprintln!("batch spec rows {b} width {} ms {:.2} cost {cost:?} drafted {:?}", k + 1, started.elapsed().as_secs_f64() * 1e3, drafts.iter().map(|d| d.tokens.len()).collect::<Vec<_>>());
+            eprintln!(
+                "batch spec rows {b} width {} ms {:.2} cost {cost:?} drafted {:?}",
+                k + 1,
+                started.elapsed().as_secs_f64() * 1e3,
+                drafts.iter().map(|d| d.tokens.len()).collect::<Vec<_>>()
+            );
         }
         let judge = !self.engine.speculate_always;
 
@@ -192,7 +213,10 @@ impl Scheduler<'_> {
             }
         }
         if trace_steps() {
-            eprintln!("batch spec kept {keep_counts:?} offsets {:?}", self.batch.as_ref().map(|b| b.iter().map(|c| c.offset()).collect::<Vec<_>>()));
+            eprintln!(
+                "batch spec kept {keep_counts:?} offsets {:?}",
+                self.batch.as_ref().map(|b| b.iter().map(|c| c.offset()).collect::<Vec<_>>())
+            );
         }
         let all_kept = keep_counts.iter().all(|&n| n as usize == k + 1);
         let replays = &self.replay_layers;
@@ -258,7 +282,11 @@ impl Scheduler<'_> {
     /// any other by the target's own choice at each position (argmax or a
     /// sample) compared with its drafts. All rows' verdicts are evaluated
     /// together (one device sync).
-    fn choose(&mut self, logits: &Array, drafts: &[RowDraft]) -> Result<(Vec<(Vec<u32>, usize)>, Vec<Array>), EngineError> {
+    fn choose(
+        &mut self,
+        logits: &Array,
+        drafts: &[RowDraft],
+    ) -> Result<(Vec<(Vec<u32>, usize)>, Vec<Array>), EngineError> {
         let mut lps = Vec::with_capacity(self.rows.len());
         let mut picks = Vec::with_capacity(self.rows.len());
         for (i, (r, d)) in self.rows.iter_mut().zip(drafts).enumerate() {
@@ -272,7 +300,12 @@ impl Scheduler<'_> {
             let used = d.tokens.len() as i32 + 1;
             let pick = if let Some(q) = &d.q {
                 // [2k+1]: accept flags, then the token each position would emit.
-                crate::speculative::rejection::verdict(&r.sampler.probabilities(&lp.index(0..used))?, q, &d.tokens, &mut r.sampler)?
+                crate::speculative::rejection::verdict(
+                    &r.sampler.probabilities(&lp.index(0..used))?,
+                    q,
+                    &d.tokens,
+                    &mut r.sampler,
+                )?
             } else if r.sampler.params.is_greedy() {
                 mlx_rs::ops::indexing::argmax_axis(&lp.index(0..used), -1, None)?
             } else {

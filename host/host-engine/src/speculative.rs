@@ -103,7 +103,12 @@ impl SpecStats {
         }
         let rate = self.accepted as f64 / self.drafted.max(1) as f64;
         if judge && self.rounds >= PROBATION_ROUNDS && rate < MIN_ACCEPTANCE && self.disabled.is_none() {
-            self.disabled = Some(format!("acceptance {:.0}% after {} rounds is below {:.0}%: plain steps from here", rate * 100.0, self.rounds, MIN_ACCEPTANCE * 100.0));
+            self.disabled = Some(format!(
+                "acceptance {:.0}% after {} rounds is below {:.0}%: plain steps from here",
+                rate * 100.0,
+                self.rounds,
+                MIN_ACCEPTANCE * 100.0
+            ));
         }
         (accepted + 2).clamp(1, max_depth.max(1))
     }
@@ -113,7 +118,13 @@ impl SpecStats {
 /// history's length): the parameters, and a seed for its own draws.
 pub(crate) fn draft_sampling(sampler: &Sampler, position: usize) -> DraftSampling {
     let p = &sampler.params;
-    DraftSampling { temperature: p.temperature, top_p: p.top_p, top_k: p.top_k, min_p: p.min_p, seed: sampler.draft_seed(position as u64) }
+    DraftSampling {
+        temperature: p.temperature,
+        top_p: p.top_p,
+        top_k: p.top_k,
+        min_p: p.min_p,
+        seed: sampler.draft_seed(position as u64),
+    }
 }
 
 /// The drafter's probability rows q for its first `n` drafts, float32
@@ -159,8 +170,18 @@ pub(crate) fn tensor_ref(a: &Array) -> TensorRef<'_> {
 impl Engine {
     /// Logits `[k+1, V]` at every position of `tokens` `[1, k+1]`.
     pub(crate) fn forward_all(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<Array, EngineError> {
-        let args = ForwardArgs { tokens: tensor_ref(tokens), logits: LogitsMode::ALL, want_hidden: false, taps: RSlice::from_slice(&[]) };
-        let out = self.model.graph.forward(args, caches.into()).into_result().map_err(|e| EngineError::Model(e.to_string()))?;
+        let args = ForwardArgs {
+            tokens: tensor_ref(tokens),
+            logits: LogitsMode::ALL,
+            want_hidden: false,
+            taps: RSlice::from_slice(&[]),
+        };
+        let out = self
+            .model
+            .graph
+            .forward(args, caches.into())
+            .into_result()
+            .map_err(|e| EngineError::Model(e.to_string()))?;
         let l = match out.logits {
             ROption::RSome(t) => unsafe { Array::from_ptr(t.into_raw()) },
             ROption::RNone => return Err(EngineError::Model("forward returned no logits".into())),
@@ -174,7 +195,12 @@ impl Engine {
     /// round's start instead of keeping `kept` tokens. Then every layout is
     /// brought back to the round's start and the kept tokens run through
     /// the model again, so all layers agree on what the cache holds.
-    pub(crate) fn replay_if_restored(&self, starts: &[u64], kept: &[u32], caches: &mut [CacheBox]) -> Result<bool, EngineError> {
+    pub(crate) fn replay_if_restored(
+        &self,
+        starts: &[u64],
+        kept: &[u32],
+        caches: &mut [CacheBox],
+    ) -> Result<bool, EngineError> {
         let n = kept.len() as u64;
         if caches.iter().zip(starts).all(|(c, &s)| c.offset() == s + n) {
             return Ok(false);

@@ -59,7 +59,8 @@ impl TextSide {
     /// Loads the text side of `dir`; `config` is its config.json.
     pub fn load(dir: &Path, config: &Value) -> Result<Self, TokenizerError> {
         let path = dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&path).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))?;
+        let tokenizer =
+            Tokenizer::from_file(&path).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))?;
         let tc = read_json(&dir.join("tokenizer_config.json")).unwrap_or(Value::Null);
         let gc = read_json(&dir.join("generation_config.json")).unwrap_or(Value::Null);
         let bos_token = token_text(tc.get("bos_token"));
@@ -87,7 +88,14 @@ impl TextSide {
             min_p: f("min_p"),
             repetition_penalty: f("repetition_penalty"),
         };
-        Ok(Self { tokenizer, template, eos_ids, add_bos: tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false), bos_token, defaults })
+        Ok(Self {
+            tokenizer,
+            template,
+            eos_ids,
+            add_bos: tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false),
+            bos_token,
+            defaults,
+        })
     }
 
     /// Encodes raw text the way mlx_lm.generate does for a plain prompt:
@@ -186,7 +194,11 @@ mod tests {
         let Some(t) = side() else {
             panic!("models/smollm2-135m-instruct is missing: run `cargo xtask test`");
         };
-        for text in ["Hello world, this is   spaced\ttext.", "héllo wörld — naïve café, 日本語, emoji 🦀🎉 done", "def f(x):\n    return x**2  # code 12345"] {
+        for text in [
+            "Hello world, this is   spaced\ttext.",
+            "héllo wörld — naïve café, 日本語, emoji 🦀🎉 done",
+            "def f(x):\n    return x**2  # code 12345",
+        ] {
             let ids = t.encode_rendered(text).unwrap();
             let mut d = Detokenizer::new(t.clone());
             let mut out = String::new();
@@ -210,7 +222,10 @@ fn template_text(dir: &Path, tokenizer_config: &Value) -> Option<String> {
     let from = |v: Option<&Value>| -> Option<String> {
         match v? {
             Value::String(s) => Some(s.clone()),
-            Value::Array(named) => named.iter().find(|t| t.get("name").and_then(Value::as_str) == Some("default")).and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+            Value::Array(named) => named
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
             _ => None,
         }
     };

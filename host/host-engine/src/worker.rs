@@ -7,9 +7,9 @@
 //! a cancelled request stops within one decode step and its caches are freed
 //! with the job.
 
-use crate::histogram::{Histogram, TOKENS_PER_SECOND, TTFT_SECONDS};
 use crate::engine::{Engine, EngineError};
 use crate::generate::{Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
+use crate::histogram::{Histogram, TOKENS_PER_SECOND, TTFT_SECONDS};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -113,7 +113,12 @@ pub enum SubmitError {
 impl Worker {
     /// Starts the engine thread. `batch` rows may share a decode step
     /// (continuous batching); `batch == 1` runs strictly one job at a time.
-    pub fn start(engine: Engine, queue: usize, batch: usize, memory: Option<(crate::admission::MemoryModel, crate::admission::Budget)>) -> Self {
+    pub fn start(
+        engine: Engine,
+        queue: usize,
+        batch: usize,
+        memory: Option<(crate::admission::MemoryModel, crate::admission::Budget)>,
+    ) -> Self {
         let (tx, rx) = sync_channel::<Job>(queue.max(1));
         let stats = Arc::new(Stats::default());
         let shutdown = Arc::new(AtomicBool::new(false));

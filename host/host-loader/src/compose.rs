@@ -5,7 +5,9 @@
 
 use crate::registry::{LoadedPlugin, Registry};
 use abi_stable::std_types::{ROption, RStr, RString, RVec};
-use plugin_api::{CacheBox, CacheSpec, Dtype, LayerNeed, ModelBox, ModelOpenArgs, ModelPlan, PResult, PluginError, PluginKind};
+use plugin_api::{
+    CacheBox, CacheSpec, Dtype, LayerNeed, ModelBox, ModelOpenArgs, ModelPlan, PResult, PluginError, PluginKind,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -52,7 +54,13 @@ impl ComposedModel {
             .iter()
             .zip(&self.layouts)
             .map(|((f, need), plugin)| {
-                let spec = CacheSpec { need: need.clone(), scheme: self.scheme.as_str().into(), dtype: self.cache_dtype, rows, step: KV_STEP };
+                let spec = CacheSpec {
+                    need: need.clone(),
+                    scheme: self.scheme.as_str().into(),
+                    dtype: self.cache_dtype,
+                    rows,
+                    step: KV_STEP,
+                };
                 f(&spec).into_result().map_err(|error| ComposeError::Plugin { plugin: plugin.clone(), error })
             })
             .collect()
@@ -62,7 +70,8 @@ impl ComposedModel {
 /// Reads a model folder's config.json.
 pub fn read_config(dir: &Path) -> Result<(String, Value), ComposeError> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| ComposeError::Config(format!("cannot read {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| ComposeError::Config(format!("cannot read {}: {e}", path.display())))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| ComposeError::Config(format!("{}: {e}", path.display())))?;
     Ok((text, v))
 }
@@ -78,7 +87,9 @@ impl Registry {
             .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect())
             .unwrap_or_default();
         let families: Vec<&LoadedPlugin> = self.of_kind(PluginKind::MODEL_FAMILY).collect();
-        if let Some(p) = families.iter().find(|p| p.manifest.claims.model_types.iter().any(|t| t.as_str() == model_type)) {
+        if let Some(p) =
+            families.iter().find(|p| p.manifest.claims.model_types.iter().any(|t| t.as_str() == model_type))
+        {
             return Ok(p);
         }
         for a in &archs {
@@ -88,10 +99,20 @@ impl Registry {
         }
         let available = families
             .iter()
-            .map(|p| format!("{} ({})", p.name(), p.manifest.claims.model_types.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")))
+            .map(|p| {
+                format!(
+                    "{} ({})",
+                    p.name(),
+                    p.manifest.claims.model_types.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                )
+            })
             .collect::<Vec<_>>()
             .join("; ");
-        Err(ComposeError::NoFamily { model_type, architectures: archs, available: if available.is_empty() { "none".into() } else { available } })
+        Err(ComposeError::NoFamily {
+            model_type,
+            architectures: archs,
+            available: if available.is_empty() { "none".into() } else { available },
+        })
     }
 
     /// A cache-layout plugin serving `need` in `scheme`; with `rows`, one
@@ -99,7 +120,8 @@ impl Registry {
     pub fn layout_for(&self, need: &LayerNeed, scheme: &str, rows: bool) -> Result<&LoadedPlugin, ComposeError> {
         let serves = |p: &&LoadedPlugin| {
             let c = &p.manifest.claims;
-            c.cache_needs.iter().any(|n| n.as_str() == need.kind.as_str()) && c.cache_schemes.iter().any(|s| s.as_str() == scheme)
+            c.cache_needs.iter().any(|n| n.as_str() == need.kind.as_str())
+                && c.cache_schemes.iter().any(|s| s.as_str() == scheme)
         };
         let mut candidates: Vec<&LoadedPlugin> = self.of_kind(PluginKind::CACHE_LAYOUT).filter(serves).collect();
         if rows {
@@ -113,7 +135,12 @@ impl Registry {
     }
 
     /// Plans (without reading weights), picks layouts, then loads the graph.
-    pub fn open_model(&self, dir: &Path, compute_dtype: Option<Dtype>, scheme: &str) -> Result<ComposedModel, ComposeError> {
+    pub fn open_model(
+        &self,
+        dir: &Path,
+        compute_dtype: Option<Dtype>,
+        scheme: &str,
+    ) -> Result<ComposedModel, ComposeError> {
         let (text, config) = read_config(dir)?;
         let family = self.family_for(&config)?;
         let perr = |error: PluginError| ComposeError::Plugin { plugin: family.name().to_owned(), error };
@@ -132,7 +159,8 @@ impl Registry {
             factories.push((f, need.clone()));
             layouts.push(p.name().to_owned());
             if !layout_caps.iter().any(|(n, _)| n == p.name()) {
-                layout_caps.push((p.name().to_owned(), p.manifest.capabilities.iter().map(|c| c.to_string()).collect()));
+                layout_caps
+                    .push((p.name().to_owned(), p.manifest.capabilities.iter().map(|c| c.to_string()).collect()));
             }
         }
         let args = ModelOpenArgs {
@@ -147,7 +175,12 @@ impl Registry {
         let graph = open_fn(&args).into_result().map_err(perr)?;
         let cache_dtype = compute_dtype.unwrap_or(plan.weights_dtype);
         let mut model_caps: Vec<String> = family.manifest.capabilities.iter().map(|c| c.to_string()).collect();
-        model_caps.extend(plan.capabilities.iter().map(|c| c.to_string()).filter(|c| !family.manifest.capabilities.iter().any(|m| m.as_str() == c)));
+        model_caps.extend(
+            plan.capabilities
+                .iter()
+                .map(|c| c.to_string())
+                .filter(|c| !family.manifest.capabilities.iter().any(|m| m.as_str() == c)),
+        );
         Ok(ComposedModel {
             family_plugin: family.name().to_owned(),
             model_type: config.get("model_type").and_then(Value::as_str).unwrap_or("").to_owned(),

@@ -48,7 +48,11 @@ mod tests {
             pub fn new() -> Self {
                 use std::sync::atomic::{AtomicUsize, Ordering};
                 static N: AtomicUsize = AtomicUsize::new(0);
-                let p = std::env::temp_dir().join(format!("draftkind-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+                let p = std::env::temp_dir().join(format!(
+                    "draftkind-{}-{}",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::SeqCst)
+                ));
                 std::fs::create_dir_all(&p).unwrap();
                 Dir(p)
             }
@@ -63,8 +67,14 @@ mod tests {
     #[test]
     fn detection_follows_the_ancestors_order() {
         // dspark.json wins over everything else in the folder.
-        assert_eq!(detect(&folder(r#"{"model_type":"qwen3_5_mtp","architectures":["Gemma4DSparkModel"]}"#, true).0), "dspark");
-        assert_eq!(detect(&folder(r#"{"model_type":"gemma4_assistant","architectures":["Gemma4DSparkModel"]}"#, false).0), "deepspec");
+        assert_eq!(
+            detect(&folder(r#"{"model_type":"qwen3_5_mtp","architectures":["Gemma4DSparkModel"]}"#, true).0),
+            "dspark"
+        );
+        assert_eq!(
+            detect(&folder(r#"{"model_type":"gemma4_assistant","architectures":["Gemma4DSparkModel"]}"#, false).0),
+            "deepspec"
+        );
         assert_eq!(detect(&folder(r#"{"model_type":"gemma4_assistant"}"#, false).0), "assistant");
         assert_eq!(detect(&folder(r#"{"model_type":"qwen3_5_mtp"}"#, false).0), "mtp");
         assert_eq!(detect(&folder(r#"{"model_type":"llama"}"#, false).0), "two-model");

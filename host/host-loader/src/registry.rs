@@ -44,8 +44,10 @@ pub struct Registry {
 impl Registry {
     /// Scans `dir` for sub-folders holding a `plugin.toml`, in name order.
     pub fn discover(dir: &Path, host: &HostInfo) -> Result<Self, String> {
-        let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read plugins folder {}: {e}", dir.display()))?;
-        let mut folders: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("plugin.toml").exists()).collect();
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| format!("cannot read plugins folder {}: {e}", dir.display()))?;
+        let mut folders: Vec<PathBuf> =
+            entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("plugin.toml").exists()).collect();
         folders.sort();
         let mut reg = Registry::default();
         for folder in folders {
@@ -65,7 +67,9 @@ impl Registry {
             return;
         }
         for (what, mine) in claim_keys(&p) {
-            if let Some(owner) = self.plugins.iter().find(|o| claim_keys(o).iter().any(|(w, c)| *w == what && *c == mine)) {
+            if let Some(owner) =
+                self.plugins.iter().find(|o| claim_keys(o).iter().any(|(w, c)| *w == what && *c == mine))
+            {
                 let reason = format!("duplicate claim: {what} `{mine}` is already claimed by `{}`", owner.name());
                 self.refused.push(Refusal { dir: p.dir.clone(), name: Some(p.name().to_owned()), reason });
                 return;
@@ -115,7 +119,8 @@ fn load_one(folder: &Path, host: &HostInfo) -> Result<LoadedPlugin, LoadError> {
     if toml.abi_version != ABI_VERSION {
         return Err(fail(format!("built for plugin ABI v{}; this host speaks v{ABI_VERSION}", toml.abi_version)));
     }
-    let kind = PluginKind::parse(&toml.kind).ok_or_else(|| fail(format!("unknown plugin kind `{}` in plugin.toml", toml.kind)))?;
+    let kind = PluginKind::parse(&toml.kind)
+        .ok_or_else(|| fail(format!("unknown plugin kind `{}` in plugin.toml", toml.kind)))?;
     let lib = folder.join(&toml.library);
     if !lib.exists() {
         return Err(fail(format!(
@@ -126,10 +131,15 @@ fn load_one(folder: &Path, host: &HostInfo) -> Result<LoadedPlugin, LoadError> {
     let header = lib_header_from_path(&lib).map_err(|e| fail(describe(&e)))?;
     let root: PluginRoot_Ref = header.init_root_module().map_err(|e| fail(describe(&e)))?;
     if root.abi_version() != ABI_VERSION {
-        return Err(fail(format!("library built for plugin ABI v{}; this host speaks v{ABI_VERSION}", root.abi_version())));
+        return Err(fail(format!(
+            "library built for plugin ABI v{}; this host speaks v{ABI_VERSION}",
+            root.abi_version()
+        )));
     }
     let manifest = (root.manifest())().into_result().map_err(|e| fail(format!("manifest() failed: {e}")))?;
-    let mismatch = |what: &str, lib: &str, file: &str| fail(format!("identity mismatch: library says {what} `{lib}`, plugin.toml says `{file}`"));
+    let mismatch = |what: &str, lib: &str, file: &str| {
+        fail(format!("identity mismatch: library says {what} `{lib}`, plugin.toml says `{file}`"))
+    };
     if manifest.name.as_str() != toml.name {
         return Err(mismatch("name", &manifest.name, &toml.name));
     }
@@ -140,7 +150,10 @@ fn load_one(folder: &Path, host: &HostInfo) -> Result<LoadedPlugin, LoadError> {
         return Err(mismatch("kind", manifest.kind.as_str(), &toml.kind));
     }
     if manifest.abi_version != ABI_VERSION {
-        return Err(fail(format!("manifest declares plugin ABI v{}; this host speaks v{ABI_VERSION}", manifest.abi_version)));
+        return Err(fail(format!(
+            "manifest declares plugin ABI v{}; this host speaks v{ABI_VERSION}",
+            manifest.abi_version
+        )));
     }
     (root.init())(host).into_result().map_err(|e| fail(format!("init failed: {e}")))?;
     Ok(LoadedPlugin { dir: folder.to_path_buf(), manifest, root })

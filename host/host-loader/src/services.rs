@@ -2,9 +2,9 @@
 //! host's composition, so a two-model drafter can open its draft model with
 //! whatever family plugin claims it.
 
+use crate::compose::ComposedModel;
 use crate::registry::Registry;
 use abi_stable::sabi_trait::TD_Opaque;
-use crate::compose::ComposedModel;
 use abi_stable::std_types::{ROption, RSliceMut, RStr, RString, RVec};
 use plugin_api::*;
 use std::collections::HashMap;
@@ -46,7 +46,11 @@ impl Services {
         if let Some(m) = opened.get(dir) {
             return Ok(m.clone());
         }
-        let m = Arc::new(self.registry.open_model(Path::new(dir), self.dtype, "plain").map_err(|e| format!("opening draft model {dir}: {e}"))?);
+        let m = Arc::new(
+            self.registry
+                .open_model(Path::new(dir), self.dtype, "plain")
+                .map_err(|e| format!("opening draft model {dir}: {e}"))?,
+        );
         opened.insert(dir.to_owned(), m.clone());
         Ok(m)
     }
@@ -91,7 +95,9 @@ pub fn open_drafter(
         .filter(|p| p.manifest.claims.draft_kinds.iter().any(|k| k.as_str() == kind))
         .map(|p| {
             let score = match (p.root.detect_draft(), dir) {
-                (Some(f), Some(d)) => f(RStr::from_str(&d.to_string_lossy()), RStr::from_str(config.as_deref().unwrap_or(""))),
+                (Some(f), Some(d)) => {
+                    f(RStr::from_str(&d.to_string_lossy()), RStr::from_str(config.as_deref().unwrap_or("")))
+                }
                 _ => 0,
             };
             (score, p)
@@ -99,10 +105,17 @@ pub fn open_drafter(
         .collect();
     candidates.sort_by(|a, b| b.0.cmp(&a.0));
     let Some((_, plugin)) = candidates.first() else {
-        let kinds: Vec<String> = registry.of_kind(PluginKind::DRAFTER).flat_map(|p| p.manifest.claims.draft_kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>()).collect();
-        return Err(format!("no drafter plugin implements draft kind `{kind}` (loaded kinds: {})", if kinds.is_empty() { "none".into() } else { kinds.join(", ") }));
+        let kinds: Vec<String> = registry
+            .of_kind(PluginKind::DRAFTER)
+            .flat_map(|p| p.manifest.claims.draft_kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>())
+            .collect();
+        return Err(format!(
+            "no drafter plugin implements draft kind `{kind}` (loaded kinds: {})",
+            if kinds.is_empty() { "none".into() } else { kinds.join(", ") }
+        ));
     };
-    let open = plugin.root.open_drafter().ok_or_else(|| format!("plugin `{}` has no open_drafter entry", plugin.name()))?;
+    let open =
+        plugin.root.open_drafter().ok_or_else(|| format!("plugin `{}` has no open_drafter entry", plugin.name()))?;
     let args = DrafterOpenArgs {
         kind: kind.into(),
         dir: match dir {
@@ -114,9 +127,19 @@ pub fn open_drafter(
             None => ROption::RNone,
         },
         max_depth: depth,
-        options: options.iter().map(|(k, v)| abi_stable::std_types::Tuple2(RString::from(k.as_str()), RString::from(v.as_str()))).collect(),
+        options: options
+            .iter()
+            .map(|(k, v)| abi_stable::std_types::Tuple2(RString::from(k.as_str()), RString::from(v.as_str())))
+            .collect(),
     };
-    let factory = DrafterFactory { open, args, plugin: plugin.name().to_owned(), registry: registry.clone(), dtype, opened: Arc::default() };
+    let factory = DrafterFactory {
+        open,
+        args,
+        plugin: plugin.name().to_owned(),
+        registry: registry.clone(),
+        dtype,
+        opened: Arc::default(),
+    };
     let drafter = factory.open()?;
     Ok((factory, drafter))
 }
@@ -140,11 +163,17 @@ impl DrafterFactory {
     /// grow with every request that drafts, serial or batched).
     pub fn cache_bytes_per_token(&self) -> u64 {
         let Ok(opened) = self.opened.lock() else { return 0 };
-        opened.values().filter_map(|m| m.new_caches(1).ok()).map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum::<u64>()).sum()
+        opened
+            .values()
+            .filter_map(|m| m.new_caches(1).ok())
+            .map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum::<u64>())
+            .sum()
     }
 
     pub fn open(&self) -> Result<DrafterBox, String> {
         let services = Services { registry: self.registry.clone(), dtype: self.dtype, opened: self.opened.clone() };
-        (self.open)(&self.args, HostServices_TO::from_value(services, TD_Opaque)).into_result().map_err(|e| format!("drafter `{}`: {e}", self.plugin))
+        (self.open)(&self.args, HostServices_TO::from_value(services, TD_Opaque))
+            .into_result()
+            .map_err(|e| format!("drafter `{}`: {e}", self.plugin))
     }
 }

@@ -19,7 +19,10 @@ impl TomlManifest {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let m: Self = toml::from_str(&text).map_err(|e| format!("invalid plugin.toml: {}", e.message()))?;
         if m.library.contains('/') || m.library.contains("..") {
-            return Err(format!("invalid plugin.toml: library `{}` must be a file name beside the manifest", m.library));
+            return Err(format!(
+                "invalid plugin.toml: library `{}` must be a file name beside the manifest",
+                m.library
+            ));
         }
         Ok(m)
     }

@@ -47,7 +47,11 @@ impl ApiError {
     }
 
     pub fn unauthorized() -> Self {
-        let mut e = Self::new(StatusCode::UNAUTHORIZED, "authentication_error", "invalid or missing API key (send `Authorization: Bearer <key>`)");
+        let mut e = Self::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid or missing API key (send `Authorization: Bearer <key>`)",
+        );
         e.code = Some("invalid_api_key");
         e
     }
@@ -61,7 +65,11 @@ impl ApiError {
     }
 
     pub fn too_large(limit: usize) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("request body exceeds the limit of {limit} bytes"))
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
     }
 
     pub fn unsupported_media_type() -> Self {
@@ -69,7 +77,8 @@ impl ApiError {
     }
 
     pub fn busy() -> Self {
-        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the request queue is full; retry shortly");
+        let mut e =
+            Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the request queue is full; retry shortly");
         e.retry_after = Some(1);
         e
     }

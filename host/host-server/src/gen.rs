@@ -20,7 +20,12 @@ pub struct Running {
 }
 
 /// Validates the request's numbers against the model and builds the engine request.
-pub fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usize>) -> Result<GenerateRequest, ApiError> {
+pub fn request(
+    st: &AppState,
+    c: &Common,
+    prompt: Vec<u32>,
+    logprobs: Option<usize>,
+) -> Result<GenerateRequest, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::param("prompt", "the prompt is empty"));
     }
@@ -50,11 +55,16 @@ pub fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usi
         return Err(e);
     }
     if let Some(bad) = prompt.iter().find(|&&t| t >= st.info.vocab_size) {
-        return Err(ApiError::param("prompt", format!("token id {bad} is outside the vocabulary (size {})", st.info.vocab_size)));
+        return Err(ApiError::param(
+            "prompt",
+            format!("token id {bad} is outside the vocabulary (size {})", st.info.vocab_size),
+        ));
     }
     let gen = st.text.as_ref().map(|t| t.defaults.clone()).unwrap_or_default();
     let d = &st.cfg.defaults;
-    let pick = |req: Option<f64>, flag: Option<f32>, file: Option<f32>, builtin: f32| req.map(|v| v as f32).or(flag).or(file).unwrap_or(builtin);
+    let pick = |req: Option<f64>, flag: Option<f32>, file: Option<f32>, builtin: f32| {
+        req.map(|v| v as f32).or(flag).or(file).unwrap_or(builtin)
+    };
     let top_k = match c.top_k {
         Some(k) if k < 0 => return Err(ApiError::param("top_k", "`top_k` must be 0 (off) or positive")),
         Some(k) => k as u32,

@@ -60,14 +60,17 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
             }
         }
     }
-    let declared = req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let declared =
+        req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > st.cfg.body_limit) {
         ServerStats::bump(&st.stats.client_errors);
         return ApiError::too_large(st.cfg.body_limit).into_response();
     }
     let resp = next.run(req).await;
     let status = resp.status();
-    if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE && resp.headers().get("content-type").is_some_and(|v| v != "application/json") {
+    if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE
+        && resp.headers().get("content-type").is_some_and(|v| v != "application/json")
+    {
         // A chunked body that outgrew the limit: axum's plain-text rejection.
         ServerStats::bump(&st.stats.client_errors);
         return ApiError::too_large(st.cfg.body_limit).into_response();
@@ -93,8 +96,25 @@ pub async fn serve(
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let worker = Arc::new(worker);
     // No prompt cache or drafter yet (docs/ARCHITECTURE.md, "Status").
-    let features = host_engine::plan::ServerFeatures { batch_limit: cfg.batch, prompt_cache: true, speculation_enabled: draft_kind.is_some(), ..Default::default() };
-    let st = AppState { caps: Arc::new(caps), features, memory, budget, draft_kind, worker: worker.clone(), text, info, cfg: Arc::new(cfg), stats: Arc::new(ServerStats::default()), ids: Arc::new(Default::default()) };
+    let features = host_engine::plan::ServerFeatures {
+        batch_limit: cfg.batch,
+        prompt_cache: true,
+        speculation_enabled: draft_kind.is_some(),
+        ..Default::default()
+    };
+    let st = AppState {
+        caps: Arc::new(caps),
+        features,
+        memory,
+        budget,
+        draft_kind,
+        worker: worker.clone(),
+        text,
+        info,
+        cfg: Arc::new(cfg),
+        stats: Arc::new(ServerStats::default()),
+        ids: Arc::new(Default::default()),
+    };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     let w = worker.clone();

@@ -86,7 +86,8 @@ impl Ctx {
             *offset += s.len();
             tokens.push(s);
             lps.push(t.logprob);
-            let m: serde_json::Map<String, Value> = t.top.iter().map(|(i, l)| (self.token_text(*i), json!(l))).collect();
+            let m: serde_json::Map<String, Value> =
+                t.top.iter().map(|(i, l)| (self.token_text(*i), json!(l))).collect();
             tops.push(Value::Object(m));
         }
         json!({ "tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs })
@@ -149,7 +150,9 @@ pub async fn complete(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Result<
     let mut offset = 0;
     let logprobs = ctx.logprobs_value(&toks, &mut offset);
     let choice = match ctx.api {
-        Api::Chat => json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": logprobs, "finish_reason": finish }),
+        Api::Chat => {
+            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": logprobs, "finish_reason": finish })
+        }
         Api::Completion => json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish }),
     };
     let body = json!({
@@ -190,7 +193,10 @@ pub fn stream(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Response {
             }
         };
         if ctx.api == Api::Chat {
-            let first = chunk(json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null }), None);
+            let first = chunk(
+                json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null }),
+                None,
+            );
             if tx.send(Ok(sse(&first))).await.is_err() {
                 return;
             }
@@ -206,7 +212,11 @@ pub fn stream(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Response {
                         ServerStats::bump(&ctx.st.stats.stop_string_hits);
                         run.stop.store(true, Ordering::SeqCst);
                     }
-                    let lp = if asm.stopped { Value::Null } else { ctx.logprobs_value(std::slice::from_ref(&t), &mut offset) };
+                    let lp = if asm.stopped {
+                        Value::Null
+                    } else {
+                        ctx.logprobs_value(std::slice::from_ref(&t), &mut offset)
+                    };
                     if text.is_empty() && lp.is_null() {
                         continue;
                     }

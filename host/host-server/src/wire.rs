@@ -33,7 +33,11 @@ impl<'a> Fields<'a> {
     pub fn number(&self, k: &str) -> Result<Option<f64>, ApiError> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v.as_f64().filter(|f| f.is_finite()).map(Some).ok_or_else(|| ApiError::param(k, format!("`{k}` must be a number"))),
+            Some(v) => v
+                .as_f64()
+                .filter(|f| f.is_finite())
+                .map(Some)
+                .ok_or_else(|| ApiError::param(k, format!("`{k}` must be a number"))),
         }
     }
 
@@ -76,7 +80,10 @@ impl Common {
         if let Some(rf) = f.value("response_format") {
             let t = rf.get("type").and_then(Value::as_str).unwrap_or("");
             if t != "text" {
-                return Err(ApiError::unsupported("response_format", format!("response_format `{t}` (structured output) is not supported yet")));
+                return Err(ApiError::unsupported(
+                    "response_format",
+                    format!("response_format `{t}` (structured output) is not supported yet"),
+                ));
             }
         }
         if f.value("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
@@ -103,7 +110,12 @@ impl Common {
             Some(Value::Object(o)) => match o.get("include_usage") {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(ApiError::param("stream_options", "`stream_options.include_usage` must be true or false")),
+                Some(_) => {
+                    return Err(ApiError::param(
+                        "stream_options",
+                        "`stream_options.include_usage` must be true or false",
+                    ))
+                }
             },
             Some(_) => return Err(ApiError::param("stream_options", "`stream_options` must be an object")),
         };
@@ -134,8 +146,17 @@ pub fn message_text(v: &Value, i: usize) -> Result<String, ApiError> {
             let mut out = String::new();
             for part in parts {
                 match part.get("type").and_then(Value::as_str) {
-                    Some("text") => out.push_str(part.get("text").and_then(Value::as_str).ok_or_else(|| ApiError::param(&p(), "a text part needs a string `text`"))?),
-                    Some(other) => return Err(ApiError::unsupported(&p(), format!("content parts of type `{other}` are not supported (text only)"))),
+                    Some("text") => out.push_str(
+                        part.get("text")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| ApiError::param(&p(), "a text part needs a string `text`"))?,
+                    ),
+                    Some(other) => {
+                        return Err(ApiError::unsupported(
+                            &p(),
+                            format!("content parts of type `{other}` are not supported (text only)"),
+                        ))
+                    }
                     None => return Err(ApiError::param(&p(), "each content part needs a `type`")),
                 }
             }

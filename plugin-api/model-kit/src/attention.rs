@@ -35,7 +35,11 @@ impl Mask {
 /// The masks of one forward pass, `[full, sliding]`: one per attention kind,
 /// asked of the first layer of that kind before any cache is updated (as
 /// mlx-lm computes `fa_mask` / `swa_mask`). A kind no layer uses is `None`.
-pub fn masks_by_kind(caches: &[CacheBox], is_sliding: impl Fn(usize) -> bool, queries: i32) -> Result<[Option<Mask>; 2]> {
+pub fn masks_by_kind(
+    caches: &[CacheBox],
+    is_sliding: impl Fn(usize) -> bool,
+    queries: i32,
+) -> Result<[Option<Mask>; 2]> {
     let first = |sliding: bool| -> Result<Option<Mask>> {
         match (0..caches.len()).find(|&i| is_sliding(i) == sliding) {
             Some(i) => Ok(Some(Mask::for_cache(&caches[i], queries)?)),
@@ -72,7 +76,11 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
     }
     match mask {
         Mask::None => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, None, None),
-        Mask::Causal => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Causal, None),
-        Mask::Array(m) => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Array(m), None),
+        Mask::Causal => {
+            mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Causal, None)
+        }
+        Mask::Array(m) => {
+            mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Array(m), None)
+        }
     }
 }

@@ -39,7 +39,10 @@ impl Checkpoint {
 
     /// Builds the graph from the weights, evaluates every tensor it took, and
     /// refuses a checkpoint with tensors left over.
-    pub fn load<M>(&mut self, build: impl FnOnce(&mut LoadCtx, &Config) -> Result<M>) -> std::result::Result<M, PluginError> {
+    pub fn load<M>(
+        &mut self,
+        build: impl FnOnce(&mut LoadCtx, &Config) -> Result<M>,
+    ) -> std::result::Result<M, PluginError> {
         let mut ctx = LoadCtx::new(&mut self.weights, self.quant.as_ref(), self.dtype);
         let model = build(&mut ctx, &self.cfg).map_err(config_error)?;
         ctx.materialize().map_err(|e| PluginError::io(e.what()))?;

@@ -49,7 +49,11 @@ unsafe impl Sync for Compiled {}
 /// Called by libmlx when it traces the function (once per input dtypes and
 /// ranks with `shapeless`); never afterwards. A panic or error becomes a
 /// failing status, so nothing unwinds into C++.
-extern "C" fn trampoline(out: *mut mlx_sys::mlx_vector_array, input: mlx_sys::mlx_vector_array, payload: *mut c_void) -> i32 {
+extern "C" fn trampoline(
+    out: *mut mlx_sys::mlx_vector_array,
+    input: mlx_sys::mlx_vector_array,
+    payload: *mut c_void,
+) -> i32 {
     let body: Body = unsafe { std::mem::transmute::<*mut c_void, Body>(payload) };
     let run = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
         let n = unsafe { mlx_sys::mlx_vector_array_size(input) };

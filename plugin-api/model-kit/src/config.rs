@@ -37,7 +37,10 @@ impl Config {
     pub fn f32_or(&self, key: &str, default: f32) -> Result<f32> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_f64().map(|f| f as f32).ok_or_else(|| error(format!("config.json: `{key}` must be a number, got {v}"))),
+            Some(v) => v
+                .as_f64()
+                .map(|f| f as f32)
+                .ok_or_else(|| error(format!("config.json: `{key}` must be a number, got {v}"))),
         }
     }
 
@@ -100,7 +103,8 @@ impl QuantParams {
         if mode != "affine" {
             return Err(error(format!("{what}: quantization mode `{mode}` is not supported (affine only)")));
         }
-        let g = v.get("group_size").and_then(Value::as_i64).ok_or_else(|| error(format!("{what}: group_size missing")))?;
+        let g =
+            v.get("group_size").and_then(Value::as_i64).ok_or_else(|| error(format!("{what}: group_size missing")))?;
         let b = v.get("bits").and_then(Value::as_i64).ok_or_else(|| error(format!("{what}: bits missing")))?;
         Self::new(g, b)
     }

@@ -32,7 +32,9 @@ impl DepthwiseConv {
         if s.len() != 3 || s[2] != 1 || s[1] < 1 {
             return Err(error(format!("depthwise conv weight must be [C, K, 1], got {s:?}")));
         }
-        let taps = (0..s[1]).map(|j| slice(&weight, &[0, j, 0], &[s[0], j + 1, 1])?.reshape(&[s[0]])?.as_dtype(Dtype::Float32)).collect::<Result<_>>()?;
+        let taps = (0..s[1])
+            .map(|j| slice(&weight, &[0, j, 0], &[s[0], j + 1, 1])?.reshape(&[s[0]])?.as_dtype(Dtype::Float32))
+            .collect::<Result<_>>()?;
         Ok(Self { weight, taps })
     }
 
@@ -72,7 +74,10 @@ impl DepthwiseConv {
         let s = window.shape();
         let k = self.taps.len() as i32;
         if s.len() != 3 || s[1] < k || s[2] != self.weight.shape()[0] {
-            return Err(error(format!("depthwise conv window {s:?} does not fit a weight of {:?}", self.weight.shape())));
+            return Err(error(format!(
+                "depthwise conv window {s:?} does not fit a weight of {:?}",
+                self.weight.shape()
+            )));
         }
         let l = s[1] - k + 1;
         (0..k).map(|j| slice(window, &[0, j, 0], &[s[0], j + l, s[2]])).collect()
@@ -115,7 +120,15 @@ mod tests {
 
     fn max_diff(a: &Array, b: &Array) -> f32 {
         assert_eq!(a.shape(), b.shape());
-        a.as_dtype(Dtype::Float32).unwrap().subtract(b.as_dtype(Dtype::Float32).unwrap()).unwrap().abs().unwrap().max(None).unwrap().item::<f32>()
+        a.as_dtype(Dtype::Float32)
+            .unwrap()
+            .subtract(b.as_dtype(Dtype::Float32).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max(None)
+            .unwrap()
+            .item::<f32>()
     }
 
     /// The GPU formula is MLX's conv1d (groups = channels, no flip): equal
@@ -130,7 +143,10 @@ mod tests {
             let got = conv.tap_sum_unfused(&window).unwrap();
             assert_eq!(got.shape(), &[b, l, c]);
             assert!(max_diff(&got, &want) < 1e-5, "f32 b={b} l={l}: {}", max_diff(&got, &want));
-            let (wb, cb) = (window.as_dtype(Dtype::Bfloat16).unwrap(), DepthwiseConv::new(conv.weight.as_dtype(Dtype::Bfloat16).unwrap()).unwrap());
+            let (wb, cb) = (
+                window.as_dtype(Dtype::Bfloat16).unwrap(),
+                DepthwiseConv::new(conv.weight.as_dtype(Dtype::Bfloat16).unwrap()).unwrap(),
+            );
             let want = ops::conv1d(&wb, &cb.weight, 1, 0, 1, c).unwrap();
             let got = cb.tap_sum_unfused(&wb).unwrap();
             assert_eq!(got.dtype(), Dtype::Bfloat16);

@@ -70,7 +70,12 @@ pub fn input_tokens(args: &ForwardArgs<'_>, given: usize, expected: usize) -> Re
 /// Builds the forward output from the final (normed) hidden state `h`
 /// `[B, L, H]`: logits at the last position or all of them, as asked (the
 /// head runs on the last position only for LAST), and the hidden state.
-pub fn finish(args: &ForwardArgs<'_>, h: Array, head: impl Fn(&Array) -> Result<Array>, taps: RVec<Tensor>) -> Result<ForwardOutput> {
+pub fn finish(
+    args: &ForwardArgs<'_>,
+    h: Array,
+    head: impl Fn(&Array) -> Result<Array>,
+    taps: RVec<Tensor>,
+) -> Result<ForwardOutput> {
     let logits = match args.logits {
         LogitsMode::ALL => ROption::RSome(into_tensor(head(&h)?)),
         LogitsMode::LAST => {
@@ -106,7 +111,11 @@ impl<F: Family> plugin_api::ModelGraph for Graph<F> {
         self.0.plan().clone()
     }
 
-    fn forward(&self, args: ForwardArgs<'_>, mut caches: plugin_api::abi_stable::std_types::RSliceMut<'_, plugin_api::CacheBox>) -> plugin_api::PResult<ForwardOutput> {
+    fn forward(
+        &self,
+        args: ForwardArgs<'_>,
+        mut caches: plugin_api::abi_stable::std_types::RSliceMut<'_, plugin_api::CacheBox>,
+    ) -> plugin_api::PResult<ForwardOutput> {
         plugin_sdk::guard_mlx(|| self.0.run(&args, caches.as_mut_slice()))
     }
 

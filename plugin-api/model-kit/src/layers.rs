@@ -70,7 +70,9 @@ fn is_float(d: Dtype) -> bool {
 /// Shape checks that keep malformed checkpoints away from MLX's kernels.
 fn check_quantized_shapes(path: &str, w: &Array, s: &Array, b: &Array, p: QuantParams) -> Result<()> {
     let (ws, ss) = (w.shape(), s.shape());
-    let bad = |why: &str| error(format!("{path}: quantized tensors do not match group_size {} bits {}: {why}", p.group_size, p.bits));
+    let bad = |why: &str| {
+        error(format!("{path}: quantized tensors do not match group_size {} bits {}: {why}", p.group_size, p.bits))
+    };
     if w.dtype() != Dtype::Uint32 {
         return Err(bad("packed weight is not uint32"));
     }
@@ -79,7 +81,10 @@ fn check_quantized_shapes(path: &str, w: &Array, s: &Array, b: &Array, p: QuantP
     }
     let packed = ws[ws.len() - 1] as i64;
     let inputs = packed * 32 / p.bits as i64;
-    if inputs % p.group_size as i64 != 0 || ss[ss.len() - 1] as i64 != inputs / p.group_size as i64 || ss[..ss.len() - 1] != ws[..ws.len() - 1] {
+    if inputs % p.group_size as i64 != 0
+        || ss[ss.len() - 1] as i64 != inputs / p.group_size as i64
+        || ss[..ss.len() - 1] != ws[..ws.len() - 1]
+    {
         return Err(bad(&format!("weight {ws:?}, scales {ss:?}")));
     }
     Ok(())
@@ -133,7 +138,15 @@ impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match &self.quant {
             Some(q) => {
-                let y = ops::quantized_matmul(x, &self.weight, &q.scales, &q.biases, true, q.params.group_size, q.params.bits)?;
+                let y = ops::quantized_matmul(
+                    x,
+                    &self.weight,
+                    &q.scales,
+                    &q.biases,
+                    true,
+                    q.params.group_size,
+                    q.params.bits,
+                )?;
                 match &self.bias {
                     Some(b) => y.add(b),
                     None => Ok(y),
@@ -207,7 +220,9 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match &self.quant {
             None => x.matmul(self.weight.transpose_axes(&[1, 0])?),
-            Some(q) => ops::quantized_matmul(x, &self.weight, &q.scales, &q.biases, true, q.params.group_size, q.params.bits),
+            Some(q) => {
+                ops::quantized_matmul(x, &self.weight, &q.scales, &q.biases, true, q.params.group_size, q.params.bits)
+            }
         }
     }
 

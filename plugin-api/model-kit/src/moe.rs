@@ -60,7 +60,14 @@ impl SwitchLinear {
 
     /// A dense layer from an already stacked float weight `[E, out, in]`
     /// (e.g. split from a fused `gate_up_proj`), cast to the compute dtype.
-    pub fn from_weight(ctx: &mut LoadCtx, what: &str, weight: Array, experts: usize, out: usize, inp: usize) -> Result<Self> {
+    pub fn from_weight(
+        ctx: &mut LoadCtx,
+        what: &str,
+        weight: Array,
+        experts: usize,
+        out: usize,
+        inp: usize,
+    ) -> Result<Self> {
         let layer = Self { weight: ctx.cast(weight)?, quant: None };
         layer.check(what, experts, out, inp)?;
         layer.record(ctx);
@@ -97,7 +104,18 @@ impl SwitchLinear {
     /// `N` sorted indices) → `[.., 1, out]`.
     pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         match &self.quant {
-            Some(q) => ops::gather_qmm(x, &self.weight, &q.scales, &q.biases, None::<&Array>, indices, true, q.params.group_size, q.params.bits, sorted),
+            Some(q) => ops::gather_qmm(
+                x,
+                &self.weight,
+                &q.scales,
+                &q.biases,
+                None::<&Array>,
+                indices,
+                true,
+                q.params.group_size,
+                q.params.bits,
+                sorted,
+            ),
             None => ops::gather_mm(x, self.weight.swap_axes(-1, -2)?, None::<&Array>, indices, sorted),
         }
     }
@@ -135,17 +153,25 @@ impl SwitchGlu {
     pub fn load(ctx: &mut LoadCtx, mlp: &str, experts: usize, hidden: usize, inter: usize) -> Result<Self> {
         let mut proj = |name: &str, out: usize, inp: usize| -> Result<SwitchLinear> {
             let stacked = format!("{mlp}.switch_mlp.{name}");
-            if ctx.weights.contains(&format!("{stacked}.weight")) || !ctx.weights.contains(&format!("{mlp}.experts.0.{name}.weight")) {
+            if ctx.weights.contains(&format!("{stacked}.weight"))
+                || !ctx.weights.contains(&format!("{mlp}.experts.0.{name}.weight"))
+            {
                 return SwitchLinear::load(ctx, &stacked, experts, out, inp);
             }
-            let parts = (0..experts).map(|e| ctx.weights.take(&format!("{mlp}.experts.{e}.{name}.weight"))).collect::<Result<Vec<_>>>()?;
+            let parts = (0..experts)
+                .map(|e| ctx.weights.take(&format!("{mlp}.experts.{e}.{name}.weight")))
+                .collect::<Result<Vec<_>>>()?;
             let shapes_agree = parts.iter().all(|p| p.ndim() == 2 && p.shape() == parts[0].shape());
             if !shapes_agree {
                 return Err(error(format!("{mlp}.experts.*.{name}.weight: experts differ in shape")));
             }
             SwitchLinear::from_weight(ctx, &stacked, ops::stack(&parts, 0)?, experts, out, inp)
         };
-        Ok(Self::new(proj("gate_proj", inter, hidden)?, proj("up_proj", inter, hidden)?, proj("down_proj", hidden, inter)?))
+        Ok(Self::new(
+            proj("gate_proj", inter, hidden)?,
+            proj("up_proj", inter, hidden)?,
+            proj("down_proj", hidden, inter)?,
+        ))
     }
 
     /// `x` `[.., D]` and the picked experts `indices` `[.., k]` → `[.., k, D]`.
@@ -197,7 +223,14 @@ impl Router {
     /// Loads `{path}` (Qwen: `{mlp}.gate`) and checks that it maps `hidden`
     /// inputs to one logit per expert (an index past the experts would
     /// reach a gather); `top_k` must not exceed `experts`.
-    pub fn load(ctx: &mut LoadCtx, path: &str, hidden: usize, experts: usize, top_k: usize, norm_topk_prob: bool) -> Result<Self> {
+    pub fn load(
+        ctx: &mut LoadCtx,
+        path: &str,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        norm_topk_prob: bool,
+    ) -> Result<Self> {
         if top_k > experts {
             return Err(error(format!("num_experts_per_tok {top_k} exceeds num_experts {experts}")));
         }
@@ -205,7 +238,10 @@ impl Router {
         // Shape inference only: this lazy graph is never evaluated.
         let probe = gate.forward(&crate::ops::zeros(&[1, hidden as i32], mlx_rs::Dtype::Float32)?)?;
         if probe.shape() != [1, experts as i32] {
-            return Err(error(format!("{path}: router gives {:?} logits per token, config.json says num_experts {experts}", &probe.shape()[1..])));
+            return Err(error(format!(
+                "{path}: router gives {:?} logits per token, config.json says num_experts {experts}",
+                &probe.shape()[1..]
+            )));
         }
         Ok(Self { gate, top_k: top_k as i32, norm_topk_prob })
     }
@@ -275,7 +311,10 @@ mod tests {
     fn fixture() -> (SwitchGlu, Array, Array) {
         let glu = SwitchGlu::new(dense(&[8, 16, 8], 1), dense(&[8, 16, 8], 2), dense(&[8, 8, 16], 3));
         let x = normal(&[1, 40, 8], 4);
-        let inds = random::randint::<_, i32>(0, 8, &[1, 40, 2][..], &random::key(5).unwrap()).unwrap().as_dtype(mlx_rs::Dtype::Uint32).unwrap();
+        let inds = random::randint::<_, i32>(0, 8, &[1, 40, 2][..], &random::key(5).unwrap())
+            .unwrap()
+            .as_dtype(mlx_rs::Dtype::Uint32)
+            .unwrap();
         (glu, x, inds)
     }
 

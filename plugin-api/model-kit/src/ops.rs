@@ -52,7 +52,17 @@ pub fn slice(a: &Array, start: &[i32], stop: &[i32]) -> Result<Array> {
     let strides = vec![1i32; start.len()];
     let s = stream();
     raw("slice", |res| unsafe {
-        mlx_sys::mlx_slice(res, a.as_ptr(), start.as_ptr(), start.len(), stop.as_ptr(), stop.len(), strides.as_ptr(), strides.len(), s.as_ptr())
+        mlx_sys::mlx_slice(
+            res,
+            a.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            s.as_ptr(),
+        )
     })
 }
 
@@ -97,5 +107,8 @@ pub fn dtype_from_raw(raw: u32) -> Result<Dtype> {
 /// Whether the default device is a GPU (where MLX sends some ops to
 /// libraries with per-shape setup: `short_attention`, `depthwise_conv`).
 pub fn on_gpu() -> bool {
-    mlx_rs::Device::try_default().ok().and_then(|d| d.get_type().ok()).is_some_and(|t| matches!(t, mlx_rs::DeviceType::Gpu))
+    mlx_rs::Device::try_default()
+        .ok()
+        .and_then(|d| d.get_type().ok())
+        .is_some_and(|t| matches!(t, mlx_rs::DeviceType::Gpu))
 }

@@ -28,12 +28,25 @@ impl Rope {
         match kind {
             "default" => plain(1.0),
             "linear" => {
-                let factor = cfg.get("factor").and_then(Value::as_f64).ok_or_else(|| error("rope_scaling: linear needs `factor`"))?;
+                let factor = cfg
+                    .get("factor")
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| error("rope_scaling: linear needs `factor`"))?;
                 plain((1.0 / factor) as f32)
             }
             "llama3" => {
-                let factor = cfg.get("factor").and_then(Value::as_f64).ok_or_else(|| error("rope_scaling: llama3 needs `factor`"))?;
-                let freqs = llama3_freqs(dims, base, factor as f32, num("low_freq_factor", 1.0) as f32, num("high_freq_factor", 4.0) as f32, num("original_max_position_embeddings", 8192.0) as f32)?;
+                let factor = cfg
+                    .get("factor")
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| error("rope_scaling: llama3 needs `factor`"))?;
+                let freqs = llama3_freqs(
+                    dims,
+                    base,
+                    factor as f32,
+                    num("low_freq_factor", 1.0) as f32,
+                    num("high_freq_factor", 4.0) as f32,
+                    num("original_max_position_embeddings", 8192.0) as f32,
+                )?;
                 Ok(Self { dims, traditional, base: None, scale: 1.0, freqs: Some(freqs) })
             }
             other => Err(error(format!("rope_scaling type `{other}` is not supported by this family plugin"))),
@@ -42,8 +55,18 @@ impl Rope {
 
     pub fn apply(&self, x: &Array, pos: &Position) -> Result<Array> {
         match pos {
-            Position::Offset(o) => mlx_rs::fast::rope(x, self.dims, self.traditional, self.base, self.scale, *o, self.freqs.as_ref()),
-            Position::PerRow(o) => mlx_rs::fast::rope_dynamic(x, self.dims, self.traditional, self.base, self.scale, o, self.freqs.as_ref()),
+            Position::Offset(o) => {
+                mlx_rs::fast::rope(x, self.dims, self.traditional, self.base, self.scale, *o, self.freqs.as_ref())
+            }
+            Position::PerRow(o) => mlx_rs::fast::rope_dynamic(
+                x,
+                self.dims,
+                self.traditional,
+                self.base,
+                self.scale,
+                o,
+                self.freqs.as_ref(),
+            ),
         }
     }
 }
@@ -58,9 +81,13 @@ fn llama3_freqs(dims: i32, base: f32, factor: f32, low: f32, high: f32, old_ctx:
     let exponent = idx.divide(Array::from_int(dims))?;
     let freqs = ops::power(Array::from_f32(base), &exponent)?;
     let wavelens = freqs.multiply(Array::from_f32(2.0 * std::f32::consts::PI))?;
-    let freqs = ops::select(&wavelens.gt(Array::from_f32(low_wavelen))?, freqs.multiply(Array::from_f32(factor))?, &freqs)?;
+    let freqs =
+        ops::select(&wavelens.gt(Array::from_f32(low_wavelen))?, freqs.multiply(Array::from_f32(factor))?, &freqs)?;
     let medium = wavelens.gt(Array::from_f32(high_wavelen))?.logical_and(wavelens.lt(Array::from_f32(low_wavelen))?)?;
-    let smooth = Array::from_f32(old_ctx).divide(&wavelens)?.subtract(Array::from_f32(low))?.divide(Array::from_f32(high - low))?;
+    let smooth = Array::from_f32(old_ctx)
+        .divide(&wavelens)?
+        .subtract(Array::from_f32(low))?
+        .divide(Array::from_f32(high - low))?;
     let one = Array::from_f32(1.0);
     let denom = one.subtract(&smooth)?.divide(Array::from_f32(factor))?.add(&smooth)?;
     let smooth_freqs = freqs.divide(&denom)?;

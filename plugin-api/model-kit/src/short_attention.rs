@@ -70,7 +70,11 @@ pub fn per_query(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Re
         .map(|i| {
             let qi = by_position.index((.., i..i + 1, .., ..)).swap_axes(1, 2)?;
             let seen = if matches!(mask, Mask::Causal) { s - l + i + 1 } else { s };
-            let (ki, vi) = if seen == s { (k.clone(), v.clone()) } else { (k.index((.., .., ..seen, ..)), v.index((.., .., ..seen, ..))) };
+            let (ki, vi) = if seen == s {
+                (k.clone(), v.clone())
+            } else {
+                (k.index((.., .., ..seen, ..)), v.index((.., .., ..seen, ..)))
+            };
             mlx_rs::fast::scaled_dot_product_attention(&qi, &ki, &vi, scale, None, None)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -134,7 +138,11 @@ pub fn unfused(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Resu
     let (hkv, s) = (ks[1], ks[2]);
     let rep = hq / hkv;
     let q = q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?;
-    let (q, k, v) = if rep > 1 { (q.reshape(&[b, hkv, rep, l, d])?, k.expand_dims(2)?, v.expand_dims(2)?) } else { (q, k.clone(), v.clone()) };
+    let (q, k, v) = if rep > 1 {
+        (q.reshape(&[b, hkv, rep, l, d])?, k.expand_dims(2)?, v.expand_dims(2)?)
+    } else {
+        (q, k.clone(), v.clone())
+    };
     let mut scores = q.matmul(k.swap_axes(-1, -2)?)?;
     match mask {
         Mask::None => {}
@@ -158,7 +166,11 @@ pub fn unfused(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Resu
                 m.clone()
             };
             let low = masked_score(scores.dtype());
-            scores = if m.dtype() == Dtype::Bool { select(&m, &scores, &low)? } else { scores.add(&m.as_dtype(scores.dtype())?)? };
+            scores = if m.dtype() == Dtype::Bool {
+                select(&m, &scores, &low)?
+            } else {
+                scores.add(&m.as_dtype(scores.dtype())?)?
+            };
         }
     }
     let p = mlx_rs::ops::softmax_axis(&scores, -1, true)?;
@@ -212,7 +224,8 @@ mod tests {
         agrees_with_the_fused_op(unfused, &(q.clone(), k.clone(), v.clone()));
         // Another shape after the first: the shared causal mask is rebuilt, not reused.
         let (q2, k2, v2) = (random(&[1, 4, 2, 8], 6), random(&[1, 2, 5, 8], 7), random(&[1, 2, 5, 8], 8));
-        let want = scaled_dot_product_attention(&q2, &k2, &v2, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
+        let want =
+            scaled_dot_product_attention(&q2, &k2, &v2, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
         close(&unfused(&q2, &k2, &v2, 0.35, &Mask::Causal).unwrap(), &want);
         let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
         close(&unfused(&q, &k, &v, 0.35, &Mask::Causal).unwrap(), &want);
@@ -226,11 +239,13 @@ mod tests {
         let cols = Array::arange::<_, i32>(0, 7, 1).unwrap();
         let pads = Array::from_slice(&[0i32, 2], &[2, 1, 1, 1]);
         let keep = rows.ge(&cols).unwrap().logical_and(cols.ge(&pads).unwrap()).unwrap();
-        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Array(&keep), None).unwrap();
+        let want =
+            scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Array(&keep), None).unwrap();
         close(&unfused(&q, &k, &v, 0.35, &Mask::Array(keep.clone())).unwrap(), &want);
         // Additive, one mask per query head: [1, 4, 3, 7].
         let add = random(&[1, 4, 3, 7], 4);
-        let want = scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Array(&add), None).unwrap();
+        let want =
+            scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Array(&add), None).unwrap();
         close(&unfused(&q, &k, &v, 0.35, &Mask::Array(add)).unwrap(), &want);
     }
 

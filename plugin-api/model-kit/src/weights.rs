@@ -53,7 +53,8 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| error(format!("{}: {e}", index.display())))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| error(format!("{}: {e}", index.display())))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| error(format!("{}: {e}", index.display())))?;
         let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| error("index: no weight_map"))?;
         let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_owned)).collect();
         files.sort();

@@ -42,7 +42,11 @@ fn detect(_dir: &str, _config: &str) -> u32 {
 fn option(args: &DrafterOpenArgs, key: &str, default: usize) -> Result<usize, PluginError> {
     match args.options.iter().find(|kv| kv.0.as_str() == key) {
         None => Ok(default),
-        Some(kv) => kv.1.as_str().parse::<usize>().ok().filter(|v| (1..=16).contains(v)).ok_or_else(|| PluginError::invalid_input(format!("{key} must be an integer in 1..=16, got `{}`", kv.1))),
+        Some(kv) => {
+            kv.1.as_str().parse::<usize>().ok().filter(|v| (1..=16).contains(v)).ok_or_else(|| {
+                PluginError::invalid_input(format!("{key} must be an integer in 1..=16, got `{}`", kv.1))
+            })
+        }
     }
 }
 
@@ -55,7 +59,10 @@ fn open(args: &DrafterOpenArgs, _host: HostServicesBox) -> Result<DrafterBox, Pl
     if min > max {
         return Err(PluginError::invalid_input(format!("ngram-min {min} exceeds ngram-max {max}")));
     }
-    Ok(Drafter_TO::from_value(Ngram { max, min, depth: args.max_depth.max(1) as usize, assumed: Vec::new() }, TD_Opaque))
+    Ok(Drafter_TO::from_value(
+        Ngram { max, min, depth: args.max_depth.max(1) as usize, assumed: Vec::new() },
+        TD_Opaque,
+    ))
 }
 
 struct Ngram {
@@ -111,12 +118,16 @@ impl Drafter for Ngram {
     fn draft_ahead(&mut self, args: DraftAheadArgs<'_>) -> PResult<AheadDraft> {
         guard(|| {
             let n = (args.max_tokens as usize).min(self.depth);
-            let guessed = if self.assumed.is_empty() { Vec::new() } else { lookup(&self.assumed, self.max, self.min, n + 1) };
+            let guessed =
+                if self.assumed.is_empty() { Vec::new() } else { lookup(&self.assumed, self.max, self.min, n + 1) };
             let drafts: Vec<i32> = guessed.iter().skip(1).map(|&t| t as i32).collect();
             if !drafts.is_empty() {
                 self.assumed.extend_from_slice(&guessed);
             }
-            Ok(AheadDraft { tokens: into_tensor(Array::from_slice(&drafts, &[drafts.len() as i32])), probabilities: ROption::RNone })
+            Ok(AheadDraft {
+                tokens: into_tensor(Array::from_slice(&drafts, &[drafts.len() as i32])),
+                probabilities: ROption::RNone,
+            })
         })
     }
 

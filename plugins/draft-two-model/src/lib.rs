@@ -48,14 +48,33 @@ fn detect(dir: &str, _config: &str) -> u32 {
 }
 
 fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<DrafterBox, PluginError> {
-    let dir = args.dir.as_ref().map(|d| d.to_string()).into_option().ok_or_else(|| PluginError::invalid_input("the two-model drafter needs a draft model folder"))?;
+    let dir = args
+        .dir
+        .as_ref()
+        .map(|d| d.to_string())
+        .into_option()
+        .ok_or_else(|| PluginError::invalid_input("the two-model drafter needs a draft model folder"))?;
     let m = host.open_model(dir.as_str().into()).into_result()?;
     // Rounds roll back by trim; recurrent state cannot (the host's snapshot
     // and replay serves the target only), so refuse at start-up.
     if let Some(c) = m.caches.iter().find(|c| !c.is_trimmable()) {
-        return Err(PluginError::unsupported(format!("the draft model's cache layout `{}` cannot trim (recurrent state?): it cannot draft", c.signature())));
+        return Err(PluginError::unsupported(format!(
+            "the draft model's cache layout `{}` cannot trim (recurrent state?): it cannot draft",
+            c.signature()
+        )));
     }
-    Ok(Drafter_TO::from_value(TwoModel { graph: m.graph, caches: m.caches, cached: 0, rounds: Default::default(), last: None, depth: args.max_depth.max(1) as usize, _host: host }, TD_Opaque))
+    Ok(Drafter_TO::from_value(
+        TwoModel {
+            graph: m.graph,
+            caches: m.caches,
+            cached: 0,
+            rounds: Default::default(),
+            last: None,
+            depth: args.max_depth.max(1) as usize,
+            _host: host,
+        },
+        TD_Opaque,
+    ))
 }
 
 struct TwoModel {
@@ -83,7 +102,12 @@ fn mlx(e: mlx_rs::error::Exception) -> PluginError {
 impl TwoModel {
     /// Runs `tokens` `[1, L]` and returns the logits `[1, V]` of the last position (lazy).
     fn next(&mut self, tokens: &Array) -> Result<Array, PluginError> {
-        let args = ForwardArgs { tokens: tensor_ref(tokens), logits: LogitsMode::LAST, want_hidden: false, taps: RSlice::from_slice(&[]) };
+        let args = ForwardArgs {
+            tokens: tensor_ref(tokens),
+            logits: LogitsMode::LAST,
+            want_hidden: false,
+            taps: RSlice::from_slice(&[]),
+        };
         let out = self.graph.forward(args, self.caches.as_mut_rslice()).into_result()?;
         let logits = match out.logits {
             ROption::RSome(t) => into_array(t),
@@ -99,7 +123,13 @@ impl TwoModel {
     /// host builds step i+1: without it the whole chain was built first and
     /// then run, host and device in turn. Records the round; returns the
     /// drafts (uint32 `[n]`, lazy) and q's rows when sampling.
-    fn chain(&mut self, tokens: &Array, n: usize, sampling: DraftSampling, lead: usize) -> Result<(Array, Option<Array>), PluginError> {
+    fn chain(
+        &mut self,
+        tokens: &Array,
+        n: usize,
+        sampling: DraftSampling,
+        lead: usize,
+    ) -> Result<(Array, Option<Array>), PluginError> {
         let mut picker = sampling::Picker::new(sampling).map_err(mlx)?;
         let mut y = picker.pick(&self.next(tokens)?).map_err(mlx)?;
         mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
@@ -160,7 +190,12 @@ impl Drafter for TwoModel {
             let head = &prompt.as_slice()[..prompt.len().saturating_sub(1)];
             if !head.is_empty() {
                 let tokens = ids(head);
-                let args = ForwardArgs { tokens: tensor_ref(&tokens), logits: LogitsMode::NONE, want_hidden: true, taps: RSlice::from_slice(&[]) };
+                let args = ForwardArgs {
+                    tokens: tensor_ref(&tokens),
+                    logits: LogitsMode::NONE,
+                    want_hidden: true,
+                    taps: RSlice::from_slice(&[]),
+                };
                 let out = self.graph.forward(args, self.caches.as_mut_rslice()).into_result()?;
                 if let ROption::RSome(h) = out.hidden {
                     into_array(h).eval().map_err(mlx)?;
@@ -185,7 +220,10 @@ impl Drafter for TwoModel {
             self.cached = h.len();
             let (all, q) = self.chain(&tokens, n, args.sampling, 0)?;
             mlx_rs::transforms::eval(std::iter::once(&all).chain(&q)).map_err(mlx)?;
-            Ok(Draft { tokens: all.as_slice::<u32>().iter().copied().collect(), probabilities: q.map(into_tensor).into() })
+            Ok(Draft {
+                tokens: all.as_slice::<u32>().iter().copied().collect(),
+                probabilities: q.map(into_tensor).into(),
+            })
         })
     }
 
@@ -194,12 +232,24 @@ impl Drafter for TwoModel {
             let n = (args.max_tokens as usize).min(self.depth);
             let last = match (&self.last, n) {
                 (Some(last), 1..) => last.as_dtype(mlx_rs::Dtype::Int32).map_err(mlx)?.reshape(&[1, 1]).map_err(mlx)?,
-                _ => return Ok(AheadDraft { tokens: into_tensor(Array::from_slice::<i32>(&[], &[0])), probabilities: ROption::RNone }),
+                _ => {
+                    return Ok(AheadDraft {
+                        tokens: into_tensor(Array::from_slice::<i32>(&[], &[0])),
+                        probabilities: ROption::RNone,
+                    })
+                }
             };
-            let pending = plugin_sdk::view(args.pending).as_dtype(mlx_rs::Dtype::Int32).map_err(mlx)?.reshape(&[1, 1]).map_err(mlx)?;
+            let pending = plugin_sdk::view(args.pending)
+                .as_dtype(mlx_rs::Dtype::Int32)
+                .map_err(mlx)?
+                .reshape(&[1, 1])
+                .map_err(mlx)?;
             let lead = mlx_rs::ops::concatenate(&[last, pending], 1).map_err(mlx)?;
             let (all, q) = self.chain(&lead, n, args.sampling, 2)?;
-            Ok(AheadDraft { tokens: into_tensor(all.as_dtype(mlx_rs::Dtype::Int32).map_err(mlx)?), probabilities: q.map(into_tensor).into() })
+            Ok(AheadDraft {
+                tokens: into_tensor(all.as_dtype(mlx_rs::Dtype::Int32).map_err(mlx)?),
+                probabilities: q.map(into_tensor).into(),
+            })
         })
     }
 
@@ -224,5 +274,4 @@ impl Drafter for TwoModel {
             self.void_rounds()
         })
     }
-
 }

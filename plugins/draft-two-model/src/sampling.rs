@@ -83,7 +83,8 @@ mod tests {
     }
 
     fn q(s: DraftSampling) -> Vec<f32> {
-        let logits = Array::from_slice(&[0.5f32, 0.25, 0.15, 0.1], &[1, 4]).log().unwrap().add(Array::from_f32(3.0)).unwrap();
+        let logits =
+            Array::from_slice(&[0.5f32, 0.25, 0.15, 0.1], &[1, 4]).log().unwrap().add(Array::from_f32(3.0)).unwrap();
         let q = distribution(&logits, &s).unwrap();
         q.eval().unwrap();
         q.as_slice::<f32>().to_vec()
@@ -114,7 +115,9 @@ mod tests {
         assert_eq!(greedy.pick(&logits).unwrap().as_dtype(Dtype::Uint32).unwrap().as_slice::<u32>(), [1]);
         assert!(greedy.probabilities().unwrap().is_none());
         let mut sampled = Picker::new(DraftSampling { top_k: 2, ..sampling(1.0) }).unwrap();
-        let picks: Vec<u32> = (0..3).map(|_| sampled.pick(&logits).unwrap().as_dtype(Dtype::Uint32).unwrap().as_slice::<u32>()[0]).collect();
+        let picks: Vec<u32> = (0..3)
+            .map(|_| sampled.pick(&logits).unwrap().as_dtype(Dtype::Uint32).unwrap().as_slice::<u32>()[0])
+            .collect();
         let rows = sampled.probabilities().unwrap().unwrap();
         assert_eq!(rows.shape(), [3, 4]);
         let rows = rows.as_slice::<f32>();

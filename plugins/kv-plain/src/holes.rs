@@ -10,8 +10,8 @@
 //! compacted once holes cost more than `COMPACT_AFTER` columns in some row.
 
 use model_kit::Array;
-use plugin_sdk::mlx_rs;
 use model_kit::Result;
+use plugin_sdk::mlx_rs;
 
 /// Columns of holes in one row after which the cache is compacted.
 pub const COMPACT_AFTER: usize = 64;

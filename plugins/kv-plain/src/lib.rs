@@ -17,8 +17,8 @@ use holes::{compact_plan, gather_columns, Holes, COMPACT_AFTER};
 
 use model_kit::ops::{dtype_from_raw, slice, slice_update, zeros};
 use model_kit::{error, Array, Dtype, Result};
-use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
 use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_rs, quietly, rstrings};
 
@@ -38,7 +38,10 @@ fn manifest() -> PluginManifest {
 
 fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
     if spec.need.kind != NeedKind::FULL {
-        return Err(PluginError::unsupported(format!("kv-plain serves full attention, not `{}`", spec.need.kind.as_str())));
+        return Err(PluginError::unsupported(format!(
+            "kv-plain serves full attention, not `{}`",
+            spec.need.kind.as_str()
+        )));
     }
     if spec.scheme.as_str() != "plain" {
         return Err(PluginError::unsupported(format!("kv-plain has no scheme `{}`", spec.scheme)));
@@ -179,7 +182,11 @@ impl PlainKv {
 
     fn load(&mut self, state: CacheState) -> Result<()> {
         if state.signature != self.signature() {
-            return Err(error(format!("state of `{}` cannot be imported into `{}`", state.signature, self.signature())));
+            return Err(error(format!(
+                "state of `{}` cannot be imported into `{}`",
+                state.signature,
+                self.signature()
+            )));
         }
         let meta: Vec<usize> = state.meta.iter().map(|&m| m as usize).collect();
         let mut t = state.tensors.into_iter();
@@ -224,7 +231,15 @@ impl PlainKv {
         let mut holes = Holes::none(0);
         let mut new_rows = Vec::new();
         for st in rows {
-            let mut one = PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0], holes: Holes::none(1), mark: None, ..*self.geometry() };
+            let mut one = PlainKv {
+                keys: None,
+                values: None,
+                idx: 0,
+                left_pad: vec![0],
+                holes: Holes::none(1),
+                mark: None,
+                ..*self.geometry()
+            };
             one.load(st)?;
             if one.rows() != 1 {
                 return Err(error("merge_rows takes 1-row states"));
@@ -310,7 +325,15 @@ impl PlainKv {
         if r >= self.rows() {
             return Err(error(format!("extract_row: row {r} out of range (rows = {})", self.rows())));
         }
-        let mut one = PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0], holes: Holes::none(1), mark: None, ..*self.geometry() };
+        let mut one = PlainKv {
+            keys: None,
+            values: None,
+            idx: 0,
+            left_pad: vec![0],
+            holes: Holes::none(1),
+            mark: None,
+            ..*self.geometry()
+        };
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             let (ks, vs) = (k.shape(), v.shape());
             let row_k = slice(k, &[r as i32, 0, 0, 0], &[r as i32 + 1, ks[1], self.idx as i32, ks[3]])?;
@@ -374,7 +397,10 @@ impl CacheLayout for PlainKv {
     fn attention_mask(&self, queries: u32) -> PResult<AttentionMask> {
         guard_mlx(|| {
             Ok(if self.padded() {
-                AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(self.mask_array(queries as usize)?)) }
+                AttentionMask {
+                    mode: MaskMode::ARRAY,
+                    array: ROption::RSome(into_tensor(self.mask_array(queries as usize)?)),
+                }
             } else if queries <= 1 {
                 AttentionMask { mode: MaskMode::NONE, array: ROption::RNone }
             } else {
@@ -387,7 +413,11 @@ impl CacheLayout for PlainKv {
         guard_mlx(|| {
             let (k, v) = (into_array(keys), into_array(values));
             if k.ndim() != 4 || k.shape()[1] != self.heads || k.shape()[3] != self.k_dim || v.shape()[3] != self.v_dim {
-                return Err(error(format!("kv-plain: keys {:?} / values {:?} do not match the declared need", k.shape(), v.shape())));
+                return Err(error(format!(
+                    "kv-plain: keys {:?} / values {:?} do not match the declared need",
+                    k.shape(),
+                    v.shape()
+                )));
             }
             if k.shape()[0] as usize != self.rows() {
                 return Err(error(format!("kv-plain: {} rows given, cache holds {}", k.shape()[0], self.rows())));
@@ -440,9 +470,14 @@ impl CacheLayout for PlainKv {
 
     fn spec_rollback(&mut self, keep: RSlice<'_, u64>) -> PResult<()> {
         guard(|| {
-            let mark = self.mark.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
+            let mark =
+                self.mark.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
             if keep.is_empty() || (keep.len() != 1 && keep.len() != self.rows()) {
-                return Err(PluginError::invalid_input(format!("spec_rollback: {} keep counts for {} rows", keep.len(), self.rows())));
+                return Err(PluginError::invalid_input(format!(
+                    "spec_rollback: {} keep counts for {} rows",
+                    keep.len(),
+                    self.rows()
+                )));
             }
             let appended = self.idx - mark;
             let keep_of = |r: usize| (keep[if keep.len() == 1 { 0 } else { r }] as usize).min(appended);

@@ -4,7 +4,19 @@
 use super::*;
 
 fn cache(rows: usize) -> PlainKv {
-    PlainKv { keys: None, values: None, idx: 0, left_pad: vec![0; rows], holes: Holes::none(rows), step: 4, heads: 1, k_dim: 1, v_dim: 1, dtype: Dtype::Float32, mark: None }
+    PlainKv {
+        keys: None,
+        values: None,
+        idx: 0,
+        left_pad: vec![0; rows],
+        holes: Holes::none(rows),
+        step: 4,
+        heads: 1,
+        k_dim: 1,
+        v_dim: 1,
+        dtype: Dtype::Float32,
+        mark: None,
+    }
 }
 
 /// Appends per-row values `[B, 1, L, 1]`.

@@ -204,7 +204,13 @@ impl BatchRotatingKv {
             if new_size == 0 {
                 return Err(error(format!("kv-rotating: no room to grow (at {prev}, max_size {})", self.max_size)));
             }
-            let (ks, vs) = grown(self.keys.take(), self.values.take(), [b, self.heads, new_size as i32], (&k, self.k_dim), (&v, self.v_dim))?;
+            let (ks, vs) = grown(
+                self.keys.take(),
+                self.values.take(),
+                [b, self.heads, new_size as i32],
+                (&k, self.k_dim),
+                (&v, self.v_dim),
+            )?;
             (self.keys, self.values) = (Some(ks), Some(vs));
             self.idx = prev;
         }
@@ -271,7 +277,8 @@ impl BatchRotatingKv {
         let written = if n > 1 && self.rotated { self.keys.as_ref().map_or(0, len) } else { self.idx };
         let trim = (written + usize::from(n > 1)).saturating_sub(self.max_size);
         let rotated = n == 1 && (self.rotated || self.idx >= self.max_size);
-        let pads: Vec<i32> = self.left_pad.iter().map(|p| p.saturating_sub(trim).saturating_sub(usize::from(rotated)) as i32).collect();
+        let pads: Vec<i32> =
+            self.left_pad.iter().map(|p| p.saturating_sub(trim).saturating_sub(usize::from(rotated)) as i32).collect();
         let pads = Array::from_slice(&pads, &[self.rows() as i32, 1, 1, 1]);
         mask = mask.logical_and(&rinds.ge(&pads)?)?;
         if rotated {

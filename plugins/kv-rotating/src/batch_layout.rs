@@ -15,11 +15,25 @@ const HEAD: usize = 5;
 impl BatchRotatingKv {
     fn check_kv(&self, k: &Array, v: &Array) -> std::result::Result<(), PluginError> {
         let (ks, vs) = (k.shape(), v.shape());
-        if k.ndim() != 4 || v.ndim() != 4 || ks[1] != self.heads || ks[3] != self.k_dim || vs[1] != self.heads || vs[3] != self.v_dim || ks[2] != vs[2] || ks[0] != vs[0] {
-            return Err(PluginError::invalid_input(format!("kv-rotating: keys {ks:?} / values {vs:?} do not match the declared need")));
+        if k.ndim() != 4
+            || v.ndim() != 4
+            || ks[1] != self.heads
+            || ks[3] != self.k_dim
+            || vs[1] != self.heads
+            || vs[3] != self.v_dim
+            || ks[2] != vs[2]
+            || ks[0] != vs[0]
+        {
+            return Err(PluginError::invalid_input(format!(
+                "kv-rotating: keys {ks:?} / values {vs:?} do not match the declared need"
+            )));
         }
         if ks[0] as usize != self.rows() {
-            return Err(PluginError::invalid_input(format!("kv-rotating: {} rows given, the cache holds {}", ks[0], self.rows())));
+            return Err(PluginError::invalid_input(format!(
+                "kv-rotating: {} rows given, the cache holds {}",
+                ks[0],
+                self.rows()
+            )));
         }
         Ok(())
     }
@@ -32,7 +46,10 @@ impl BatchRotatingKv {
             tensors.push(into_tensor(k.clone()));
             tensors.push(into_tensor(v.clone()));
         }
-        let mut meta: RVec<u64> = [self.seen, self.idx, self.max_size, self.rotated as usize, self.rows()].iter().map(|&m| m as u64).collect();
+        let mut meta: RVec<u64> = [self.seen, self.idx, self.max_size, self.rotated as usize, self.rows()]
+            .iter()
+            .map(|&m| m as u64)
+            .collect();
         meta.extend(self.left_pad.iter().map(|&p| p as u64));
         meta.extend(self.offsets.iter().map(|&o| o as u64));
         CacheState { signature: self.serial().signature(), offset: self.max_offset(), tensors, meta }
@@ -41,7 +58,10 @@ impl BatchRotatingKv {
     fn load(&mut self, state: CacheState) -> std::result::Result<(), PluginError> {
         let sig = self.serial().signature();
         if state.signature != sig {
-            return Err(PluginError::invalid_input(format!("state of `{}` cannot be imported into `{sig}`", state.signature)));
+            return Err(PluginError::invalid_input(format!(
+                "state of `{}` cannot be imported into `{sig}`",
+                state.signature
+            )));
         }
         if state.meta.len() == 4 {
             let mut fresh = BatchRotatingKv::new(&self.serial(), 0);
@@ -99,7 +119,10 @@ impl CacheLayout for BatchRotatingKv {
                 Some(o) => Positions { offset: o as u64, per_row: ROption::RNone },
                 None => {
                     let offs: Vec<i32> = self.offsets.iter().map(|&o| o as i32).collect();
-                    Positions { offset: self.max_offset(), per_row: ROption::RSome(into_tensor(Array::from_slice(&offs, &[offs.len() as i32]))) }
+                    Positions {
+                        offset: self.max_offset(),
+                        per_row: ROption::RSome(into_tensor(Array::from_slice(&offs, &[offs.len() as i32]))),
+                    }
                 }
             })
         })
@@ -107,7 +130,12 @@ impl CacheLayout for BatchRotatingKv {
 
     /// Always explicit, as mlx-lm's batched ring (rows differ in padding).
     fn attention_mask(&self, queries: u32) -> PResult<AttentionMask> {
-        guard_mlx(|| Ok(AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(self.mask(queries as usize)?)) }))
+        guard_mlx(|| {
+            Ok(AttentionMask {
+                mode: MaskMode::ARRAY,
+                array: ROption::RSome(into_tensor(self.mask(queries as usize)?)),
+            })
+        })
     }
 
     fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
@@ -138,7 +166,8 @@ impl CacheLayout for BatchRotatingKv {
             if self.seen >= self.max_size {
                 0
             } else {
-                (self.rows().max(1) * self.heads as usize * (self.k_dim + self.v_dim) as usize * bytes_of(self.dtype)) as u64
+                (self.rows().max(1) * self.heads as usize * (self.k_dim + self.v_dim) as usize * bytes_of(self.dtype))
+                    as u64
             }
         })
     }

@@ -15,7 +15,21 @@ use std::collections::BTreeSet;
 const W: usize = 8;
 
 fn serial(step: usize) -> RotatingKv {
-    RotatingKv { keys: None, values: None, offset: 0, idx: 0, max_size: W, keep: 0, step, window: W, heads: 1, k_dim: 1, v_dim: 1, dtype: Dtype::Float32, round: None }
+    RotatingKv {
+        keys: None,
+        values: None,
+        offset: 0,
+        idx: 0,
+        max_size: W,
+        keep: 0,
+        step,
+        window: W,
+        heads: 1,
+        k_dim: 1,
+        v_dim: 1,
+        dtype: Dtype::Float32,
+        round: None,
+    }
 }
 
 fn batch(step: usize) -> BatchRotatingKv {
@@ -51,7 +65,11 @@ fn visible(mask: AttentionMask, keys: &Array, values: &Array, l: usize) -> Vec<V
         (MaskMode::ARRAY, ROption::RSome(t)) => {
             let a = into_array(t);
             let s = a.shape().to_vec();
-            assert_eq!((s.len(), s[1], s[2] as usize, s[3] as usize), (4, 1, l, kn), "mask shape {s:?} for {l} queries over {kn} keys");
+            assert_eq!(
+                (s.len(), s[1], s[2] as usize, s[3] as usize),
+                (4, 1, l, kn),
+                "mask shape {s:?} for {l} queries over {kn} keys"
+            );
             assert!(s[0] == 1 || s[0] as usize == b);
             Some((flat(&a), s[0] as usize))
         }
@@ -82,7 +100,12 @@ fn window_of(id: usize, p: usize) -> BTreeSet<i64> {
 }
 
 /// One step through the boundary: positions and mask first, then the update.
-fn step_cache(c: &mut dyn CacheLayoutish, ids: &[usize], from: &[usize], l: usize) -> (Vec<i64>, Vec<Vec<BTreeSet<i64>>>) {
+fn step_cache(
+    c: &mut dyn CacheLayoutish,
+    ids: &[usize],
+    from: &[usize],
+    l: usize,
+) -> (Vec<i64>, Vec<Vec<BTreeSet<i64>>>) {
     let pos = c.positions_of(ids.len());
     let mask = c.mask_of(l);
     let (k, v) = tokens(ids, from, l);
@@ -216,7 +239,8 @@ impl Sim {
         assert_eq!(st.offset as usize, self.fed[r]);
         let mut a = serial(256);
         CacheLayout::import_state(&mut a, st).unwrap();
-        let held: Vec<i64> = a.keys.as_ref().map(|k| flat::<f32>(k).into_iter().map(|x| x as i64).collect()).unwrap_or_default();
+        let held: Vec<i64> =
+            a.keys.as_ref().map(|k| flat::<f32>(k).into_iter().map(|x| x as i64).collect()).unwrap_or_default();
         let first = held.first().map_or(0, |&k| (k as usize) % 1000);
         let want: Vec<i64> = (first..first + held.len()).map(|t| key(self.ids[r], t) as i64).collect();
         assert_eq!(held, want, "row {r}: extracted storage is the row's latest tokens, oldest first, no padding");
@@ -300,10 +324,17 @@ fn a_cohort_prefills_left_padded_and_wraps_while_batched() {
             let pos = b.positions_of(3);
             let mask = b.mask_of(l);
             // Padding columns carry key 0.
-            let k: Vec<f32> = ids.iter().zip(&heads).flat_map(|(&id, &h)| (col..col + l).map(move |c| if c < width - h { 0.0 } else { key(id, c - (width - h) + 1) })).collect();
+            let k: Vec<f32> = ids
+                .iter()
+                .zip(&heads)
+                .flat_map(|(&id, &h)| {
+                    (col..col + l).map(move |c| if c < width - h { 0.0 } else { key(id, c - (width - h) + 1) })
+                })
+                .collect();
             let v: Vec<f32> = k.iter().map(|x| -x).collect();
             let shape = [3, 1, l as i32, 1];
-            let (fk, fv) = b.update_of(into_tensor(Array::from_slice(&k, &shape)), into_tensor(Array::from_slice(&v, &shape)));
+            let (fk, fv) =
+                b.update_of(into_tensor(Array::from_slice(&k, &shape)), into_tensor(Array::from_slice(&v, &shape)));
             let seen = visible(mask, &fk, &fv, l);
             for r in 0..3 {
                 let pad = width - heads[r];
@@ -389,7 +420,10 @@ fn batch_state_round_trips_and_serial_states_import_as_one_row() {
     one.steps(&[1; 4]);
     // Another geometry is refused.
     let other = BatchRotatingKv::new(&RotatingKv { max_size: 16, window: 16, ..serial(256) }, 0);
-    let e = CacheLayout::import_state(&mut batch(256), CacheLayout::export_state(&other).unwrap()).into_result().err().unwrap();
+    let e = CacheLayout::import_state(&mut batch(256), CacheLayout::export_state(&other).unwrap())
+        .into_result()
+        .err()
+        .unwrap();
     assert_eq!(e.code, ErrorCode::INVALID_INPUT);
 }
 
@@ -401,8 +435,14 @@ fn masks_mirror_mlx_lm_make_mask_bit_for_bit() {
     let mut b = batch(256);
     let (a, _) = grown(0, &[3]);
     let (c, _) = grown(1, &[6]);
-    CacheLayout::merge_rows(&mut b, RVec::from(vec![CacheLayout::export_state(&a).unwrap(), CacheLayout::export_state(&c).unwrap()])).unwrap();
-    let bits = |b: &BatchRotatingKv, l: usize| -> String { flat::<bool>(&b.mask(l).unwrap()).iter().map(|&x| if x { '1' } else { '0' }).collect() };
+    CacheLayout::merge_rows(
+        &mut b,
+        RVec::from(vec![CacheLayout::export_state(&a).unwrap(), CacheLayout::export_state(&c).unwrap()]),
+    )
+    .unwrap();
+    let bits = |b: &BatchRotatingKv, l: usize| -> String {
+        flat::<bool>(&b.mask(l).unwrap()).iter().map(|&x| if x { '1' } else { '0' }).collect()
+    };
     // [B=2, 1, 1, 7]: row 0 hides its 3 padding columns.
     assert_eq!(bits(&b, 1), "00011111111111");
     // Two queries: causal inside the new tokens, padding hidden.
@@ -426,9 +466,16 @@ fn masks_mirror_mlx_lm_make_mask_bit_for_bit() {
 fn filter_and_extract_check_their_rows() {
     let mut s = Sim::new(256);
     s.merge(&[(0, &[3])]);
-    assert_eq!(CacheLayout::filter_rows(&mut s.b, RSlice::from_slice(&[1])).into_result().err().unwrap().code, ErrorCode::MLX);
+    assert_eq!(
+        CacheLayout::filter_rows(&mut s.b, RSlice::from_slice(&[1])).into_result().err().unwrap().code,
+        ErrorCode::MLX
+    );
     assert_eq!(CacheLayout::extract_row(&s.b, 1).into_result().err().unwrap().code, ErrorCode::INVALID_INPUT);
     let k = into_tensor(Array::from_slice(&[1.0f32, 2.0], &[2, 1, 1, 1]));
     let v = into_tensor(Array::from_slice(&[1.0f32, 2.0], &[2, 1, 1, 1]));
-    assert_eq!(CacheLayout::update_and_fetch(&mut s.b, k, v).into_result().err().unwrap().code, ErrorCode::INVALID_INPUT, "2 rows into a 1-row batch");
+    assert_eq!(
+        CacheLayout::update_and_fetch(&mut s.b, k, v).into_result().err().unwrap().code,
+        ErrorCode::INVALID_INPUT,
+        "2 rows into a 1-row batch"
+    );
 }

@@ -28,8 +28,8 @@
 
 use model_kit::ops::{dtype_from_raw, slice, slice_update, zeros};
 use model_kit::{error, Array, Dtype, Result};
-use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
 use plugin_sdk::{guard, into_array, into_tensor, mlx_error, mlx_rs, quietly, rstrings};
 
@@ -56,7 +56,10 @@ fn manifest() -> PluginManifest {
 
 fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
     if spec.need.kind != NeedKind::SLIDING {
-        return Err(PluginError::unsupported(format!("kv-rotating serves sliding-window attention, not `{}`", spec.need.kind.as_str())));
+        return Err(PluginError::unsupported(format!(
+            "kv-rotating serves sliding-window attention, not `{}`",
+            spec.need.kind.as_str()
+        )));
     }
     if spec.scheme.as_str() != "plain" {
         return Err(PluginError::unsupported(format!("kv-rotating has no scheme `{}`", spec.scheme)));
@@ -142,7 +145,13 @@ fn cols(a: &Array, start: usize, end: usize) -> Result<Array> {
 
 /// mlx-lm's growth step: `shape[2]` zero columns (`[B, H, n, D]`, in the
 /// new keys' and values' dtypes) after the storage, or as the first storage.
-fn grown(keys: Option<Array>, values: Option<Array>, shape: [i32; 3], k: (&Array, i32), v: (&Array, i32)) -> Result<(Array, Array)> {
+fn grown(
+    keys: Option<Array>,
+    values: Option<Array>,
+    shape: [i32; 3],
+    k: (&Array, i32),
+    v: (&Array, i32),
+) -> Result<(Array, Array)> {
     let [b, h, n] = shape;
     let nk = zeros(&[b, h, n, k.1], k.0.dtype())?;
     let nv = zeros(&[b, h, n, v.1], v.0.dtype())?;
@@ -237,7 +246,13 @@ impl RotatingKv {
             if new_size == 0 {
                 return Err(error(format!("kv-rotating: no room to grow (offset {prev}, max_size {})", self.max_size)));
             }
-            let (ks, vs) = grown(self.keys.take(), self.values.take(), [b, self.heads, new_size as i32], (&k, self.k_dim), (&v, self.v_dim))?;
+            let (ks, vs) = grown(
+                self.keys.take(),
+                self.values.take(),
+                [b, self.heads, new_size as i32],
+                (&k, self.k_dim),
+                (&v, self.v_dim),
+            )?;
             (self.keys, self.values) = (Some(ks), Some(vs));
             self.idx = prev;
         }
@@ -290,7 +305,10 @@ impl RotatingKv {
             let window = if self.window > 0 { self.window } else { self.max_size };
             let offset = (self.max_size - 1).min(self.offset);
             if offset + n > window {
-                AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(window_mask(n, offset, window))) }
+                AttentionMask {
+                    mode: MaskMode::ARRAY,
+                    array: ROption::RSome(into_tensor(window_mask(n, offset, window))),
+                }
             } else {
                 AttentionMask { mode: MaskMode::CAUSAL, array: ROption::RNone }
             }
@@ -303,7 +321,10 @@ impl RotatingKv {
             let base: Vec<bool> = (0..size).map(|i| i >= size - self.window).collect();
             let shift = (idx + 1) % size;
             let rolled: Vec<bool> = (0..size).map(|j| base[(j + size - shift) % size]).collect();
-            AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(Array::from_slice(&rolled, &[1, 1, 1, size as i32]))) }
+            AttentionMask {
+                mode: MaskMode::ARRAY,
+                array: ROption::RSome(into_tensor(Array::from_slice(&rolled, &[1, 1, 1, size as i32]))),
+            }
         } else {
             none
         }
@@ -325,13 +346,24 @@ impl RotatingKv {
     }
 
     fn signature(&self) -> RString {
-        format!("kv:rotating:w{}:{:?}:h{}:k{}:v{}", self.window, self.dtype, self.heads, self.k_dim, self.v_dim).to_lowercase().into()
+        format!("kv:rotating:w{}:{:?}:h{}:k{}:v{}", self.window, self.dtype, self.heads, self.k_dim, self.v_dim)
+            .to_lowercase()
+            .into()
     }
 
     fn check_kv(&self, k: &Array, v: &Array) -> std::result::Result<(), PluginError> {
         let (ks, vs) = (k.shape(), v.shape());
-        if k.ndim() != 4 || v.ndim() != 4 || ks[1] != self.heads || ks[3] != self.k_dim || vs[1] != self.heads || vs[3] != self.v_dim || ks[2] != vs[2] {
-            return Err(PluginError::invalid_input(format!("kv-rotating: keys {ks:?} / values {vs:?} do not match the declared need")));
+        if k.ndim() != 4
+            || v.ndim() != 4
+            || ks[1] != self.heads
+            || ks[3] != self.k_dim
+            || vs[1] != self.heads
+            || vs[3] != self.v_dim
+            || ks[2] != vs[2]
+        {
+            return Err(PluginError::invalid_input(format!(
+                "kv-rotating: keys {ks:?} / values {vs:?} do not match the declared need"
+            )));
         }
         if ks[0] != 1 || vs[0] != 1 {
             return Err(PluginError::unsupported(format!("kv-rotating is serial: {} rows given", ks[0])));
@@ -352,13 +384,22 @@ impl RotatingKv {
 
     fn load(&mut self, state: CacheState) -> std::result::Result<(), PluginError> {
         if state.signature != self.signature() {
-            return Err(PluginError::invalid_input(format!("state of `{}` cannot be imported into `{}`", state.signature, self.signature())));
+            return Err(PluginError::invalid_input(format!(
+                "state of `{}` cannot be imported into `{}`",
+                state.signature,
+                self.signature()
+            )));
         }
         let bad = |why: &str| PluginError::invalid_input(format!("kv-rotating state: {why}"));
         let meta: Vec<usize> = state.meta.iter().map(|&m| m as usize).collect();
-        let [offset, idx, max_size, keep] = meta[..] else { return Err(bad("expected 4 metadata integers (offset, idx, max_size, keep)")) };
+        let [offset, idx, max_size, keep] = meta[..] else {
+            return Err(bad("expected 4 metadata integers (offset, idx, max_size, keep)"));
+        };
         if max_size != self.max_size || keep != self.keep {
-            return Err(bad(&format!("max_size {max_size} / keep {keep} differ from this cache's {} / {}", self.max_size, self.keep)));
+            return Err(bad(&format!(
+                "max_size {max_size} / keep {keep} differ from this cache's {} / {}",
+                self.max_size, self.keep
+            )));
         }
         if state.offset as usize != offset {
             return Err(bad("offset differs from its metadata"));
@@ -393,7 +434,10 @@ impl RotatingKv {
     fn rollback(&mut self, keep: &[u64]) -> std::result::Result<(), PluginError> {
         let round = self.round.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
         let &[kept] = keep else {
-            return Err(PluginError::invalid_input(format!("kv-rotating holds 1 row; spec_rollback got {} keep counts", keep.len())));
+            return Err(PluginError::invalid_input(format!(
+                "kv-rotating holds 1 row; spec_rollback got {} keep counts",
+                keep.len()
+            )));
         };
         let appended = self.offset.saturating_sub(round.offset);
         let kept = (kept as usize).min(appended);
@@ -497,7 +541,13 @@ impl CacheLayout for RotatingKv {
                     self.offset, self.max_size
                 )));
             }
-            self.round = Some(Round { keys: self.keys.clone(), values: self.values.clone(), offset: self.offset, idx: self.idx, appended: Vec::new() });
+            self.round = Some(Round {
+                keys: self.keys.clone(),
+                values: self.values.clone(),
+                offset: self.offset,
+                idx: self.idx,
+                appended: Vec::new(),
+            });
             Ok(())
         })
     }
@@ -521,7 +571,9 @@ impl CacheLayout for RotatingKv {
     fn filter_rows(&mut self, keep: RSlice<'_, u32>) -> PResult<()> {
         guard(|| match keep.as_slice() {
             [0] => Ok(()),
-            k => Err(PluginError::invalid_input(format!("kv-rotating: a serial cache holds row 0 only, asked to keep {k:?}"))),
+            k => Err(PluginError::invalid_input(format!(
+                "kv-rotating: a serial cache holds row 0 only, asked to keep {k:?}"
+            ))),
         })
     }
 
@@ -533,7 +585,11 @@ impl CacheLayout for RotatingKv {
     }
 
     fn merge_rows(&mut self, _rows: RVec<CacheState>) -> PResult<()> {
-        guard(|| Err(PluginError::unsupported("kv-rotating: rows merge into a batch cache (created with 0 rows), not a serial one")))
+        guard(|| {
+            Err(PluginError::unsupported(
+                "kv-rotating: rows merge into a batch cache (created with 0 rows), not a serial one",
+            ))
+        })
     }
 
     fn get_slot(&self, _i: u32) -> PResult<ROption<Tensor>> {
@@ -546,6 +602,6 @@ impl CacheLayout for RotatingKv {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod batch_tests;
+#[cfg(test)]
+mod tests;

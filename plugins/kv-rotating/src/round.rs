@@ -24,7 +24,8 @@ use plugin_sdk::mlx_error;
 fn roll_rows(a: &Array, shifts: &[usize]) -> Result<Array> {
     let s = a.shape();
     let n = s[2] as usize;
-    let idx: Vec<i32> = shifts.iter().flat_map(|&d| (0..n).map(move |j| ((j + n - d % n.max(1)) % n.max(1)) as i32)).collect();
+    let idx: Vec<i32> =
+        shifts.iter().flat_map(|&d| (0..n).map(move |j| ((j + n - d % n.max(1)) % n.max(1)) as i32)).collect();
     let idx = Array::from_slice(&idx, &[s[0], 1, s[2], 1]);
     let idx = plugin_sdk::mlx_rs::ops::broadcast_to(&idx, s)?;
     a.take_along_axis(&idx, 2)
@@ -41,9 +42,15 @@ impl BatchRotatingKv {
     pub fn rollback(&mut self, keep: &[u64]) -> std::result::Result<(), PluginError> {
         let round = self.round.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
         if keep.is_empty() || (keep.len() != 1 && keep.len() != self.rows()) {
-            return Err(PluginError::invalid_input(format!("spec_rollback: {} keep counts for {} rows", keep.len(), self.rows())));
+            return Err(PluginError::invalid_input(format!(
+                "spec_rollback: {} keep counts for {} rows",
+                keep.len(),
+                self.rows()
+            )));
         }
-        let kept: Vec<usize> = (0..self.rows()).map(|r| (keep[if keep.len() == 1 { 0 } else { r }] as usize).min(round.appended)).collect();
+        let kept: Vec<usize> = (0..self.rows())
+            .map(|r| (keep[if keep.len() == 1 { 0 } else { r }] as usize).min(round.appended))
+            .collect();
         let most = kept.iter().copied().max().unwrap_or(0);
         if kept.iter().all(|&k| k == round.appended) {
             return Ok(());

@@ -150,7 +150,10 @@ impl BatchRotatingKv {
     /// without its padding (copied, so it does not hold the batch storage).
     pub fn extract(&self, r: usize) -> std::result::Result<CacheState, PluginError> {
         if r >= self.rows() {
-            return Err(PluginError::invalid_input(format!("extract_row: row {r} out of range (rows = {})", self.rows())));
+            return Err(PluginError::invalid_input(format!(
+                "extract_row: row {r} out of range (rows = {})",
+                self.rows()
+            )));
         }
         let mut one = self.serial();
         let row = || -> Result<Option<(Array, Array)>> {
@@ -175,7 +178,10 @@ impl BatchRotatingKv {
         }
         one.offset = self.offsets[r].max(0) as usize;
         if one.keys.is_none() && one.offset > 0 {
-            return Err(PluginError::new(ErrorCode::INTERNAL, format!("extract_row: row {r} has {} tokens but no stored columns", one.offset)));
+            return Err(PluginError::new(
+                ErrorCode::INTERNAL,
+                format!("extract_row: row {r} has {} tokens but no stored columns", one.offset),
+            ));
         }
         Ok(one.state())
     }
@@ -187,7 +193,11 @@ impl BatchRotatingKv {
             return Err(PluginError::invalid_input("kv-rotating: begin_padded on a cache that holds tokens"));
         }
         if self.rows() != 0 && self.rows() != pads.len() {
-            return Err(PluginError::invalid_input(format!("kv-rotating: {} pads for {} rows", pads.len(), self.rows())));
+            return Err(PluginError::invalid_input(format!(
+                "kv-rotating: {} pads for {} rows",
+                pads.len(),
+                self.rows()
+            )));
         }
         if self.rows() == 0 {
             *self = BatchRotatingKv::new(&self.serial(), pads.len());

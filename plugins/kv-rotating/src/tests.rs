@@ -82,7 +82,9 @@ fn storage(c: &RotatingKv) -> Vec<i64> {
 }
 
 fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace().find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('='))).unwrap_or_else(|| panic!("no {key} in {line}"))
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
 }
 
 fn list(s: &str) -> Vec<i64> {
@@ -113,7 +115,11 @@ fn replays_mlx_lm_rotating_kv_cache_exactly() {
                 assert_eq!(c.offset.to_string(), field(line, "offset"), "{at}: offset");
                 assert_eq!(CacheLayout::offset(c).to_string(), field(line, "offset"), "{at}: offset()");
                 assert_eq!(c.idx.to_string(), field(line, "idx"), "{at}: write index");
-                assert_eq!((CacheLayout::is_trimmable(c) as u8).to_string(), field(line, "trimmable"), "{at}: trimmable");
+                assert_eq!(
+                    (CacheLayout::is_trimmable(c) as u8).to_string(),
+                    field(line, "trimmable"),
+                    "{at}: trimmable"
+                );
                 checked += 1;
             }
             "trim" => {
@@ -122,7 +128,11 @@ fn replays_mlx_lm_rotating_kv_cache_exactly() {
                 let n: u64 = w.next().unwrap().parse().unwrap();
                 let removed = CacheLayout::trim(c, n);
                 assert_eq!(removed.to_string(), field(line, "removed"), "{name}: trim {n}");
-                assert_eq!((c.offset.to_string(), c.idx.to_string()), (field(line, "offset").to_owned(), field(line, "idx").to_owned()), "{name}: trim {n}");
+                assert_eq!(
+                    (c.offset.to_string(), c.idx.to_string()),
+                    (field(line, "offset").to_owned(), field(line, "idx").to_owned()),
+                    "{name}: trim {n}"
+                );
                 assert_eq!((CacheLayout::is_trimmable(c) as u8).to_string(), field(line, "trimmable"));
             }
             other => panic!("unknown trace line `{other}`"),
@@ -258,8 +268,21 @@ fn a_serial_cache_is_its_one_row_and_has_no_slots() {
 
 #[test]
 fn new_cache_serves_only_plain_sliding_layers() {
-    let need = |kind, window| LayerNeed { kind, window, kv_heads: 2, k_head_dim: 16, v_head_dim: 16, state_shapes: RVec::new() };
-    let spec = |need, scheme: &str, rows| CacheSpec { need, scheme: scheme.into(), dtype: plugin_api::Dtype::BFLOAT16, rows, step: 256 };
+    let need = |kind, window| LayerNeed {
+        kind,
+        window,
+        kv_heads: 2,
+        k_head_dim: 16,
+        v_head_dim: 16,
+        state_shapes: RVec::new(),
+    };
+    let spec = |need, scheme: &str, rows| CacheSpec {
+        need,
+        scheme: scheme.into(),
+        dtype: plugin_api::Dtype::BFLOAT16,
+        rows,
+        step: 256,
+    };
     let c = new_cache(&spec(need(NeedKind::SLIDING, 8), "plain", 1)).unwrap();
     assert_eq!(c.signature().as_str(), "kv:rotating:w8:bfloat16:h2:k16:v16");
     assert_eq!(c.bytes_per_token(), 2 * 32 * 2);

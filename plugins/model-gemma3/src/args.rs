@@ -46,7 +46,9 @@ impl Args {
         let heads = usize_or("num_attention_heads", 4)?;
         let kv_heads = usize_or("num_key_value_heads", 1)?;
         if kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(error(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")));
+            return Err(error(format!(
+                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )));
         }
         usize_or("intermediate_size", 6912)?;
         let pattern = usize_or("sliding_window_pattern", 6)?;
@@ -55,7 +57,9 @@ impl Args {
         }
         // mlx-lm reads the global layers' mask from cache[pattern - 1].
         if layers < pattern {
-            return Err(error(format!("num_hidden_layers {layers} < sliding_window_pattern {pattern}: no global layer")));
+            return Err(error(format!(
+                "num_hidden_layers {layers} < sliding_window_pattern {pattern}: no global layer"
+            )));
         }
         let sliding: Vec<bool> = (0..layers).map(|i| (i + 1) % pattern != 0).collect();
         let sliding_window = usize_or("sliding_window", 512)?;

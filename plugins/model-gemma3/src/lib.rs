@@ -11,13 +11,13 @@ mod args;
 
 use args::Args;
 use mlx_rs::ops;
-use model_kit::graph::{input_tokens, into_model, Family};
-use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
+use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::compiled::gelu_approx;
 use model_kit::config::Config;
-use model_kit::ops::scalar;
+use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, Linear, LmHead, LoadCtx};
+use model_kit::ops::scalar;
 use model_kit::rope::Rope;
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::RVec;
@@ -219,7 +219,11 @@ impl Model {
         let norm = GemmaRmsNorm::load(ctx, "model.norm", args.rms_norm_eps)?;
         let lm_head = LmHead::load(ctx, "lm_head", tied)?;
         if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
+            return Err(error(format!(
+                "embed_tokens has {} rows, config.json says vocab_size {}",
+                embed.vocab_size(),
+                args.vocab_size
+            )));
         }
         let embed_scale = Array::from_f32((args.hidden as f64).sqrt() as f32).as_dtype(Dtype::Bfloat16)?;
         ctx.loaded.push(embed_scale.clone());

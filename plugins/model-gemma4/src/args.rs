@@ -72,7 +72,10 @@ fn field<'a>(cfg: &'a Config, key: &str) -> Field<'a> {
 
 /// A count that may be 0 (`num_kv_shared_layers`, `hidden_size_per_layer_input`).
 fn count(v: &Value, key: &str) -> Result<usize> {
-    v.as_u64().filter(|n| *n < (1 << 31)).map(|n| n as usize).ok_or_else(|| error(format!("config.json: `{key}` must be a non-negative integer, got {v}")))
+    v.as_u64()
+        .filter(|n| *n < (1 << 31))
+        .map(|n| n as usize)
+        .ok_or_else(|| error(format!("config.json: `{key}` must be a non-negative integer, got {v}")))
 }
 
 fn number(v: &Value, key: &str) -> Result<f64> {
@@ -121,8 +124,14 @@ impl Args {
         let kv_heads = usize_or("num_key_value_heads", 1)?;
         usize_or("intermediate_size", 6144)?;
         let moe = if cfg.bool_or("enable_moe_block", false)? {
-            let need = |k: &str| cfg.opt_usize(k)?.ok_or_else(|| error(format!("config.json: `enable_moe_block` needs `{k}`")));
-            let m = MoeArgs { experts: need("num_experts")?, top_k: need("top_k_experts")?, inter: need("moe_intermediate_size")? };
+            let need = |k: &str| {
+                cfg.opt_usize(k)?.ok_or_else(|| error(format!("config.json: `enable_moe_block` needs `{k}`")))
+            };
+            let m = MoeArgs {
+                experts: need("num_experts")?,
+                top_k: need("top_k_experts")?,
+                inter: need("moe_intermediate_size")?,
+            };
             if m.top_k > m.experts {
                 return Err(error(format!("top_k_experts {} exceeds num_experts {}", m.top_k, m.experts)));
             }
@@ -158,16 +167,17 @@ impl Args {
             Field::Set(v) => count(v, "num_kv_shared_layers")?,
         };
         if shared >= layers {
-            return Err(error(format!("num_kv_shared_layers {shared} leaves no layer of the {layers} with keys/values of its own")));
+            return Err(error(format!(
+                "num_kv_shared_layers {shared} leaves no layer of the {layers} with keys/values of its own"
+            )));
         }
         let cached = layers - shared;
         // Each shared layer reuses the last cached layer of its own type.
         let mut kv_source: Vec<usize> = (0..layers).collect();
         for j in cached..layers {
-            kv_source[j] = (0..cached)
-                .rev()
-                .find(|&i| sliding[i] == sliding[j])
-                .ok_or_else(|| error(format!("layer {j} shares keys/values, but no earlier layer of its attention type has any")))?;
+            kv_source[j] = (0..cached).rev().find(|&i| sliding[i] == sliding[j]).ok_or_else(|| {
+                error(format!("layer {j} shares keys/values, but no earlier layer of its attention type has any"))
+            })?;
         }
 
         let rope_parameters = match cfg.get("rope_parameters") {
@@ -297,15 +307,22 @@ mod tests {
         assert_eq!((a.per_layer_hidden, a.final_logit_softcapping), (256, Some(30.0)));
         let plan = a.plan(&Config(json!({})));
         assert_eq!(plan.layers.len(), 15);
-        assert_eq!((plan.layers[4].kind, plan.layers[4].k_head_dim, plan.layers[4].window), (plugin_api::NeedKind::FULL, 512, 0));
-        assert_eq!((plan.layers[0].kind, plan.layers[0].k_head_dim, plan.layers[0].window), (plugin_api::NeedKind::SLIDING, 256, 512));
+        assert_eq!(
+            (plan.layers[4].kind, plan.layers[4].k_head_dim, plan.layers[4].window),
+            (plugin_api::NeedKind::FULL, 512, 0)
+        );
+        assert_eq!(
+            (plan.layers[0].kind, plan.layers[0].k_head_dim, plan.layers[0].window),
+            (plugin_api::NeedKind::SLIDING, 256, 512)
+        );
     }
 
     /// `null` is Python's None, not the dataclass default.
     #[test]
     fn null_means_none() {
         let a = args(json!({"model_type": "gemma4_text", "num_hidden_layers": 4, "global_head_dim": null,
-            "final_logit_softcapping": null, "hidden_size_per_layer_input": null, "num_kv_shared_layers": null})).unwrap();
+            "final_logit_softcapping": null, "hidden_size_per_layer_input": null, "num_kv_shared_layers": null}))
+        .unwrap();
         assert_eq!((a.kinds[0].head_dim, a.final_logit_softcapping, a.per_layer_hidden, a.cached), (256, None, 0, 4));
     }
 
@@ -333,12 +350,17 @@ mod tests {
     #[test]
     fn refusals_name_the_problem() {
         let err = |v: Value| args(v).err().map(|e| e.what().to_owned()).unwrap_or_default();
-        assert!(err(json!({"model_type": "gemma4_text", "num_hidden_layers": 4, "num_kv_shared_layers": 4})).contains("num_kv_shared_layers"));
+        assert!(err(json!({"model_type": "gemma4_text", "num_hidden_layers": 4, "num_kv_shared_layers": 4}))
+            .contains("num_kv_shared_layers"));
         assert!(err(json!({"model_type": "gemma4_text", "num_hidden_layers": 2, "num_kv_shared_layers": 1,
             "layer_types": ["sliding_attention", "full_attention"]}))
         .contains("layer 1 shares"));
-        assert!(err(json!({"model_type": "gemma4_text", "num_hidden_layers": 1, "layer_types": ["chunked_attention"]})).contains("chunked_attention"));
-        assert!(err(json!({"model_type": "gemma4_text", "enable_moe_block": true, "num_experts": 4})).contains("top_k_experts"));
+        assert!(err(
+            json!({"model_type": "gemma4_text", "num_hidden_layers": 1, "layer_types": ["chunked_attention"]})
+        )
+        .contains("chunked_attention"));
+        assert!(err(json!({"model_type": "gemma4_text", "enable_moe_block": true, "num_experts": 4}))
+            .contains("top_k_experts"));
         assert!(err(json!({"model_type": "gemma3_text"})).contains("not served"));
     }
 }

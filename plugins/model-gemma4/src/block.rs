@@ -92,7 +92,13 @@ impl Block {
     }
 
     /// `per_layer_input` is this layer's slice `[B, L, per_layer_hidden]`.
-    pub fn forward(&self, x: &Array, mask: &Mask, kv: KvSource<'_>, per_layer_input: Option<&Array>) -> Result<(Array, Option<SharedKv>)> {
+    pub fn forward(
+        &self,
+        x: &Array,
+        mask: &Mask,
+        kv: KvSource<'_>,
+        per_layer_input: Option<&Array>,
+    ) -> Result<(Array, Option<SharedKv>)> {
         let (r, shared) = self.attn.forward(&self.input_norm.forward(x)?, mask, kv)?;
         let h = x.add(self.post_attn_norm.forward(&r)?)?;
         let dense = self.mlp.forward(&self.pre_ff_norm.forward(&h)?)?;

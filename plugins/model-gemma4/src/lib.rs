@@ -21,12 +21,12 @@ mod rope;
 use args::Args;
 use attention::{KvSource, SharedKv};
 use block::Block;
-use model_kit::ops::scalar;
-use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::attention::masks_by_kind;
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
+use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, LmHead, LoadCtx, RmsNorm};
+use model_kit::ops::scalar;
 use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
 use per_layer::PerLayerInputs;
@@ -91,7 +91,8 @@ impl Names {
 /// the multimodal towers, and the K/V projections of KV-shared layers.
 fn sanitize(w: &mut Weights, names: &Names, a: &Args) {
     const SKIP: &[&str] = &["self_attn.rotary_emb", "input_max", "input_min", "output_max", "output_min"];
-    const TOWERS: &[&str] = &["vision_tower", "multi_modal_projector", "audio_tower", "embed_audio", "embed_vision", "vision_embedder"];
+    const TOWERS: &[&str] =
+        &["vision_tower", "multi_modal_projector", "audio_tower", "embed_audio", "embed_vision", "vision_embedder"];
     let layers = format!("{}layers.", names.root);
     w.drop_matching(|k| {
         let bare = k.strip_prefix("model.").unwrap_or(k);
@@ -130,10 +131,16 @@ impl Model {
         let root = names.root;
         let embed = Embedding::load(ctx, &format!("{root}embed_tokens"))?;
         if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
+            return Err(error(format!(
+                "embed_tokens has {} rows, config.json says vocab_size {}",
+                embed.vocab_size(),
+                args.vocab_size
+            )));
         }
         let per_layer = if args.per_layer_hidden > 0 { Some(PerLayerInputs::load(ctx, root, &args)?) } else { None };
-        let layers = (0..args.layers).map(|i| Block::load(ctx, &format!("{root}layers.{i}"), &args, i)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..args.layers)
+            .map(|i| Block::load(ctx, &format!("{root}layers.{i}"), &args, i))
+            .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(ctx, &format!("{root}norm"), args.rms_norm_eps)?;
         // gemma4_text ties by config (default true), not by the checkpoint.
         let lm_head = LmHead::load(ctx, names.lm_head, args.tie_word_embeddings)?;

@@ -6,12 +6,12 @@
 //! with the gelu_approx activation). The two branches are normed separately
 //! and summed.
 
+use mlx_rs::ops;
+use model_kit::compiled::geglu;
 use model_kit::layers::{Linear, LoadCtx, RmsNorm};
 use model_kit::moe::{SwitchGlu, SwitchLinear};
-use model_kit::compiled::geglu;
 use model_kit::ops::scalar;
 use model_kit::{error, ops as kit_ops, Array, Result};
-use mlx_rs::ops;
 
 /// `num_experts`, `top_k_experts`, `moe_intermediate_size`.
 pub struct MoeArgs {
@@ -36,13 +36,22 @@ impl Router {
         let scale = ctx.tensor(&format!("{p}.scale"))?;
         let per_expert_scale = ctx.tensor(&format!("{p}.per_expert_scale"))?;
         if scale.shape() != [hidden as i32] || per_expert_scale.shape() != [m.experts as i32] {
-            return Err(error(format!("{p}: scale {:?} / per_expert_scale {:?} do not match hidden {hidden} / num_experts {}", scale.shape(), per_expert_scale.shape(), m.experts)));
+            return Err(error(format!(
+                "{p}: scale {:?} / per_expert_scale {:?} do not match hidden {hidden} / num_experts {}",
+                scale.shape(),
+                per_expert_scale.shape(),
+                m.experts
+            )));
         }
         // An expert index past the stacked weights would read out of bounds:
         // check the router's width before any gather runs.
         let probe = proj.forward(&kit_ops::zeros(&[1, hidden as i32], mlx_rs::Dtype::Float32)?)?;
         if probe.shape() != [1, m.experts as i32] {
-            return Err(error(format!("{p}.proj gives {:?} scores per token, config.json says num_experts {}", &probe.shape()[1..], m.experts)));
+            return Err(error(format!(
+                "{p}.proj gives {:?} scores per token, config.json says num_experts {}",
+                &probe.shape()[1..],
+                m.experts
+            )));
         }
         let norm_weight = scale.multiply(scalar((hidden as f64).powf(-0.5), scale.dtype())?)?;
         ctx.loaded.push(norm_weight.clone());
@@ -73,13 +82,20 @@ fn load_experts(ctx: &mut LoadCtx, p: &str, hidden: usize, m: &MoeArgs) -> Resul
     let (e, i) = (m.experts, m.inter);
     let glu = match ctx.weights.take_opt(&format!("{p}.gate_up_proj")) {
         None => {
-            let proj = |ctx: &mut LoadCtx, name: &str, out, inp| SwitchLinear::load(ctx, &format!("{p}.switch_glu.{name}"), e, out, inp);
-            SwitchGlu::new(proj(ctx, "gate_proj", i, hidden)?, proj(ctx, "up_proj", i, hidden)?, proj(ctx, "down_proj", hidden, i)?)
+            let proj = |ctx: &mut LoadCtx, name: &str, out, inp| {
+                SwitchLinear::load(ctx, &format!("{p}.switch_glu.{name}"), e, out, inp)
+            };
+            SwitchGlu::new(
+                proj(ctx, "gate_proj", i, hidden)?,
+                proj(ctx, "up_proj", i, hidden)?,
+                proj(ctx, "down_proj", hidden, i)?,
+            )
         }
         Some(fused) => {
             let down = ctx.weights.take(&format!("{p}.down_proj"))?;
             let halves = fused.split_equal(2, -2)?;
-            let [gate, up] = <[Array; 2]>::try_from(halves).map_err(|_| error(format!("{p}.gate_up_proj: cannot split in two")))?;
+            let [gate, up] =
+                <[Array; 2]>::try_from(halves).map_err(|_| error(format!("{p}.gate_up_proj: cannot split in two")))?;
             let what = |n: &str| format!("{p}.switch_glu.{n}");
             SwitchGlu::new(
                 SwitchLinear::from_weight(ctx, &what("gate_proj"), gate.contiguous()?, e, i, hidden)?,

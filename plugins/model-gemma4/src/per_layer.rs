@@ -4,10 +4,10 @@
 //! own `[B, L, per_layer_hidden]` input for the gate after its MLP.
 
 use crate::args::Args;
+use mlx_rs::ops;
 use model_kit::layers::{Embedding, Linear, LoadCtx, RmsNorm};
 use model_kit::ops::scalar;
 use model_kit::{error, ops as kit_ops, Array, Result};
-use mlx_rs::ops;
 
 pub struct PerLayerInputs {
     embed: Embedding,

@@ -3,9 +3,9 @@
 //! llama3), plus Gemma 4's `proportional` partial rotation, which model-kit
 //! does not have.
 
+use mlx_rs::ops;
 use model_kit::rope::{Position, Rope};
 use model_kit::{error, Array, Result};
-use mlx_rs::ops;
 use serde_json::Value;
 
 pub enum LayerRope {
@@ -13,23 +13,38 @@ pub enum LayerRope {
     /// mlx-lm's `ProportionalRoPE`: `mx.fast.rope` over all `dims` with
     /// explicit frequencies, of which the last `(dims - rotated) / 2` are
     /// infinite (angle 0: those dims pass through unrotated).
-    Proportional { dims: i32, traditional: bool, freqs: Array },
+    Proportional {
+        dims: i32,
+        traditional: bool,
+        freqs: Array,
+    },
 }
 
 impl LayerRope {
     /// `dims` is the layer's head dim; `params` the type's rope_parameters.
     pub fn new(dims: usize, base: f32, traditional: bool, params: &Value) -> Result<Self> {
-        let kind = params.get("type").and_then(Value::as_str).or_else(|| params.get("rope_type").and_then(Value::as_str)).unwrap_or("default");
+        let kind = params
+            .get("type")
+            .and_then(Value::as_str)
+            .or_else(|| params.get("rope_type").and_then(Value::as_str))
+            .unwrap_or("default");
         if kind != "proportional" {
             return Ok(Self::Kit(Rope::new(dims as i32, base, traditional, Some(params))?));
         }
-        let num = |k: &str| params.get(k).filter(|v| !v.is_null()).map(|v| v.as_f64().ok_or_else(|| error(format!("rope_parameters: `{k}` must be a number"))));
+        let num = |k: &str| {
+            params
+                .get(k)
+                .filter(|v| !v.is_null())
+                .map(|v| v.as_f64().ok_or_else(|| error(format!("rope_parameters: `{k}` must be a number"))))
+        };
         let fraction = num("partial_rotary_factor").transpose()?.unwrap_or(1.0);
         let factor = num("factor").transpose()?.unwrap_or(1.0) as f32;
         // Python's int(dims * partial_rotary_factor) truncates toward zero.
         let rotated = (dims as f64 * fraction) as i64;
         if rotated > dims as i64 || rotated < 0 {
-            return Err(error(format!("rope_parameters: partial_rotary_factor {fraction} rotates {rotated} of {dims} dims")));
+            return Err(error(format!(
+                "rope_parameters: partial_rotary_factor {fraction} rotates {rotated} of {dims} dims"
+            )));
         }
         let freqs = proportional_freqs(dims as i32, rotated as i32, base, factor)?;
         Ok(Self::Proportional { dims: dims as i32, traditional, freqs })

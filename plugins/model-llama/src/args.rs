@@ -43,7 +43,9 @@ impl Args {
         let heads = cfg.usize("num_attention_heads")?;
         let kv_heads = cfg.opt_usize("num_key_value_heads")?.unwrap_or(heads);
         if heads % kv_heads != 0 {
-            return Err(error(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")));
+            return Err(error(format!(
+                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )));
         }
         cfg.usize("intermediate_size")?;
         let qwen3 = model_type == "qwen3";
@@ -70,7 +72,9 @@ impl Args {
         };
         let rope_scaling = cfg.get("rope_scaling").cloned().or(rope_params);
         let tie_word_embeddings = if qwen3 {
-            cfg.get("tie_word_embeddings").and_then(Value::as_bool).ok_or_else(|| error("config.json: `tie_word_embeddings` is required for qwen3"))?
+            cfg.get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .ok_or_else(|| error("config.json: `tie_word_embeddings` is required for qwen3"))?
         } else {
             cfg.bool_or("tie_word_embeddings", true)?
         };

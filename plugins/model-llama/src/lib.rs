@@ -8,10 +8,10 @@
 mod args;
 
 use args::Args;
-use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
+use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, Linear, LmHead, LoadCtx, Mlp, RmsNorm};
 use model_kit::rope::Rope;
 use model_kit::{error, Array, Result};
@@ -80,7 +80,11 @@ struct Attention {
 impl Attention {
     fn load(ctx: &mut LoadCtx, p: &str, a: &Args, use_rope: bool) -> Result<Self> {
         let norm = |ctx: &mut LoadCtx, n: &str| -> Result<Option<RmsNorm>> {
-            if a.qk_norm { Ok(Some(RmsNorm::load(ctx, &format!("{p}.{n}"), a.rms_norm_eps)?)) } else { Ok(None) }
+            if a.qk_norm {
+                Ok(Some(RmsNorm::load(ctx, &format!("{p}.{n}"), a.rms_norm_eps)?))
+            } else {
+                Ok(None)
+            }
         };
         Ok(Self {
             q: Linear::load(ctx, &format!("{p}.q_proj"), a.qkv_bias)?,
@@ -89,7 +93,11 @@ impl Attention {
             o: Linear::load(ctx, &format!("{p}.o_proj"), a.o_bias)?,
             q_norm: norm(ctx, "q_norm")?,
             k_norm: norm(ctx, "k_norm")?,
-            rope: if use_rope { Some(Rope::new(a.head_dim as i32, a.rope_theta, a.rope_traditional, a.rope_scaling.as_ref())?) } else { None },
+            rope: if use_rope {
+                Some(Rope::new(a.head_dim as i32, a.rope_theta, a.rope_traditional, a.rope_scaling.as_ref())?)
+            } else {
+                None
+            },
             heads: a.heads as i32,
             kv_heads: a.kv_heads as i32,
             scale: (a.head_dim as f64).powf(-0.5) as f32,
@@ -157,7 +165,11 @@ impl Model {
         let norm = RmsNorm::load(ctx, "model.norm", args.rms_norm_eps)?;
         let lm_head = LmHead::load(ctx, "lm_head", args.tie_word_embeddings)?;
         if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
+            return Err(error(format!(
+                "embed_tokens has {} rows, config.json says vocab_size {}",
+                embed.vocab_size(),
+                args.vocab_size
+            )));
         }
         let plan = args.plan(cfg);
         Ok(Self { plan, embed, layers, norm, lm_head })

@@ -75,7 +75,11 @@ pub struct Args {
 fn count_or(cfg: &Config, key: &str, default: usize) -> Result<usize> {
     match cfg.get(key) {
         None => Ok(default),
-        Some(v) => v.as_u64().filter(|n| *n < (1 << 31)).map(|n| n as usize).ok_or_else(|| error(format!("config.json: `{key}` must be a non-negative integer, got {v}"))),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n < (1 << 31))
+            .map(|n| n as usize)
+            .ok_or_else(|| error(format!("config.json: `{key}` must be a non-negative integer, got {v}"))),
     }
 }
 
@@ -113,7 +117,9 @@ impl Args {
         let heads = usize_or("num_attention_heads", 32)?;
         let kv_heads = usize_or("num_key_value_heads", 8)?;
         if heads % kv_heads != 0 {
-            return Err(error(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")));
+            return Err(error(format!(
+                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )));
         }
         let head_dim = usize_or("head_dim", hidden / heads)?;
         let linear = Linear {
@@ -124,7 +130,10 @@ impl Args {
             conv_kernel: usize_or("linear_conv_kernel_dim", 4)?,
         };
         if linear.v_heads % linear.k_heads != 0 {
-            return Err(error(format!("linear_num_value_heads {} must be divisible by linear_num_key_heads {}", linear.v_heads, linear.k_heads)));
+            return Err(error(format!(
+                "linear_num_value_heads {} must be divisible by linear_num_key_heads {}",
+                linear.v_heads, linear.k_heads
+            )));
         }
         if linear.conv_kernel < 2 {
             return Err(error("config.json: `linear_conv_kernel_dim` must be at least 2"));
@@ -138,7 +147,9 @@ impl Args {
         // factor 0.25), which then overrides the top-level `rope_theta` and
         // `partial_rotary_factor`; an explicit null falls back to those.
         let rope = match cfg.0.get("rope_parameters") {
-            None => Some(json!({"type": "default", "mrope_section": [11, 11, 10], "rope_theta": 100000, "partial_rotary_factor": 0.25})),
+            None => Some(
+                json!({"type": "default", "mrope_section": [11, 11, 10], "rope_theta": 100000, "partial_rotary_factor": 0.25}),
+            ),
             Some(Value::Object(m)) if !m.is_empty() => Some(Value::Object(m.clone())),
             Some(Value::Null | Value::Object(_)) => None,
             Some(_) => return Err(error("config.json: `rope_parameters` must be an object")),
@@ -150,7 +161,11 @@ impl Args {
                         p["type"] = t;
                     }
                 }
-                (num_or(p.get("rope_theta"), "rope_theta", 100000.0)?, num_or(p.get("partial_rotary_factor"), "partial_rotary_factor", 0.25)?, Some(p))
+                (
+                    num_or(p.get("rope_theta"), "rope_theta", 100000.0)?,
+                    num_or(p.get("partial_rotary_factor"), "partial_rotary_factor", 0.25)?,
+                    Some(p),
+                )
             }
             None => (
                 num_or(cfg.get("rope_theta"), "rope_theta", 100000.0)?,
@@ -237,7 +252,12 @@ impl Args {
             weights_dtype: self.weights_dtype,
             quant_bits: quant.as_ref().map_or(0, |q| q.default.bits as u32),
             quant_group_size: quant.as_ref().map_or(0, |q| q.default.group_size as u32),
-            capabilities: rstrings(&[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, caps::GROUPED_SPECULATIVE]),
+            capabilities: rstrings(&[
+                caps::CONTINUOUS_BATCHING,
+                caps::HIDDEN_TAPS,
+                caps::SHARED_EMBEDDINGS,
+                caps::GROUPED_SPECULATIVE,
+            ]),
         }
     }
 }

@@ -48,7 +48,10 @@ impl Attention {
         let qg = self.q.forward(x)?.reshape(&[b, l, self.heads, -1])?.split_equal(2, -1)?;
         let gate = qg[1].reshape(&[b, l, -1])?;
         let q = self.q_norm.forward(&qg[0])?.transpose_axes(&[0, 2, 1, 3])?;
-        let k = self.k_norm.forward(&self.k.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?)?.transpose_axes(&[0, 2, 1, 3])?;
+        let k = self
+            .k_norm
+            .forward(&self.k.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?)?
+            .transpose_axes(&[0, 2, 1, 3])?;
         let v = self.v.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?.transpose_axes(&[0, 2, 1, 3])?;
         let pos = positions(cache)?;
         let q = self.rope.apply(&q, &pos)?;

@@ -10,9 +10,9 @@
 //! window and advances the layer; slot 1 holds the SSM state.
 
 use crate::args::Linear as Geometry;
-use model_kit::layers::{Linear, LoadCtx};
 use model_kit::compiled::{self, silu, Compiled};
 use model_kit::depthwise_conv::DepthwiseConv;
+use model_kit::layers::{Linear, LoadCtx};
 use model_kit::ops::{scalar, slice, zeros};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::ROption;
@@ -55,7 +55,9 @@ impl DeltaNet {
         let a_log = ctx.weights.take(&format!("{p}.A_log"))?;
         let dt_bias = ctx.tensor(&format!("{p}.dt_bias"))?;
         let norm = ctx.tensor(&format!("{p}.norm.weight"))?;
-        for (name, a, n) in [("A_log", &a_log, g.v_heads), ("dt_bias", &dt_bias, g.v_heads), ("norm.weight", &norm, g.v_dim)] {
+        for (name, a, n) in
+            [("A_log", &a_log, g.v_heads), ("dt_bias", &dt_bias, g.v_heads), ("norm.weight", &norm, g.v_dim)]
+        {
             if a.shape() != [n as i32] {
                 return Err(error(format!("{p}.{name} is {:?}, config.json implies [{n}]", a.shape())));
             }
@@ -131,7 +133,11 @@ fn padding_mask(cache: &CacheBox, b: i32, l: i32) -> Result<Option<Array>> {
         (MaskMode::ARRAY, ROption::RSome(t)) => {
             let m = into_array(t);
             if m.shape() != [b, l] || m.dtype() != Dtype::Bool {
-                return Err(error(format!("recurrent layout gave a {:?} {:?} mask, expected bool [{b}, {l}]", m.dtype(), m.shape())));
+                return Err(error(format!(
+                    "recurrent layout gave a {:?} {:?} mask, expected bool [{b}, {l}]",
+                    m.dtype(),
+                    m.shape()
+                )));
             }
             Ok(Some(m))
         }
@@ -168,7 +174,10 @@ fn compute_g_ops(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
 /// `gated_delta_ops`' first step: q/k repeated to the value heads.
 fn repeat_heads(q: &Array, k: &Array, repeat: usize) -> Result<(Array, Array)> {
     if repeat > 1 {
-        Ok((Array::repeat_axis::<f32>(q.clone(), repeat as i32, -2)?, Array::repeat_axis::<f32>(k.clone(), repeat as i32, -2)?))
+        Ok((
+            Array::repeat_axis::<f32>(q.clone(), repeat as i32, -2)?,
+            Array::repeat_axis::<f32>(k.clone(), repeat as i32, -2)?,
+        ))
     } else {
         Ok((q.clone(), k.clone()))
     }
@@ -177,7 +186,15 @@ fn repeat_heads(q: &Array, k: &Array, repeat: usize) -> Result<(Array, Array)> {
 /// `gated_delta_ops` after `repeat_heads`: one step per token; returns `y`
 /// `[B, T, Hv, Dv]` (q's dtype) and the final state. With a padding `mask`
 /// `[B, T]`, a padded step keeps its row's state.
-fn recurrence(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, mut state: Array, mask: Option<&Array>) -> Result<(Array, Array)> {
+fn recurrence(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    mut state: Array,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
     let t_len = q.shape()[1];
     let mut ys = Vec::with_capacity(t_len as usize);
     for t in 0..t_len {

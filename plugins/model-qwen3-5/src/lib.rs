@@ -21,10 +21,10 @@ mod norm;
 use args::Args;
 use attention::Attention;
 use delta::DeltaNet;
-use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::attention::Mask;
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
+use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, LmHead, LoadCtx, Mlp};
 use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
@@ -188,7 +188,11 @@ impl Model {
         let norm = Norm::load(ctx, &format!("{body}.norm"), eps, raw_hf)?;
         let lm_head = LmHead::load(ctx, &names.head, args.tie_word_embeddings)?;
         if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
+            return Err(error(format!(
+                "embed_tokens has {} rows, config.json says vocab_size {}",
+                embed.vocab_size(),
+                args.vocab_size
+            )));
         }
         let first_attention = args.is_linear.iter().position(|&l| !l);
         Ok(Self { plan: args.plan(cfg), embed, layers, norm, lm_head, first_attention })

@@ -37,7 +37,9 @@ impl Args {
         let heads = cfg.usize("num_attention_heads")?;
         let kv_heads = cfg.usize("num_key_value_heads")?;
         if heads % kv_heads != 0 {
-            return Err(error(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")));
+            return Err(error(format!(
+                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )));
         }
         let num_experts = cfg.usize("num_experts")?;
         let top_k = cfg.usize("num_experts_per_tok")?;
@@ -50,15 +52,25 @@ impl Args {
         let mlp_only = match cfg.get("mlp_only_layers") {
             Some(Value::Array(v)) => v
                 .iter()
-                .map(|x| x.as_u64().ok_or_else(|| error(format!("config.json: `mlp_only_layers` must hold layer indices, got {x}"))))
+                .map(|x| {
+                    x.as_u64().ok_or_else(|| {
+                        error(format!("config.json: `mlp_only_layers` must hold layer indices, got {x}"))
+                    })
+                })
                 .collect::<Result<Vec<u64>>>()?,
             other => return Err(error(format!("config.json: `mlp_only_layers` must be a list, got {other:?}"))),
         };
         // mlx-lm: experts on layer i unless listed in mlp_only_layers, and only
         // every decoder_sparse_step-th layer.
         let sparse = (0..layers).map(|i| !mlp_only.contains(&(i as u64)) && (i + 1) % step == 0).collect();
-        let rope_theta = cfg.get("rope_theta").and_then(Value::as_f64).ok_or_else(|| error("config.json: `rope_theta` is required (a number)"))?;
-        let rms_norm_eps = cfg.get("rms_norm_eps").and_then(Value::as_f64).ok_or_else(|| error("config.json: `rms_norm_eps` is required (a number)"))?;
+        let rope_theta = cfg
+            .get("rope_theta")
+            .and_then(Value::as_f64)
+            .ok_or_else(|| error("config.json: `rope_theta` is required (a number)"))?;
+        let rms_norm_eps = cfg
+            .get("rms_norm_eps")
+            .and_then(Value::as_f64)
+            .ok_or_else(|| error("config.json: `rms_norm_eps` is required (a number)"))?;
         Ok(Self {
             hidden: cfg.usize("hidden_size")?,
             layers,
@@ -68,11 +80,17 @@ impl Args {
             rms_norm_eps: rms_norm_eps as f32,
             vocab_size: cfg.usize("vocab_size")?,
             rope_theta: rope_theta as f32,
-            tie_word_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).ok_or_else(|| error("config.json: `tie_word_embeddings` is required (true or false)"))?,
+            tie_word_embeddings: cfg
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .ok_or_else(|| error("config.json: `tie_word_embeddings` is required (true or false)"))?,
             num_experts,
             top_k,
             moe_intermediate_size: cfg.usize("moe_intermediate_size")?,
-            norm_topk_prob: cfg.get("norm_topk_prob").and_then(Value::as_bool).ok_or_else(|| error("config.json: `norm_topk_prob` is required (true or false)"))?,
+            norm_topk_prob: cfg
+                .get("norm_topk_prob")
+                .and_then(Value::as_bool)
+                .ok_or_else(|| error("config.json: `norm_topk_prob` is required (true or false)"))?,
             sparse,
             max_position_embeddings: cfg.usize("max_position_embeddings")?,
         })

@@ -10,10 +10,10 @@
 mod args;
 
 use args::Args;
-use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
+use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, Linear, LmHead, LoadCtx, Mlp, RmsNorm};
 use model_kit::moe::{Router, SparseMoe, SwitchGlu};
 use model_kit::rope::Rope;
@@ -32,7 +32,11 @@ fn manifest() -> PluginManifest {
     plugin_sdk::manifest!(
         PluginKind::MODEL_FAMILY,
         "Qwen3-MoE: qwen3 attention, sparse mixture-of-experts MLPs",
-        Claims { model_types: rstrings(&[args::MODEL_TYPE]), architectures: rstrings(&["Qwen3MoeForCausalLM"]), ..Default::default() },
+        Claims {
+            model_types: rstrings(&[args::MODEL_TYPE]),
+            architectures: rstrings(&["Qwen3MoeForCausalLM"]),
+            ..Default::default()
+        },
         &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, caps::GROUPED_SPECULATIVE],
     )
 }
@@ -146,7 +150,11 @@ impl Model {
     fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config) -> Result<Self> {
         let embed = Embedding::load(ctx, "model.embed_tokens")?;
         if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!("embed_tokens has {} rows, config.json says vocab_size {}", embed.vocab_size(), args.vocab_size)));
+            return Err(error(format!(
+                "embed_tokens has {} rows, config.json says vocab_size {}",
+                embed.vocab_size(),
+                args.vocab_size
+            )));
         }
         let mut layers = Vec::with_capacity(args.layers);
         for i in 0..args.layers {

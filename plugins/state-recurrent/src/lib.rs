@@ -68,7 +68,10 @@ const MAX_SLOT_ELEMENTS: i64 = 1 << 30;
 
 fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
     if spec.need.kind != NeedKind::RECURRENT {
-        return Err(PluginError::unsupported(format!("state-recurrent serves recurrent layers, not `{}`", spec.need.kind.as_str())));
+        return Err(PluginError::unsupported(format!(
+            "state-recurrent serves recurrent layers, not `{}`",
+            spec.need.kind.as_str()
+        )));
     }
     if spec.scheme.as_str() != "plain" {
         return Err(PluginError::unsupported(format!("state-recurrent has no scheme `{}`", spec.scheme)));
@@ -110,7 +113,8 @@ struct Recurrent {
 
 impl Recurrent {
     fn signature(&self) -> RString {
-        let shapes: Vec<String> = self.shapes.iter().map(|s| s.iter().map(i64::to_string).collect::<Vec<_>>().join("x")).collect();
+        let shapes: Vec<String> =
+            self.shapes.iter().map(|s| s.iter().map(i64::to_string).collect::<Vec<_>>().join("x")).collect();
         format!("state:recurrent:{:?}:{}", self.dtype, shapes.join(":")).to_lowercase().into()
     }
 
@@ -122,7 +126,10 @@ impl Recurrent {
     fn slot_index(&self, i: u32) -> std::result::Result<usize, PluginError> {
         let i = i as usize;
         if i >= self.shapes.len() {
-            return Err(PluginError::invalid_input(format!("state-recurrent: slot {i} does not exist ({} declared)", self.shapes.len())));
+            return Err(PluginError::invalid_input(format!(
+                "state-recurrent: slot {i} does not exist ({} declared)",
+                self.shapes.len()
+            )));
         }
         Ok(i)
     }
@@ -131,7 +138,10 @@ impl Recurrent {
         let want = [self.state.rows() as i32, self.shapes[0][1] as i32];
         let s = inputs.shape();
         if s.len() != 3 || [s[0], s[2]] != want {
-            return Err(error(format!("state-recurrent: conv inputs {s:?} do not match [rows, L, C] = [{}, L, {}]", want[0], want[1])));
+            return Err(error(format!(
+                "state-recurrent: conv inputs {s:?} do not match [rows, L, C] = [{}, L, {}]",
+                want[0], want[1]
+            )));
         }
         self.state.conv_window(&inputs, self.shapes[0][0] as i32)
     }
@@ -160,12 +170,19 @@ impl Recurrent {
 
     fn import(&self, state: CacheState) -> std::result::Result<State, PluginError> {
         if state.signature != self.signature() {
-            return Err(PluginError::invalid_input(format!("state of `{}` cannot be imported into `{}`", state.signature, self.signature())));
+            return Err(PluginError::invalid_input(format!(
+                "state of `{}` cannot be imported into `{}`",
+                state.signature,
+                self.signature()
+            )));
         }
         let bad = |why: String| PluginError::invalid_input(format!("state-recurrent state: {why}"));
         let meta = state.meta.as_slice();
         let (rows, mask, padded) = match meta {
-            [rows, mask, ..] if (meta.len() as u64 == 2 + rows || meta.len() as u64 == 2 + 2 * rows) && *mask >> self.shapes.len() == 0 => {
+            [rows, mask, ..]
+                if (meta.len() as u64 == 2 + rows || meta.len() as u64 == 2 + 2 * rows)
+                    && *mask >> self.shapes.len() == 0 =>
+            {
                 (*rows as usize, *mask, meta.len() as u64 > 2 + rows)
             }
             _ => return Err(bad(format!("malformed metadata {meta:?}"))),
@@ -194,7 +211,10 @@ impl Recurrent {
         let start = self.round.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
         let rows = self.state.rows();
         if keep.len() != 1 && keep.len() != rows {
-            return Err(PluginError::invalid_input(format!("spec_rollback: {} keep counts for {rows} rows", keep.len())));
+            return Err(PluginError::invalid_input(format!(
+                "spec_rollback: {} keep counts for {rows} rows",
+                keep.len()
+            )));
         }
         let kept_all = (0..rows).all(|r| {
             let appended = self.state.offsets[r].saturating_sub(start.offsets.get(r).copied().unwrap_or(0));
@@ -211,7 +231,9 @@ impl Recurrent {
                 })
                 .collect();
             if counts.iter().any(|&n| n > 0) && start.padding_pending() {
-                return Err(PluginError::invalid_input("state-recurrent: a speculative round cannot keep tokens while left padding is pending"));
+                return Err(PluginError::invalid_input(
+                    "state-recurrent: a speculative round cannot keep tokens while left padding is pending",
+                ));
             }
             self.state = start;
             self.state.replay = counts.iter().any(|&n| n > 0).then_some(counts);
@@ -223,7 +245,9 @@ impl Recurrent {
     /// replay the state lacks the kept tokens its offsets will count.
     fn settled(&self) -> std::result::Result<(), PluginError> {
         match self.state.replay {
-            Some(_) => Err(PluginError::invalid_input("state-recurrent: the state awaits the replay of kept tokens; it cannot be exported yet")),
+            Some(_) => Err(PluginError::invalid_input(
+                "state-recurrent: the state awaits the replay of kept tokens; it cannot be exported yet",
+            )),
             None => Ok(()),
         }
     }
@@ -254,7 +278,9 @@ impl CacheLayout for Recurrent {
 
     /// The token count only: a recurrent layer has no positions.
     fn positions(&self) -> PResult<Positions> {
-        guard(|| Ok(Positions { offset: self.state.offsets.iter().copied().max().unwrap_or(0), per_row: ROption::RNone }))
+        guard(|| {
+            Ok(Positions { offset: self.state.offsets.iter().copied().max().unwrap_or(0), per_row: ROption::RNone })
+        })
     }
 
     /// `ARRAY` with bool `[B, queries]` (true = real column) while left
@@ -354,7 +380,10 @@ impl CacheLayout for Recurrent {
             let a = into_array(value);
             let want = self.full_shape(i, self.state.rows());
             if a.shape() != want.as_slice() {
-                return Err(PluginError::invalid_input(format!("state-recurrent: slot {i} must be {want:?}, got {:?}", a.shape())));
+                return Err(PluginError::invalid_input(format!(
+                    "state-recurrent: slot {i} must be {want:?}, got {:?}",
+                    a.shape()
+                )));
             }
             self.state.slots[i] = Some(a);
             Ok(())

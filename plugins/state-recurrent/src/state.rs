@@ -30,7 +30,12 @@ impl State {
     /// An empty state of `pads.len()` rows whose next columns begin with
     /// `pads[r]` padding ones.
     pub fn padded(slots: usize, pads: &[u32]) -> Self {
-        Self { slots: vec![None; slots], offsets: vec![0; pads.len()], pads: pads.iter().map(|&p| p as u64).collect(), replay: None }
+        Self {
+            slots: vec![None; slots],
+            offsets: vec![0; pads.len()],
+            pads: pads.iter().map(|&p| p as u64).collect(),
+            replay: None,
+        }
     }
 
     /// Whether padding columns are still to come.
@@ -44,9 +49,13 @@ impl State {
     /// marks the columns after each row's kept tokens as padding instead.
     pub fn mask(&self, l: usize) -> Option<Array> {
         let real: Vec<bool> = match &self.replay {
-            Some(counts) if counts.iter().any(|&n| n < l as u64) => counts.iter().flat_map(|&n| (0..l as u64).map(move |c| c < n)).collect(),
+            Some(counts) if counts.iter().any(|&n| n < l as u64) => {
+                counts.iter().flat_map(|&n| (0..l as u64).map(move |c| c < n)).collect()
+            }
             Some(_) => return None,
-            None if self.padding_pending() => self.pads.iter().flat_map(|&p| (0..l as u64).map(move |c| c >= p)).collect(),
+            None if self.padding_pending() => {
+                self.pads.iter().flat_map(|&p| (0..l as u64).map(move |c| c >= p)).collect()
+            }
             None => return None,
         };
         Some(Array::from_slice(&real, &[self.rows() as i32, l as i32]))
@@ -95,7 +104,9 @@ impl State {
         let s = window.shape().to_vec();
         let (b, l, c) = (s[0], s[1] - keep, s[2]);
         if counts.iter().any(|&n| n > l as u64) {
-            return Err(error(format!("state-recurrent: a replay of {counts:?} kept tokens got an update of {l} columns")));
+            return Err(error(format!(
+                "state-recurrent: a replay of {counts:?} kept tokens got an update of {l} columns"
+            )));
         }
         let idx: Vec<i32> = counts.iter().flat_map(|&n| (0..keep).map(move |j| n as i32 + j)).collect();
         let idx = mlx_rs::ops::broadcast_to(&Array::from_slice(&idx, &[b, keep, 1]), &[b, keep, c])?;
@@ -131,8 +142,14 @@ impl State {
         if r >= self.rows() {
             return Err(error(format!("extract_row: row {r} out of range (rows = {})", self.rows())));
         }
-        let slots = self.slots.iter().map(|s| s.as_ref().map(|a| rows_of(a, r, r + 1)).transpose()).collect::<Result<_>>()?;
-        Ok(State { slots, offsets: vec![self.offsets[r]], pads: vec![self.pads[r]], replay: self.replay.as_ref().map(|c| vec![c[r]]) })
+        let slots =
+            self.slots.iter().map(|s| s.as_ref().map(|a| rows_of(a, r, r + 1)).transpose()).collect::<Result<_>>()?;
+        Ok(State {
+            slots,
+            offsets: vec![self.offsets[r]],
+            pads: vec![self.pads[r]],
+            replay: self.replay.as_ref().map(|c| vec![c[r]]),
+        })
     }
 
     /// Appends the rows of `others` after ours, along the batch axis. Rows
@@ -141,7 +158,9 @@ impl State {
     /// graph would have started that row from (mlx-lm's `ArraysCache.extend`).
     pub fn append(&mut self, others: Vec<State>, shapes: &[Vec<i64>]) -> Result<()> {
         if self.replay.is_some() {
-            return Err(error("state-recurrent: rows cannot merge while a replay is pending (replay the kept tokens first)"));
+            return Err(error(
+                "state-recurrent: rows cannot merge while a replay is pending (replay the kept tokens first)",
+            ));
         }
         let mut parts = vec![std::mem::replace(self, State::empty(shapes.len(), 0))];
         parts.extend(others);
@@ -151,7 +170,10 @@ impl State {
             let dtype = parts.iter().find_map(|p| p.slots[i].as_ref().map(Array::dtype));
             slots.push(match dtype {
                 None => None,
-                Some(dt) => Some(mlx_rs::ops::concatenate(&parts.iter().map(|p| filled(p, i, shape, dt)).collect::<Result<Vec<_>>>()?, 0)?),
+                Some(dt) => Some(mlx_rs::ops::concatenate(
+                    &parts.iter().map(|p| filled(p, i, shape, dt)).collect::<Result<Vec<_>>>()?,
+                    0,
+                )?),
             });
         }
         self.slots = slots;

@@ -41,7 +41,9 @@ fn values(a: &Array) -> Vec<f32> {
 /// `[rows, l, 3]` inputs whose values name row, token and channel:
 /// `100 * row + 10 * (first + t) + c` for token t of the step.
 fn inputs(rows: usize, first: usize, l: usize) -> Array {
-    let v: Vec<f32> = (0..rows).flat_map(|r| (0..l).flat_map(move |t| (0..3).map(move |c| (100 * r + 10 * (first + t) + c) as f32))).collect();
+    let v: Vec<f32> = (0..rows)
+        .flat_map(|r| (0..l).flat_map(move |t| (0..3).map(move |c| (100 * r + 10 * (first + t) + c) as f32)))
+        .collect();
     Array::from_slice(&v, &[rows as i32, l as i32, 3])
 }
 
@@ -78,7 +80,12 @@ fn the_conv_window_starts_from_zeros_and_keeps_the_last_inputs() {
     assert_eq!(slot(&c, 1).unwrap(), vec![4.0; 4]);
     // The window keeps the dtype of the inputs (zeros too).
     let mut b = cache(1);
-    let kv = b.update_and_fetch(into_tensor(inputs(1, 0, 1).as_dtype(Dtype::Bfloat16).unwrap()), into_tensor(Array::from_f32(0.0))).unwrap();
+    let kv = b
+        .update_and_fetch(
+            into_tensor(inputs(1, 0, 1).as_dtype(Dtype::Bfloat16).unwrap()),
+            into_tensor(Array::from_f32(0.0)),
+        )
+        .unwrap();
     assert_eq!(into_array(kv.keys).dtype(), Dtype::Bfloat16);
 }
 
@@ -108,7 +115,11 @@ fn a_round_that_keeps_everything_commits_and_one_that_drops_restores_the_start()
         c.spec_rollback(RSlice::from_slice(&[keep])).unwrap();
         let at = format!("drafted {drafted}, keep {keep}");
         if restored {
-            assert_eq!((c.offset(), slot(&c, 0), slot(&c, 1)), (4, w0.clone(), s0.clone()), "{at}: back at the round's start");
+            assert_eq!(
+                (c.offset(), slot(&c, 0), slot(&c, 1)),
+                (4, w0.clone(), s0.clone()),
+                "{at}: back at the round's start"
+            );
         } else {
             assert_eq!((c.offset(), slot(&c, 0), slot(&c, 1)), (4 + drafted, w1, s1), "{at}: all kept");
         }
@@ -216,7 +227,10 @@ fn slots_and_inputs_of_the_wrong_shape_are_refused_without_a_change() {
     let mut c = cache(1);
     step(&mut c, 1, 0, 2);
     let before = (c.offset(), slot(&c, 0), slot(&c, 1));
-    assert_eq!(err(c.set_slot(1, into_tensor(Array::from_slice(&[1.0f32; 6], &[1, 2, 3])))).code, ErrorCode::INVALID_INPUT);
+    assert_eq!(
+        err(c.set_slot(1, into_tensor(Array::from_slice(&[1.0f32; 6], &[1, 2, 3])))).code,
+        ErrorCode::INVALID_INPUT
+    );
     assert_eq!(err(c.set_slot(2, into_tensor(Array::from_f32(1.0)))).code, ErrorCode::INVALID_INPUT);
     assert_eq!(err(c.get_slot(5)).code, ErrorCode::INVALID_INPUT);
     let wide = into_tensor(Array::from_slice(&[1.0f32; 4], &[1, 1, 4]));
@@ -268,7 +282,11 @@ fn padded_inputs(pads: &[usize], from: usize, to: usize) -> Array {
     let v: Vec<f32> = pads
         .iter()
         .enumerate()
-        .flat_map(|(r, &p)| (from..to).flat_map(move |col| (0..3).map(move |c| if col < p { 0.0 } else { (100 * r + 10 * (col - p) + c) as f32 })))
+        .flat_map(|(r, &p)| {
+            (from..to).flat_map(move |col| {
+                (0..3).map(move |c| if col < p { 0.0 } else { (100 * r + 10 * (col - p) + c) as f32 })
+            })
+        })
         .collect();
     Array::from_slice(&v, &[pads.len() as i32, (to - from) as i32, 3])
 }
@@ -307,7 +325,12 @@ fn padded_rows_mask_their_padding_across_updates_and_count_real_tokens_only() {
         let mut alone = cache(1);
         let real = 8 - p;
         let v: Vec<f32> = (0..real).flat_map(|t| (0..3).map(move |ch| (100 * r + 10 * t + ch) as f32)).collect();
-        alone.update_and_fetch(into_tensor(Array::from_slice(&v, &[1, real as i32, 3])), into_tensor(Array::from_f32(0.0))).unwrap();
+        alone
+            .update_and_fetch(
+                into_tensor(Array::from_slice(&v, &[1, real as i32, 3])),
+                into_tensor(Array::from_f32(0.0)),
+            )
+            .unwrap();
         assert_eq!(row.offset, real as u64, "row {r}");
         let mut back = cache(1);
         back.import_state(row).unwrap();
@@ -362,16 +385,26 @@ fn rows_that_keep_different_counts_replay_in_one_padded_update() {
     assert!(c.update_and_fetch(into_tensor(inputs(3, 4, 3)), into_tensor(inputs(3, 4, 3))).into_result().is_err());
     c.spec_begin().unwrap();
     let replay: Vec<f32> = (0..3)
-        .flat_map(|r| (0..4).flat_map(move |col| (0..3).map(move |ch| if (col as u64) < keep[r] { (100 * r + 10 * (4 + col) + ch) as f32 } else { 0.0 })))
+        .flat_map(|r| {
+            (0..4).flat_map(move |col| {
+                (0..3).map(move |ch| if (col as u64) < keep[r] { (100 * r + 10 * (4 + col) + ch) as f32 } else { 0.0 })
+            })
+        })
         .collect();
     let replay = Array::from_slice(&replay, &[3, 4, 3]);
     c.update_and_fetch(into_tensor(replay.clone()), into_tensor(replay)).unwrap();
     c.spec_rollback(RSlice::from_slice(&keep)).unwrap();
     assert_eq!(mask_rows(&c, 1), None, "replay consumed");
     for (r, &n) in keep.iter().enumerate() {
-        let v: Vec<f32> = (0..4 + n as usize).flat_map(|t| (0..3).map(move |ch| (100 * r + 10 * t + ch) as f32)).collect();
+        let v: Vec<f32> =
+            (0..4 + n as usize).flat_map(|t| (0..3).map(move |ch| (100 * r + 10 * t + ch) as f32)).collect();
         let mut alone = cache(1);
-        alone.update_and_fetch(into_tensor(Array::from_slice(&v, &[1, 4 + n as i32, 3])), into_tensor(Array::from_f32(0.0))).unwrap();
+        alone
+            .update_and_fetch(
+                into_tensor(Array::from_slice(&v, &[1, 4 + n as i32, 3])),
+                into_tensor(Array::from_f32(0.0)),
+            )
+            .unwrap();
         let mut back = cache(1);
         back.import_state(c.extract_row(r as u32).unwrap()).unwrap();
         assert_eq!((back.offset(), slot(&back, 0)), (4 + n, slot(&alone, 0)), "row {r}");

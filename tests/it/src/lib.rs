@@ -42,7 +42,11 @@ pub fn python() -> std::process::Command {
 /// A model folder under `models/`, which must exist.
 pub fn model(rel: &str) -> PathBuf {
     let p = repo_root().join("models").join(rel);
-    assert!(p.join("config.json").exists(), "{} is missing: run `cargo xtask test` (it makes the model folders)", p.display());
+    assert!(
+        p.join("config.json").exists(),
+        "{} is missing: run `cargo xtask test` (it makes the model folders)",
+        p.display()
+    );
     p
 }
 
@@ -60,7 +64,11 @@ impl Scratch {
     pub fn new(tag: &str) -> Self {
         use std::sync::atomic::{AtomicUsize, Ordering};
         static N: AtomicUsize = AtomicUsize::new(0);
-        let p = profile_dir().join("scratch").join(format!("{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+        let p = profile_dir().join("scratch").join(format!(
+            "{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("scratch dir");
         Self(p)
@@ -98,7 +106,9 @@ impl Server {
         let s = Self { child, port, log };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         while std::time::Instant::now() < deadline {
-            if std::net::TcpStream::connect(("127.0.0.1", s.port)).is_ok() && s.request("GET", "/health", &[], b"").status == 200 {
+            if std::net::TcpStream::connect(("127.0.0.1", s.port)).is_ok()
+                && s.request("GET", "/health", &[], b"").status == 200
+            {
                 return s;
             }
             std::thread::sleep(std::time::Duration::from_millis(200));
@@ -193,7 +203,9 @@ impl HttpResponse {
         let head = String::from_utf8_lossy(&raw[..split]).into_owned();
         let mut lines = head.lines();
         let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let headers: Vec<(String, String)> = lines.filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))).collect();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned())))
+            .collect();
         let mut body = raw.get(split + 4..).unwrap_or(&[]).to_vec();
         if headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked")) {
             body = dechunk(&body);

@@ -128,7 +128,11 @@ impl RowCost {
         }
         let per_step = self.emitted as f64 / self.rounds as f64;
         let cost = self.cost / self.rounds as f64;
-        (per_step < MARGIN * cost).then(|| format!("batched rounds emit {per_step:.2} tokens each and cost {cost:.2} plain steps: plain steps from here"))
+        (per_step < MARGIN * cost).then(|| {
+            format!(
+                "batched rounds emit {per_step:.2} tokens each and cost {cost:.2} plain steps: plain steps from here"
+            )
+        })
     }
 }
 

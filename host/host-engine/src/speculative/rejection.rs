@@ -120,7 +120,15 @@ mod tests {
     fn the_emitted_token_is_distributed_as_p() {
         let (pv, qv) = ([0.5f32, 0.3, 0.2, 0.0], [0.1f32, 0.2, 0.3, 0.4]);
         let k = 4000usize;
-        let cdf = |x: f32| qv.iter().scan(0.0, |a, &v| { *a += v; Some(*a) }).position(|c| x < c).unwrap_or(3) as u32;
+        let cdf = |x: f32| {
+            qv.iter()
+                .scan(0.0, |a, &v| {
+                    *a += v;
+                    Some(*a)
+                })
+                .position(|c| x < c)
+                .unwrap_or(3) as u32
+        };
         // Drafts ~ q from a fixed LCG (independent of the sampler's chain).
         let mut s = 12345u64;
         let drafts: Vec<u32> = (0..k)

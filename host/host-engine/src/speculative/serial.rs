@@ -85,7 +85,16 @@ struct Chain {
 
 impl Engine {
     /// Queues one verify of `input` (`[1, k+1]`) and its verdict on the device.
-    fn queue_round(&self, input: Array, q: Option<&Array>, drafts: &[u32], caches: &mut [CacheBox], sampler: &mut Sampler, since: Instant, draft_s: f64) -> Result<Round, EngineError> {
+    fn queue_round(
+        &self,
+        input: Array,
+        q: Option<&Array>,
+        drafts: &[u32],
+        caches: &mut [CacheBox],
+        sampler: &mut Sampler,
+        since: Instant,
+        draft_s: f64,
+    ) -> Result<Round, EngineError> {
         let k = input.shape()[1] as usize - 1;
         let t0 = Instant::now();
         let logits = self.forward_all(&input, caches)?;
@@ -95,9 +104,12 @@ impl Engine {
         let lps = Sampler::logprobs(&logits)?;
         let (out, rejection) = match q {
             Some(q) => (rejection::verdict(&sampler.probabilities(&lps)?, q, drafts, sampler)?, true),
-            None if sampler.params.is_greedy() => (mlx_rs::ops::indexing::argmax_axis(&lps, -1, None)?.as_dtype(mlx_rs::Dtype::Uint32)?, false),
+            None if sampler.params.is_greedy() => {
+                (mlx_rs::ops::indexing::argmax_axis(&lps, -1, None)?.as_dtype(mlx_rs::Dtype::Uint32)?, false)
+            }
             None => {
-                let draws = (0..=k as i32).map(|i| sampler.sample(&lps.index(i..i + 1))).collect::<Result<Vec<_>, _>>()?;
+                let draws =
+                    (0..=k as i32).map(|i| sampler.sample(&lps.index(i..i + 1))).collect::<Result<Vec<_>, _>>()?;
                 (mlx_rs::ops::concatenate(&draws, 0)?.as_dtype(mlx_rs::Dtype::Uint32)?, false)
             }
         };
@@ -121,11 +133,23 @@ impl Engine {
     /// everything, and queues its verify. None: the drafter proposed
     /// nothing, cannot draft ahead (then `ahead` turns off), or failed.
     #[allow(clippy::too_many_arguments)]
-    fn queue_ahead(&self, cur: &Round, drafter: &mut DrafterBox, n: usize, caches: &mut [CacheBox], d: &mut Decoding, ahead: &mut bool) -> Result<Option<Round>, EngineError> {
+    fn queue_ahead(
+        &self,
+        cur: &Round,
+        drafter: &mut DrafterBox,
+        n: usize,
+        caches: &mut [CacheBox],
+        d: &mut Decoding,
+        ahead: &mut bool,
+    ) -> Result<Option<Round>, EngineError> {
         let t0 = Instant::now();
         let pending = cur.out.index(cur.k as i32..cur.k as i32 + 1).as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, 1])?;
         let position = d.history.len() + cur.k + 1;
-        let args = DraftAheadArgs { pending: tensor_ref(&pending), max_tokens: n as u32, sampling: draft_sampling(&d.sampler, position) };
+        let args = DraftAheadArgs {
+            pending: tensor_ref(&pending),
+            max_tokens: n as u32,
+            sampling: draft_sampling(&d.sampler, position),
+        };
         let drafts = match drafter.draft_ahead(args).into_result() {
             Ok(a) => unsafe { Array::from_ptr(a.tokens.into_raw()) },
             Err(_) => {
@@ -148,7 +172,13 @@ impl Engine {
     /// Ends a chain: the caches keep its settled tokens plus `tail` (with
     /// `all_kept`, everything appended: commit) and snapshot layouts get
     /// them replayed.
-    fn close_chain(&self, chain: Chain, tail: &[u32], all_kept: bool, caches: &mut [CacheBox]) -> Result<(), EngineError> {
+    fn close_chain(
+        &self,
+        chain: Chain,
+        tail: &[u32],
+        all_kept: bool,
+        caches: &mut [CacheBox],
+    ) -> Result<(), EngineError> {
         let mut kept = chain.kept;
         kept.extend_from_slice(tail);
         if all_kept {
@@ -165,10 +195,18 @@ impl Engine {
         Ok(())
     }
 
-    pub fn generate_speculative(&self, req: &GenerateRequest, drafter: &mut DrafterBox, max_depth: usize, kind: &str, mut on_token: impl FnMut(&TokenOut) -> Flow) -> Result<(GenerateResult, SpecStats), EngineError> {
+    pub fn generate_speculative(
+        &self,
+        req: &GenerateRequest,
+        drafter: &mut DrafterBox,
+        max_depth: usize,
+        kind: &str,
+        mut on_token: impl FnMut(&TokenOut) -> Flow,
+    ) -> Result<(GenerateResult, SpecStats), EngineError> {
         let (start, mut caches, cached) = self.start_request(req)?;
         let mut d = Decoding::new(self, req)?;
-        let mut stats = SpecStats { kind: kind.to_owned(), accepted_by_position: vec![0; max_depth], ..Default::default() };
+        let mut stats =
+            SpecStats { kind: kind.to_owned(), accepted_by_position: vec![0; max_depth], ..Default::default() };
         // A drafter that fails costs this request its speculation, not its answer.
         if let Err(e) = drafter.prefill(RSlice::from_slice(&req.prompt)).into_result() {
             stats.disabled = Some(format!("the drafter failed to prefill ({e}): plain steps"));
@@ -202,7 +240,9 @@ impl Engine {
                     // fallback (the request's remaining tokens), for the
                     // clock's reference samples, and when no room is left.
                     if stats.disabled.is_some() || room < 2 {
-                        break 'gen self.decode_plain(&mut d, &mut caches, usize::MAX, &mut on_token)?.unwrap_or(Finish::Length);
+                        break 'gen self
+                            .decode_plain(&mut d, &mut caches, usize::MAX, &mut on_token)?
+                            .unwrap_or(Finish::Length);
                     }
                     if judge && clock.wants_plain_sample(d.out.len()) {
                         // Timed from the sample's first token to its last: the
@@ -217,7 +257,9 @@ impl Engine {
                             first.get_or_insert(last);
                             on_token(t)
                         };
-                        if let Some(f) = self.decode_plain(&mut d, &mut caches, clock::PLAIN_SAMPLE_TOKENS, &mut timed)? {
+                        if let Some(f) =
+                            self.decode_plain(&mut d, &mut caches, clock::PLAIN_SAMPLE_TOKENS, &mut timed)?
+                        {
                             break 'gen f;
                         }
                         let intervals = (d.out.len() - before).saturating_sub(1);
@@ -232,7 +274,11 @@ impl Engine {
                     // The drafter's answer is authoritative; 0 tokens = a plain
                     // step. Its probability rows q count only when sampling.
                     let n = depth.min(room - 1);
-                    let args = DraftArgs { history: RSlice::from_slice(&d.history), max_tokens: n as u32, sampling: draft_sampling(&d.sampler, d.history.len()) };
+                    let args = DraftArgs {
+                        history: RSlice::from_slice(&d.history),
+                        max_tokens: n as u32,
+                        sampling: draft_sampling(&d.sampler, d.history.len()),
+                    };
                     // A drafter that fails costs this request its speculation, not its answer.
                     let (mut drafts, mut q) = match drafter.draft(args).into_result() {
                         Ok(r) => {
@@ -250,7 +296,9 @@ impl Engine {
                         // roll back): then plain steps, and it says why.
                         let starts = caches.iter().map(|c| c.offset()).collect();
                         if let Some(e) = caches.iter_mut().find_map(|c| c.spec_begin().into_result().err()) {
-                            stats.disabled = Some(format!("a cache layout refused a speculative round ({e}): plain steps from here"));
+                            stats.disabled = Some(format!(
+                                "a cache layout refused a speculative round ({e}): plain steps from here"
+                            ));
                             drafts.clear();
                             q = None;
                         } else {
@@ -260,14 +308,29 @@ impl Engine {
                     let mut input = vec![*d.history.last().unwrap()];
                     input.extend_from_slice(&drafts);
                     let draft_s = since.elapsed().as_secs_f64();
-                    self.queue_round(token_array(&input), q.as_ref(), &drafts, &mut caches, &mut d.sampler, since, draft_s)?
+                    self.queue_round(
+                        token_array(&input),
+                        q.as_ref(),
+                        &drafts,
+                        &mut caches,
+                        &mut d.sampler,
+                        since,
+                        draft_s,
+                    )?
                 }
             };
             // Queue the next round before reading this one, while the
             // chain has room and this round leaves room for another.
             let room_after = req.max_tokens.saturating_sub(d.out.len() + cur.k + 1);
             let chain_room = chain.as_ref().is_some_and(|c| c.kept.len() + cur.k + 1 + depth < CHAIN_TOKENS);
-            let next = if ahead && gate.open() && chain_room && !cur.rejection && cur.k > 0 && stats.disabled.is_none() && room_after >= 2 {
+            let next = if ahead
+                && gate.open()
+                && chain_room
+                && !cur.rejection
+                && cur.k > 0
+                && stats.disabled.is_none()
+                && room_after >= 2
+            {
                 self.queue_ahead(&cur, drafter, depth.min(room_after - 1), &mut caches, &mut d, &mut ahead)?
             } else {
                 None

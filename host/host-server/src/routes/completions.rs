@@ -14,9 +14,17 @@ use serde_json::Value;
 
 /// `prompt`: a string, a one-element array of strings, or token ids.
 fn prompt_ids(st: &AppState, v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
-    let text = || st.text.clone().ok_or_else(|| ApiError::param("prompt", "this model has no tokenizer: send token ids"));
+    let text =
+        || st.text.clone().ok_or_else(|| ApiError::param("prompt", "this model has no tokenizer: send token ids"));
     let ids = |a: &Vec<Value>| -> Result<Vec<u32>, ApiError> {
-        a.iter().map(|x| x.as_u64().filter(|n| *n < u32::MAX as u64).map(|n| n as u32).ok_or_else(|| ApiError::param("prompt", "token ids must be non-negative integers"))).collect()
+        a.iter()
+            .map(|x| {
+                x.as_u64()
+                    .filter(|n| *n < u32::MAX as u64)
+                    .map(|n| n as u32)
+                    .ok_or_else(|| ApiError::param("prompt", "token ids must be non-negative integers"))
+            })
+            .collect()
     };
     match v {
         None => Err(ApiError::param("prompt", "`prompt` is required")),
@@ -28,7 +36,9 @@ fn prompt_ids(st: &AppState, v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
             Value::Array(inner) => ids(inner),
             _ => Err(ApiError::param("prompt", "`prompt` must be a string, an array of strings, or token ids")),
         },
-        Some(Value::Array(_)) => Err(ApiError::unsupported("prompt", "several prompts in one request are not supported (send one)")),
+        Some(Value::Array(_)) => {
+            Err(ApiError::unsupported("prompt", "several prompts in one request are not supported (send one)"))
+        }
         Some(_) => Err(ApiError::param("prompt", "`prompt` must be a string, an array of strings, or token ids")),
     }
 }
@@ -49,7 +59,14 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     let text = st.text.clone().ok_or_else(|| ApiError::invalid("this model has no tokenizer to decode its output"))?;
     let id = st.next_id("cmpl");
     let run = gen::submit(&st, &id, req)?;
-    let ctx = Ctx { st: st.clone(), api: Api::Completion, id, created: unix_now(), logprobs, include_usage: common.include_usage };
+    let ctx = Ctx {
+        st: st.clone(),
+        api: Api::Completion,
+        id,
+        created: unix_now(),
+        logprobs,
+        include_usage: common.include_usage,
+    };
     let asm = Assembler::new(text, common.stop.clone());
     if common.stream {
         Ok(respond::stream(ctx, run, asm))

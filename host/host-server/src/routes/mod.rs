@@ -15,7 +15,8 @@ pub fn json_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid("the request body is empty: send a JSON object"));
     }
-    let text = std::str::from_utf8(body).map_err(|e| ApiError::invalid(format!("the request body is not valid UTF-8 (at byte {})", e.valid_up_to())))?;
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid UTF-8 (at byte {})", e.valid_up_to())))?;
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(ApiError::invalid("the request body must be a JSON object")),

@@ -98,7 +98,10 @@ impl Drafter for Repeat {
     fn commit(&mut self, accepted: u32) -> PResult<()> {
         guard(|| {
             if accepted > self.drafted {
-                return Err(PluginError::invalid_input(format!("commit({accepted}) after drafting {} tokens", self.drafted)));
+                return Err(PluginError::invalid_input(format!(
+                    "commit({accepted}) after drafting {} tokens",
+                    self.drafted
+                )));
             }
             self.drafted = 0;
             Ok(())

@@ -43,7 +43,11 @@ fn manifest() -> PluginManifest {
         abi_version: DECLARED_ABI,
         kind: PluginKind::MODEL_FAMILY,
         description: "toy bigram graph (third-party proof of the plugin ABI)".into(),
-        claims: Claims { model_types: rstrings(&[MODEL_TYPE]), architectures: rstrings(&[ARCHITECTURE]), ..Default::default() },
+        claims: Claims {
+            model_types: rstrings(&[MODEL_TYPE]),
+            architectures: rstrings(&[ARCHITECTURE]),
+            ..Default::default()
+        },
         // Only what the graph really does: the embeddings and head are
         // reachable (embed / lm_head); no taps, no batching promise.
         capabilities: rstrings(&[caps::SHARED_EMBEDDINGS]),
@@ -56,7 +60,10 @@ fn init(host: &HostInfo) -> std::result::Result<(), PluginError> {
         panic!("toy-family refuses to start (built with feature panic-in-init)");
     }
     if host.abi_version != ABI_VERSION {
-        return Err(PluginError::unsupported(format!("toy-family speaks plugin ABI v{ABI_VERSION}, the host v{}", host.abi_version)));
+        return Err(PluginError::unsupported(format!(
+            "toy-family speaks plugin ABI v{ABI_VERSION}, the host v{}",
+            host.abi_version
+        )));
     }
     Ok(())
 }
@@ -76,13 +83,19 @@ impl Args {
         let vocab = cfg.usize("vocab_size").map_err(bad)?;
         let hidden = cfg.usize("hidden_size").map_err(bad)?;
         if vocab.checked_mul(hidden).is_none_or(|n| n > 1 << 28) {
-            return Err(PluginError::invalid_config(format!("vocab_size {vocab} x hidden_size {hidden} is too large for a toy")));
+            return Err(PluginError::invalid_config(format!(
+                "vocab_size {vocab} x hidden_size {hidden} is too large for a toy"
+            )));
         }
         let dtype = match cfg.str("torch_dtype").unwrap_or("float32") {
             "float32" => Dtype::FLOAT32,
             "bfloat16" => Dtype::BFLOAT16,
             "float16" => Dtype::FLOAT16,
-            other => return Err(PluginError::invalid_config(format!("config.json: torch_dtype `{other}` is not float32, bfloat16 or float16"))),
+            other => {
+                return Err(PluginError::invalid_config(format!(
+                    "config.json: torch_dtype `{other}` is not float32, bfloat16 or float16"
+                )))
+            }
         };
         Ok(Self { vocab: vocab as i32, hidden: hidden as i32, dtype })
     }
@@ -180,7 +193,10 @@ impl Bigram {
         }
         let tokens = view(args.tokens);
         if tokens.ndim() != 2 || tokens.shape()[1] == 0 {
-            return Err(PluginError::invalid_input(format!("tokens must be [B, L] with L > 0, got {:?}", tokens.shape())));
+            return Err(PluginError::invalid_input(format!(
+                "tokens must be [B, L] with L > 0, got {:?}",
+                tokens.shape()
+            )));
         }
         Ok(())
     }
@@ -200,8 +216,11 @@ impl Bigram {
         }
         drop(mask); // a bigram attends to nothing; an ARRAY mask's tensor is ours and freed here
         let kv = x.reshape(&[b, 1, l, hd])?; // [B, kv_heads = 1, L, H]
-        // Transferred: the layout owns these handles now (it frees them).
-        let fetched = cache.update_and_fetch(into_tensor(kv.clone()), into_tensor(kv)).into_result().map_err(|e| error(format!("cache layout: {e}")))?;
+                                             // Transferred: the layout owns these handles now (it frees them).
+        let fetched = cache
+            .update_and_fetch(into_tensor(kv.clone()), into_tensor(kv))
+            .into_result()
+            .map_err(|e| error(format!("cache layout: {e}")))?;
         // Returned handles are ours: into_array takes ownership, Drop frees.
         let keys = into_array(fetched.keys);
         let _values = into_array(fetched.values);
@@ -234,7 +253,12 @@ impl ModelGraph for Bigram {
 
     fn forward(&self, args: ForwardArgs<'_>, mut caches: RSliceMut<'_, CacheBox>) -> PResult<ForwardOutput> {
         if cfg!(feature = "forward-error") {
-            return guard(|| Err(PluginError::new(ErrorCode::INTERNAL, "toy-family forward failed on purpose (built with feature forward-error)")));
+            return guard(|| {
+                Err(PluginError::new(
+                    ErrorCode::INTERNAL,
+                    "toy-family forward failed on purpose (built with feature forward-error)",
+                ))
+            });
         }
         // Every boundary method runs inside a guard: a panic unwinding into
         // abi_stable's vtable would abort the host. `guard` takes
