@@ -52,42 +52,79 @@ pub fn test(root: &Path, extra: &[String]) -> Result<()> {
     default_model(root)?;
     tiny_models(root)?;
     step("running the test suite");
-    let (passed, failed) =
+    let c =
         run_counting(Command::new("cargo").args(["test", "--release", "--workspace", "--no-fail-fast"]).args(extra))?;
     // One closing line for the whole suite, after cargo's per-binary lines
     // (the last of which is often an empty doc-test run).
-    println!("total: {passed} passed, {failed} failed");
-    if failed > 0 || passed == 0 {
-        anyhow::bail!("the test suite did not pass ({passed} passed, {failed} failed)");
+    println!("total: {} passed, {} failed, {} ignored", c.passed, c.failed, c.ignored);
+    // An ignored test is one that no longer runs: the suite does not pass
+    // with it, whatever the reason it was set aside.
+    if c.failed > 0 || c.ignored > 0 || c.passed == 0 {
+        anyhow::bail!("the test suite did not pass ({} passed, {} failed, {} ignored)", c.passed, c.failed, c.ignored);
     }
     Ok(())
 }
 
-/// Runs a cargo test command, echoing its output, and sums its
-/// `test result:` lines.
-fn run_counting(cmd: &mut Command) -> Result<(usize, usize)> {
-    use std::io::{BufRead, BufReader};
-    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
-    let (mut passed, mut failed) = (0, 0);
-    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
-        let line = line?;
-        println!("{line}");
-        if let Some(rest) = line.strip_prefix("test result: ") {
-            for part in rest.split(';') {
-                let mut words = part.split_whitespace().rev();
-                let (Some(label), Some(n)) = (words.next(), words.next()) else { continue };
-                let n: usize = n.parse().unwrap_or(0);
-                match label {
-                    "passed" => passed += n,
-                    "failed" => failed += n,
-                    _ => {}
-                }
+/// What cargo's `test result:` lines add up to.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Counts {
+    passed: usize,
+    failed: usize,
+    ignored: usize,
+}
+
+impl Counts {
+    /// Adds one `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line
+    /// (any other line adds nothing).
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else { return };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(label), Some(n)) = (words.next(), words.next()) else { continue };
+            let n: usize = n.parse().unwrap_or(0);
+            match label {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
             }
         }
     }
+}
+
+/// Runs a cargo test command, echoing its output, and sums its
+/// `test result:` lines.
+fn run_counting(cmd: &mut Command) -> Result<Counts> {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
+    let mut c = Counts::default();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        c.add_line(&line);
+    }
     let status = child.wait()?;
-    if !status.success() && failed == 0 {
+    if !status.success() && c.failed == 0 {
         anyhow::bail!("cargo test failed with {status}");
     }
-    Ok((passed, failed))
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counts;
+
+    #[test]
+    fn ignored_tests_are_counted() {
+        let mut c = Counts::default();
+        for line in [
+            "running 3 tests",
+            "test result: ok. 2 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s",
+            "test result: FAILED. 5 passed; 2 failed; 0 ignored; 0 measured; 4 filtered out; finished in 1.20s",
+            "test a ... ignored",
+        ] {
+            c.add_line(line);
+        }
+        assert_eq!(c, Counts { passed: 7, failed: 2, ignored: 1 });
+    }
 }
