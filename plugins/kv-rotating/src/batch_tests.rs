@@ -9,31 +9,24 @@
 //! a visible padding column or a foreign row's key shows up as a mismatch.
 
 use super::*;
-use plugin_api::abi_stable::std_types::RSlice;
+use crate::geometry::Geometry;
+use model_kit::{Array, Dtype};
+use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
+use plugin_sdk::{into_array, into_tensor, mlx_rs};
 use std::collections::BTreeSet;
 
 const W: usize = 8;
 
-fn serial(step: usize) -> RotatingKv {
-    RotatingKv {
-        keys: None,
-        values: None,
-        offset: 0,
-        idx: 0,
-        max_size: W,
-        keep: 0,
-        step,
-        window: W,
-        heads: 1,
-        k_dim: 1,
-        v_dim: 1,
-        dtype: Dtype::Float32,
-        round: None,
-    }
+fn geo(step: usize) -> Geometry {
+    Geometry { max_size: W, window: W, step, heads: 1, k_dim: 1, v_dim: 1, dtype: Dtype::Float32 }
 }
 
-fn batch(step: usize) -> BatchRotatingKv {
-    BatchRotatingKv::new(&serial(step), 0)
+fn serial(step: usize) -> RotatingKv {
+    RotatingKv::serial(geo(step))
+}
+
+fn batch(step: usize) -> RotatingKv {
+    RotatingKv::batch(geo(step), 0)
 }
 
 fn flat<T: mlx_rs::ArrayElement + Copy>(a: &Array) -> Vec<T> {
@@ -139,7 +132,7 @@ impl<T: CacheLayout> CacheLayoutish for T {
 
 /// A batch and, per row, the serial cache that row would be alone.
 struct Sim {
-    b: BatchRotatingKv,
+    b: RotatingKv,
     refs: Vec<RotatingKv>,
     /// Row identities (key values), and tokens each row has seen.
     ids: Vec<usize>,
@@ -206,9 +199,11 @@ impl Sim {
     fn round(&mut self, l: usize, keep: &[u64]) {
         CacheLayout::spec_begin(&mut self.b).unwrap();
         let (_, seen) = step_cache(&mut self.b, &self.ids, &self.fed, l);
-        for r in 0..self.ids.len() {
-            for i in 0..l {
-                assert_eq!(seen[r][i], window_of(self.ids[r], self.fed[r] + i), "round: row {r} query {i}");
+        assert_eq!(seen.len(), self.ids.len());
+        for (r, queries) in seen.iter().enumerate() {
+            assert_eq!(queries.len(), l);
+            for (i, sees) in queries.iter().enumerate() {
+                assert_eq!(*sees, window_of(self.ids[r], self.fed[r] + i), "round: row {r} query {i}");
             }
         }
         CacheLayout::spec_rollback(&mut self.b, RSlice::from_slice(keep)).unwrap();
@@ -240,7 +235,7 @@ impl Sim {
         let mut a = serial(256);
         CacheLayout::import_state(&mut a, st).unwrap();
         let held: Vec<i64> =
-            a.keys.as_ref().map(|k| flat::<f32>(k).into_iter().map(|x| x as i64).collect()).unwrap_or_default();
+            a.ring.keys.as_ref().map(|k| flat::<f32>(k).into_iter().map(|x| x as i64).collect()).unwrap_or_default();
         let first = held.first().map_or(0, |&k| (k as usize) % 1000);
         let want: Vec<i64> = (first..first + held.len()).map(|t| key(self.ids[r], t) as i64).collect();
         assert_eq!(held, want, "row {r}: extracted storage is the row's latest tokens, oldest first, no padding");
@@ -281,7 +276,7 @@ fn rows_join_a_rotated_batch_and_leave_it() {
     let mut s = Sim::new(256);
     s.merge(&[(0, &[4]), (1, &[1, 1])]);
     s.steps(&[1; 9]);
-    assert!(s.b.rotated, "the batch ring has rotated");
+    assert!(s.b.ring.rotated, "the batch ring has rotated");
     // New rows (one empty: a 1-token prompt has nothing to prefill) join
     // a rotated ring: both sides are put in temporal order and aligned.
     s.merge(&[(2, &[]), (3, &[10, 1, 1]), (4, &[3])]);
@@ -339,10 +334,11 @@ fn a_cohort_prefills_left_padded_and_wraps_while_batched() {
             for r in 0..3 {
                 let pad = width - heads[r];
                 assert_eq!(pos[r], col as i64 - pad as i64, "row {r}: position (negative inside the padding)");
-                for i in 0..l {
+                assert_eq!(seen[r].len(), l);
+                for (i, sees) in seen[r].iter().enumerate() {
                     let c = col + i;
                     if c >= pad {
-                        assert_eq!(seen[r][i], window_of(ids[r], c - pad), "chunks {chunks:?}: row {r} column {c}");
+                        assert_eq!(*sees, window_of(ids[r], c - pad), "chunks {chunks:?}: row {r} column {c}");
                     }
                 }
             }
@@ -369,7 +365,7 @@ fn per_row_speculative_rollback_keeps_each_rows_count() {
     s.steps(&[1, 1]);
     s.round(3, &[3, 1, 1]);
     s.steps(&[1; 6]);
-    assert!(s.b.rotated);
+    assert!(s.b.ring.rotated);
     s.round(5, &[2, 5, 1]);
     s.check_extract_all();
     s.round(2, &[2]);
@@ -377,14 +373,14 @@ fn per_row_speculative_rollback_keeps_each_rows_count() {
     s.steps(&[1; 9]);
     // A one-token round on a rotated ring where one row keeps nothing.
     s.steps(&[1; 3]);
-    assert!(s.b.rotated);
+    assert!(s.b.ring.rotated);
     s.round(1, &[1, 0, 1]);
     s.steps(&[1; 4]);
     s.check_extract_all();
     // Nobody keeps anything: the snapshot comes back.
-    let before = flat::<f32>(s.b.keys.as_ref().unwrap());
+    let before = flat::<f32>(s.b.ring.keys.as_ref().unwrap());
     s.round(3, &[0]);
-    assert_eq!(flat::<f32>(s.b.keys.as_ref().unwrap()), before);
+    assert_eq!(flat::<f32>(s.b.ring.keys.as_ref().unwrap()), before);
     s.steps(&[1; 10]);
     s.check_extract_all();
 }
@@ -419,7 +415,7 @@ fn batch_state_round_trips_and_serial_states_import_as_one_row() {
     CacheLayout::import_state(&mut one.b, CacheLayout::export_state(&one.refs[0]).unwrap()).unwrap();
     one.steps(&[1; 4]);
     // Another geometry is refused.
-    let other = BatchRotatingKv::new(&RotatingKv { max_size: 16, window: 16, ..serial(256) }, 0);
+    let other = RotatingKv::batch(Geometry { max_size: 16, window: 16, ..geo(256) }, 0);
     let e = CacheLayout::import_state(&mut batch(256), CacheLayout::export_state(&other).unwrap())
         .into_result()
         .err()
@@ -440,8 +436,8 @@ fn masks_mirror_mlx_lm_make_mask_bit_for_bit() {
         RVec::from(vec![CacheLayout::export_state(&a).unwrap(), CacheLayout::export_state(&c).unwrap()]),
     )
     .unwrap();
-    let bits = |b: &BatchRotatingKv, l: usize| -> String {
-        flat::<bool>(&b.mask(l).unwrap()).iter().map(|&x| if x { '1' } else { '0' }).collect()
+    let bits = |b: &RotatingKv, l: usize| -> String {
+        flat::<bool>(&b.ring.rows_mask(l).unwrap()).iter().map(|&x| if x { '1' } else { '0' }).collect()
     };
     // [B=2, 1, 1, 7]: row 0 hides its 3 padding columns.
     assert_eq!(bits(&b, 1), "00011111111111");
@@ -454,11 +450,11 @@ fn masks_mirror_mlx_lm_make_mask_bit_for_bit() {
     }
     // Full ring, next write at slot 0 (rotation): rolled by 1; the write
     // evicts a padding column first, so one fewer is hidden.
-    assert_eq!(b.idx, 8);
+    assert_eq!(b.ring.idx, 8);
     assert_eq!(bits(&b, 1), "1001111111111111");
     b.update_of(tokens(&[0, 1], &fed, 1).0, tokens(&[0, 1], &fed, 1).1);
     // (mlx-lm's left padding reads [2, -1]: the same columns hidden.)
-    assert_eq!(b.left_pad, vec![2, 0]);
+    assert_eq!(b.ring.left_pad, vec![2, 0]);
     assert_eq!(bits(&b, 1), "1101111111111111");
 }
 
@@ -478,4 +474,45 @@ fn filter_and_extract_check_their_rows() {
         ErrorCode::INVALID_INPUT,
         "2 rows into a 1-row batch"
     );
+}
+
+/// The serial cache is the batched ring with one row: fed the same steps, a
+/// 1-row batch fetches the same keys in the same storage order, and its
+/// explicit masks let each query see what the serial cache's modes let it see.
+#[test]
+fn a_one_row_batch_stores_exactly_what_the_serial_cache_stores() {
+    for growth in [256, 3] {
+        let (mut s, mut b) = (serial(growth), RotatingKv::batch(geo(growth), 1));
+        let mut t = 0;
+        for l in [3, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 4, 1, 1, 1, 12, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1] {
+            let at = format!("growth {growth}, step of {l} at token {t}");
+            assert_eq!(s.positions_of(1), b.positions_of(1), "{at}: positions");
+            let (sm, bm) = (s.mask_of(l), b.mask_of(l));
+            let (sk, sv) = s.update_of(tokens(&[0], &[t], l).0, tokens(&[0], &[t], l).1);
+            let (bk, bv) = b.update_of(tokens(&[0], &[t], l).0, tokens(&[0], &[t], l).1);
+            assert_eq!(flat::<f32>(&sk), flat::<f32>(&bk), "{at}: fetched keys");
+            assert_eq!(visible(sm, &sk, &sv, l), visible(bm, &bk, &bv, l), "{at}: what each query sees");
+            let (sr, br) = (&s.ring, &b.ring);
+            assert_eq!((sr.idx, sr.seen, sr.rotated), (br.idx, br.seen, br.rotated), "{at}: ring");
+            t += l;
+        }
+        assert!(b.ring.rotated, "the ring wrapped");
+    }
+}
+
+#[test]
+fn row_operations_wait_for_the_end_of_a_speculative_round() {
+    let mut s = Sim::new(256);
+    s.merge(&[(0, &[3])]);
+    CacheLayout::spec_begin(&mut s.b).unwrap();
+    let (c, _) = grown(1, &[2]);
+    let state = || RVec::from(vec![CacheLayout::export_state(&c).unwrap()]);
+    let code = |r: PResult<()>| r.into_result().err().unwrap().code;
+    assert_eq!(code(CacheLayout::merge_rows(&mut s.b, state())), ErrorCode::INVALID_INPUT);
+    assert_eq!(code(CacheLayout::filter_rows(&mut s.b, RSlice::from_slice(&[0]))), ErrorCode::INVALID_INPUT);
+    assert_eq!(code(CacheLayout::begin_padded(&mut s.b, RSlice::from_slice(&[1]))), ErrorCode::INVALID_INPUT);
+    CacheLayout::spec_commit(&mut s.b).unwrap();
+    CacheLayout::merge_rows(&mut s.b, state()).unwrap();
+    CacheLayout::filter_rows(&mut s.b, RSlice::from_slice(&[1, 0])).unwrap();
+    assert_eq!(CacheLayout::rows(&s.b), 2);
 }

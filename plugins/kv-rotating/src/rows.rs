@@ -1,86 +1,63 @@
-//! Row operations of the batched ring, as mlx-lm's `BatchRotatingKVCache`
-//! does them: `merge` (1-row states, each put in temporal order and cut to
-//! its last `min(offset, max_size)` tokens, left-padded to the longest),
+//! Row operations of the ring, as mlx-lm's `BatchRotatingKVCache` does
+//! them: `merge` (1-row states, each put in temporal order and cut to its
+//! last `min(offset, max_size)` tokens, left-padded to the longest),
 //! `extend` (appends such a batch to the running one, aligning write
 //! indices), `filter`, `extract` (a compact 1-row state in temporal order)
 //! and `prepare(left_padding=...)` for a cohort prefill.
 
-use crate::batch::{roll, BatchRotatingKv};
-use crate::{cat, cols, len, RotatingKv};
-use model_kit::ops::{slice, zeros};
+use crate::columns::{blank, cols, len, pad_cols, roll, row_of};
+use crate::geometry::Geometry;
+use crate::ring::Ring;
 use model_kit::{error, Array, Result};
 use plugin_api::{CacheState, ErrorCode, PluginError};
 use plugin_sdk::{mlx_error, mlx_rs};
 
-/// Zeros `[rows, H, n, dim]`.
-fn blank(like: &Array, rows: i32, n: usize, dim: i32) -> Result<Array> {
-    zeros(&[rows, like.shape()[1], n as i32, dim], like.dtype())
-}
-
-/// Row r of `a` (axis 0).
-fn row_of(a: &Array, r: usize) -> Result<Array> {
-    let s = a.shape();
-    slice(a, &[r as i32, 0, 0, 0], &[r as i32 + 1, s[1], s[2], s[3]])
-}
-
-/// `a` with `left` zero columns in front and `right` behind (mlx `pad`).
-fn pad_cols(a: Array, left: usize, right: usize) -> Result<Array> {
-    if left == 0 && right == 0 {
-        return Ok(a);
+/// mlx-lm `BatchRotatingKVCache.merge`: a new batch of 1-row states.
+pub fn merged(geo: Geometry, states: Vec<CacheState>) -> std::result::Result<Ring, PluginError> {
+    let mut ones: Vec<Ring> = Vec::with_capacity(states.len());
+    for st in states {
+        ones.push(Ring::from_serial_state(geo, st)?);
     }
-    let (b, dim) = (a.shape()[0], a.shape()[3]);
-    let parts = vec![blank(&a, b, left, dim)?, a.clone(), blank(&a, b, right, dim)?];
-    cat(parts)
-}
-
-impl BatchRotatingKv {
-    /// mlx-lm `BatchRotatingKVCache.merge`: a new batch of 1-row states.
-    fn from_states(&self, states: Vec<CacheState>) -> std::result::Result<BatchRotatingKv, PluginError> {
-        let mut ones: Vec<RotatingKv> = Vec::with_capacity(states.len());
-        for st in states {
-            let mut one = self.serial();
-            one.load(st)?;
-            ones.push(one);
+    let build = move || -> Result<Ring> {
+        let mut out = Ring::empty(geo, ones.len());
+        out.offsets = ones.iter().map(|c| c.max_offset() as i64).collect();
+        let sizes: Vec<usize> = out.offsets.iter().map(|&o| (o as usize).min(geo.max_size)).collect();
+        let longest = sizes.iter().copied().max().unwrap_or(0);
+        if longest == 0 {
+            return Ok(out);
         }
-        let build = || -> Result<BatchRotatingKv> {
-            let mut out = BatchRotatingKv::new(&self.serial(), ones.len());
-            out.offsets = ones.iter().map(|c| c.offset as i64).collect();
-            let sizes: Vec<usize> = ones.iter().map(|c| c.offset.min(c.max_size)).collect();
-            let longest = sizes.iter().copied().max().unwrap_or(0);
-            if longest == 0 {
-                return Ok(out);
-            }
-            let (mut ks, mut vs, mut pads) = (Vec::new(), Vec::new(), Vec::new());
-            let like = ones.iter().find_map(|c| c.keys.clone()).expect("a row with tokens");
-            for (c, &size) in ones.iter().zip(&sizes) {
-                let pad = longest - size;
-                match (&c.keys, &c.values) {
-                    (Some(k), Some(v)) => {
-                        // The row's last `size` tokens, oldest first.
-                        let (k, v) = (c.temporal_order(k)?, c.temporal_order(v)?);
-                        ks.push(pad_cols(cols(&k, len(&k) - size, len(&k))?, pad, 0)?);
-                        vs.push(pad_cols(cols(&v, len(&v) - size, len(&v))?, pad, 0)?);
-                    }
-                    _ => {
-                        ks.push(blank(&like, 1, longest, self.k_dim)?);
-                        vs.push(blank(&like, 1, longest, self.v_dim)?);
-                    }
+        let (mut ks, mut vs, mut pads) = (Vec::new(), Vec::new(), Vec::new());
+        let like = ones.iter().find_map(|c| c.keys.clone()).expect("a row with tokens");
+        for (mut c, &size) in ones.into_iter().zip(&sizes) {
+            let pad = longest - size;
+            // The row's last `size` tokens, oldest first.
+            c.linear()?;
+            match (&c.keys, &c.values) {
+                (Some(k), Some(v)) => {
+                    ks.push(pad_cols(cols(k, len(k) - size, len(k))?, pad, 0)?);
+                    vs.push(pad_cols(cols(v, len(v) - size, len(v))?, pad, 0)?);
                 }
-                pads.push(pad);
+                _ => {
+                    ks.push(blank(&like, 1, longest, geo.k_dim)?);
+                    vs.push(blank(&like, 1, longest, geo.v_dim)?);
+                }
             }
-            out.left_pad = pads;
-            out.keys = Some(mlx_rs::ops::concatenate(&ks, 0)?);
-            out.values = Some(mlx_rs::ops::concatenate(&vs, 0)?);
-            out.idx = longest;
-            out.seen = longest;
-            Ok(out)
-        };
-        build().map_err(mlx_error)
-    }
+            pads.push(pad);
+        }
+        out.left_pad = pads;
+        out.keys = Some(mlx_rs::ops::concatenate(&ks, 0)?);
+        out.values = Some(mlx_rs::ops::concatenate(&vs, 0)?);
+        out.idx = longest;
+        out.seen = longest;
+        Ok(out)
+    };
+    build().map_err(mlx_error)
+}
 
+impl Ring {
     /// mlx-lm `extend`: `other`'s rows after these, write indices aligned
     /// (the rows with fewer written columns are left-padded).
-    fn extend(&mut self, mut other: BatchRotatingKv) -> Result<()> {
+    fn extend(&mut self, mut other: Ring) -> Result<()> {
         if self.rows() == 0 {
             *self = other;
             return Ok(());
@@ -95,11 +72,11 @@ impl BatchRotatingKv {
             other.temporal_order()?;
         }
         let idx = self.idx.max(other.idx);
-        let storage = |c: &BatchRotatingKv| c.keys.as_ref().map_or(0, len);
+        let storage = |c: &Ring| c.keys.as_ref().map_or(0, len);
         let width = storage(self).max(storage(&other));
         let like = self.keys.clone().or_else(|| other.keys.clone()).expect("a side with storage");
-        let (k_dim, v_dim) = (self.k_dim, self.v_dim);
-        let aligned = |c: &mut BatchRotatingKv| -> Result<(Array, Array)> {
+        let (k_dim, v_dim) = (self.geo.k_dim, self.geo.v_dim);
+        let aligned = |c: &mut Ring| -> Result<(Array, Array)> {
             let rows = c.rows() as i32;
             let k = c.keys.take().map_or_else(|| blank(&like, rows, 0, k_dim), Ok)?;
             let v = c.values.take().map_or_else(|| blank(&like, rows, 0, v_dim), Ok)?;
@@ -123,10 +100,7 @@ impl BatchRotatingKv {
 
     /// Appends rows given as 1-row states (`CacheLayout::merge_rows`).
     pub fn merge(&mut self, states: Vec<CacheState>) -> std::result::Result<(), PluginError> {
-        if self.round.is_some() {
-            return Err(PluginError::invalid_input("kv-rotating: merge_rows inside a speculative round"));
-        }
-        let other = self.from_states(states)?;
+        let other = merged(self.geo, states)?;
         self.extend(other).map_err(mlx_error)
     }
 
@@ -155,7 +129,7 @@ impl BatchRotatingKv {
                 self.rows()
             )));
         }
-        let mut one = self.serial();
+        let mut one = Ring::empty(self.geo, 1);
         let row = || -> Result<Option<(Array, Array)>> {
             let (Some(k), Some(v)) = (&self.keys, &self.values) else { return Ok(None) };
             let (mut k, mut v) = (row_of(k, r)?, row_of(v, r)?);
@@ -163,7 +137,7 @@ impl BatchRotatingKv {
             if self.rotated {
                 k = roll(&k, -(self.idx as isize))?;
                 v = roll(&v, -(self.idx as isize))?;
-                end = self.max_size;
+                end = self.geo.max_size;
             }
             let start = self.left_pad[r].min(end);
             if start == end {
@@ -176,14 +150,16 @@ impl BatchRotatingKv {
             one.keys = Some(k);
             one.values = Some(v);
         }
-        one.offset = self.offsets[r].max(0) as usize;
-        if one.keys.is_none() && one.offset > 0 {
+        let offset = self.offsets[r].max(0);
+        if one.keys.is_none() && offset > 0 {
             return Err(PluginError::new(
                 ErrorCode::INTERNAL,
-                format!("extract_row: row {r} has {} tokens but no stored columns", one.offset),
+                format!("extract_row: row {r} has {offset} tokens but no stored columns"),
             ));
         }
-        Ok(one.state())
+        one.offsets = vec![offset];
+        one.seen = offset as usize;
+        Ok(one.serial_state())
     }
 
     /// mlx-lm `prepare(left_padding=pads)`: an empty cache's rows, each
@@ -200,7 +176,7 @@ impl BatchRotatingKv {
             )));
         }
         if self.rows() == 0 {
-            *self = BatchRotatingKv::new(&self.serial(), pads.len());
+            *self = Ring::empty(self.geo, pads.len());
         }
         for (r, &p) in pads.iter().enumerate() {
             self.left_pad[r] += p as usize;

@@ -6,26 +6,25 @@
 //! refusals.
 
 use super::*;
-use plugin_api::abi_stable::std_types::RSlice;
+use crate::columns::len;
+use crate::geometry::Geometry;
+use crate::ring::Ring;
+use model_kit::{Array, Dtype};
+use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
+use plugin_sdk::{into_array, into_tensor};
 
 const TRACE: &str = include_str!("../tests/mlx_lm_trace.txt");
 
 fn cache(max_size: usize, window: usize) -> RotatingKv {
-    RotatingKv {
-        keys: None,
-        values: None,
-        offset: 0,
-        idx: 0,
-        max_size,
-        keep: 0,
-        step: 256,
-        window,
-        heads: 1,
-        k_dim: 1,
-        v_dim: 1,
-        dtype: Dtype::Float32,
-        round: None,
-    }
+    let geo = Geometry { max_size, window, step: 256, heads: 1, k_dim: 1, v_dim: 1, dtype: Dtype::Float32 };
+    RotatingKv::serial(geo)
+}
+
+/// mlx-lm's `offset`: the ring's timeline, which for its one unpadded row
+/// is the row's offset.
+fn offset(c: &RotatingKv) -> usize {
+    assert_eq!((c.ring.left_pad.as_slice(), c.ring.offsets.as_slice()), (&[0][..], &[c.ring.seen as i64][..]));
+    c.ring.seen
 }
 
 fn err<T>(r: PResult<T>) -> PluginError {
@@ -112,9 +111,9 @@ fn replays_mlx_lm_rotating_kv_cache_exactly() {
                 assert_eq!(mask, field(line, "mask"), "{at}: mask");
                 assert_eq!(fetched, list(field(line, "fetched")), "{at}: fetched keys");
                 assert_eq!(storage(c), list(field(line, "storage")), "{at}: storage");
-                assert_eq!(c.offset.to_string(), field(line, "offset"), "{at}: offset");
+                assert_eq!(offset(c).to_string(), field(line, "offset"), "{at}: offset");
                 assert_eq!(CacheLayout::offset(c).to_string(), field(line, "offset"), "{at}: offset()");
-                assert_eq!(c.idx.to_string(), field(line, "idx"), "{at}: write index");
+                assert_eq!(c.ring.idx.to_string(), field(line, "idx"), "{at}: write index");
                 assert_eq!(
                     (CacheLayout::is_trimmable(c) as u8).to_string(),
                     field(line, "trimmable"),
@@ -129,7 +128,7 @@ fn replays_mlx_lm_rotating_kv_cache_exactly() {
                 let removed = CacheLayout::trim(c, n);
                 assert_eq!(removed.to_string(), field(line, "removed"), "{name}: trim {n}");
                 assert_eq!(
-                    (c.offset.to_string(), c.idx.to_string()),
+                    (offset(c).to_string(), c.ring.idx.to_string()),
                     (field(line, "offset").to_owned(), field(line, "idx").to_owned()),
                     "{name}: trim {n}"
                 );
@@ -141,6 +140,50 @@ fn replays_mlx_lm_rotating_kv_cache_exactly() {
     assert!(checked > 150, "trace too short: {checked}");
 }
 
+/// mlx-lm's serial state does not say whether the ring has rotated: an
+/// import must tell from the write index, at every point of every traced
+/// sequence, and rebuild the rest of the ring as it was.
+#[test]
+fn a_serial_state_rebuilds_the_ring_it_came_from() {
+    let mut c = cache(8, 8);
+    let mut t = 0;
+    let mut checked = 0;
+    for line in TRACE.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let mut w = line.split_whitespace();
+        match w.next().unwrap() {
+            "seq" => {
+                c = cache(field(line, "max_size").parse().unwrap(), field(line, "window").parse().unwrap());
+                t = 0;
+            }
+            "update" => {
+                let l: usize = w.next().unwrap().parse().unwrap();
+                step(&mut c, t, l);
+                t += l;
+            }
+            "trim" => {
+                CacheLayout::trim(&mut c, w.next().unwrap().parse().unwrap());
+            }
+            other => panic!("unknown trace line `{other}`"),
+        }
+        let back = Ring::from_serial_state(c.ring.geo, CacheLayout::export_state(&c).unwrap()).unwrap();
+        let r = &c.ring;
+        let at = format!("after `{line}`");
+        assert_eq!(
+            (back.idx, back.seen, &back.offsets, &back.left_pad),
+            (r.idx, r.seen, &r.offsets, &r.left_pad),
+            "{at}"
+        );
+        let held = |r: &Ring| r.keys.as_ref().map(ids).unwrap_or_default();
+        assert_eq!(held(&back), held(r), "{at}: storage");
+        // A rotated ring whose write index reached the storage's end is in
+        // temporal order again: unrolling it changes nothing.
+        let out_of_order = r.rotated && r.idx != r.keys.as_ref().map_or(0, len);
+        assert_eq!(back.rotated, out_of_order, "{at}: rotation");
+        checked += usize::from(out_of_order);
+    }
+    assert!(checked > 20, "too few rotated rings: {checked}");
+}
+
 #[test]
 fn a_wrapped_ring_is_not_trimmable_and_refuses_a_speculative_round() {
     let mut c = cache(8, 8);
@@ -149,7 +192,7 @@ fn a_wrapped_ring_is_not_trimmable_and_refuses_a_speculative_round() {
     step(&mut c, 7, 1);
     assert!(!CacheLayout::is_trimmable(&c));
     assert_eq!(CacheLayout::trim(&mut c, 1), 0);
-    assert_eq!(c.offset, 8);
+    assert_eq!(offset(&c), 8);
     let e = err(CacheLayout::spec_begin(&mut c));
     assert_eq!(e.code, ErrorCode::UNSUPPORTED, "{e}");
 }
@@ -161,7 +204,7 @@ fn same_future(a: &mut RotatingKv, b: &mut RotatingKv, from: usize, steps: &[usi
         assert_eq!(step(a, t, l), step(b, t, l), "diverged at token {t} (step of {l})");
         t += l;
     }
-    assert_eq!((a.offset, CacheLayout::is_trimmable(a)), (b.offset, CacheLayout::is_trimmable(b)));
+    assert_eq!((offset(a), CacheLayout::is_trimmable(a)), (offset(b), CacheLayout::is_trimmable(b)));
 }
 
 const FUTURE: &[usize] = &[1, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 12, 1, 1, 2, 1];
@@ -174,7 +217,7 @@ fn rollback_before_the_wrap_trims_like_mlx_lm() {
         CacheLayout::spec_begin(&mut c).unwrap();
         step(&mut c, prompt, drafted);
         CacheLayout::spec_rollback(&mut c, RSlice::from_slice(&[kept as u64])).unwrap();
-        assert_eq!(c.offset, prompt + kept);
+        assert_eq!(offset(&c), prompt + kept);
         // The reference never saw the rejected tokens.
         let mut r = cache(8, 8);
         step(&mut r, 0, prompt);
@@ -211,7 +254,7 @@ fn commit_keeps_everything_and_rollback_needs_a_round() {
     CacheLayout::spec_begin(&mut c).unwrap();
     step(&mut c, 2, 3);
     CacheLayout::spec_commit(&mut c).unwrap();
-    assert_eq!(c.offset, 5);
+    assert_eq!(offset(&c), 5);
     let e = err(CacheLayout::spec_rollback(&mut c, RSlice::from_slice(&[0])));
     assert_eq!(e.code, ErrorCode::INVALID_INPUT);
 }
@@ -230,7 +273,7 @@ fn state_round_trips_at_every_phase_of_the_ring() {
         assert_eq!(st.offset as usize, t);
         let mut b = cache(8, 8);
         CacheLayout::import_state(&mut b, st).unwrap();
-        assert_eq!((b.offset, b.idx), (a.offset, a.idx));
+        assert_eq!((offset(&b), b.ring.idx), (offset(&a), a.ring.idx));
         assert_eq!(storage(&a), storage(&b));
         same_future(&mut a, &mut b, t, FUTURE);
     }
@@ -304,5 +347,5 @@ fn a_wrong_shape_is_refused_without_changing_the_cache() {
     let k = into_tensor(Array::from_slice(&[1.0f32, 2.0], &[1, 2, 1, 1]));
     let v = into_tensor(Array::from_slice(&[1.0f32, 2.0], &[1, 2, 1, 1]));
     assert_eq!(err(CacheLayout::update_and_fetch(&mut c, k, v)).code, ErrorCode::INVALID_INPUT);
-    assert_eq!(c.offset, 2);
+    assert_eq!(offset(&c), 2);
 }
