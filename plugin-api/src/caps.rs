@@ -23,18 +23,10 @@ pub const QUANTIZED_KV_BATCH: &str = "quantized-kv-batch";
 pub const CHECKPOINTS: &str = "checkpoints";
 /// A compiled decode step is available.
 pub const COMPILED_DECODE: &str = "compiled-decode";
-/// Logprobs can be reported inside speculative rounds. This host needs no
-/// such tag (it reads each emitted token's logprobs off the verify's
-/// logits); the name stays reserved.
-pub const SPECULATIVE_LOGPROBS: &str = "speculative-logprobs";
 /// Grammar-constrained rows can share a batch.
 pub const GRAMMAR_BATCH: &str = "grammar-batch";
-/// Rows with different adapters can share a batch.
-pub const ADAPTER_BATCH: &str = "adapter-batch";
 /// Continuous (grouped) rows can be checkpointed, not only serial runs.
 pub const SHARED_CHECKPOINTS: &str = "shared-checkpoints";
-/// The drafter follows the target's mounted adapters.
-pub const SPECULATIVE_ADAPTERS: &str = "speculative-adapters";
 
 // --- cache layouts ---
 /// `trim(n)` removes the last n tokens (rollback by trim).
@@ -62,9 +54,9 @@ pub const SCHEME_PREFIX: &str = "scheme:";
 // --- drafters ---
 /// Drafts come with the drafter's probability rows (rejection sampling).
 pub const DRAFT_PROBABILITIES: &str = "draft-probabilities";
-/// `draft_ahead` is implemented: the host may queue a round before reading
-/// the previous round's verdict (pipelined rounds, serial greedy requests).
-pub const DRAFT_AHEAD: &str = "draft-ahead";
+/// `default-depth:<n>`: the tokens per round the drafter drafts when the
+/// user gives no `--num-draft-tokens` (the host's default: 3).
+pub const DEFAULT_DEPTH_PREFIX: &str = "default-depth:";
 /// The drafter needs a draft model folder (`--draft-model`).
 pub const NEEDS_DRAFT_MODEL: &str = "needs-draft-model";
 /// The drafter borrows the target's embeddings/LM head/taps.

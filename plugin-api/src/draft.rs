@@ -7,18 +7,6 @@
 //! token the target then emits (correction or bonus) arrives at the end of
 //! the next round's `history`. The returned length is authoritative: 0 means
 //! "take a plain step this round".
-//!
-//! Drafting ahead (plugin-api 1.2, optional, `caps::DRAFT_AHEAD`): so that
-//! the device need not wait for the host between rounds, the host may queue the NEXT
-//! round before it has read this round's verdict. It calls
-//! `draft_ahead(pending)` right after `draft` (or after another
-//! `draft_ahead`), where `pending` is the target's token after the
-//! outstanding round, as a lazy array, valid only if every outstanding
-//! draft is accepted. The drafter proposes lazily too (no host sync), or
-//! guesses. Rounds then queue up; each `commit(n)` settles the OLDEST
-//! outstanding round, and a commit that keeps fewer drafts than that round
-//! proposed voids every later round (the drafter forgets what it fed for
-//! them). The host drafts ahead only serially and for greedy requests.
 
 use crate::cache::CacheBox;
 use crate::error::PResult;
@@ -27,6 +15,19 @@ use crate::tensor::{Tensor, TensorRef};
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RSlice, RStr, RString, RVec, Tuple2};
 use abi_stable::StableAbi;
+
+/// How sure `detect_draft` is that a folder is its plugin's artifact. The
+/// host takes the most confident plugin, so these levels order detection
+/// the way the ancestor did: a file only that kind has (`dspark.json`) over
+/// an architecture name (`Gemma4DSparkModel`) over a model type
+/// (`*assistant*`, `*_mtp`) over "any model folder" (two-model, the
+/// fallback). 0 = not mine.
+pub mod detect {
+    pub const DEDICATED_FILE: u32 = 100;
+    pub const ARCHITECTURE: u32 = 80;
+    pub const MODEL_TYPE: u32 = 60;
+    pub const ANY_MODEL: u32 = 1;
+}
 
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]
@@ -92,45 +93,12 @@ pub struct Draft {
     pub probabilities: ROption<Tensor>,
 }
 
-/// A round drafted ahead (see the module docs).
-#[repr(C)]
-#[derive(StableAbi)]
-pub struct DraftAheadArgs<'a> {
-    /// int32 `[1, 1]`, usually lazy: the target's token after the
-    /// outstanding round when all its drafts are accepted.
-    pub pending: TensorRef<'a>,
-    pub max_tokens: u32,
-    pub sampling: DraftSampling,
-}
-
-#[repr(C)]
-#[derive(StableAbi)]
-pub struct AheadDraft {
-    /// int32 `[n]` (n <= max_tokens), may be lazy: drafts continuing
-    /// `pending`. n = 0: nothing to propose, and no round is outstanding
-    /// for it (the host settles the previous round first).
-    pub tokens: Tensor,
-    /// As in [`Draft`]; the host asks greedy rounds only, so None for now.
-    pub probabilities: ROption<Tensor>,
-}
-
 #[sabi_trait]
 pub trait Drafter: Send {
     fn prefill(&mut self, prompt: RSlice<'_, u32>) -> PResult<()>;
     fn draft(&mut self, args: DraftArgs<'_>) -> PResult<Draft>;
     #[sabi(last_prefix_field)]
     fn commit(&mut self, accepted: u32) -> PResult<()>;
-
-    // --- 1.2: appended after the prefix with a default body. abi_stable's
-    // load-time layout check still refuses drafters built against 1.1
-    // (docs/plugin-guide.md, Versioning): rebuild them.
-
-    /// Drafts the round after the outstanding one (module docs). A drafter
-    /// that cannot refuses, and the host verifies rounds one at a time.
-    fn draft_ahead(&mut self, args: DraftAheadArgs<'_>) -> PResult<AheadDraft> {
-        let _ = args;
-        abi_stable::std_types::RResult::RErr(crate::error::PluginError::unsupported("this drafter cannot draft ahead"))
-    }
 }
 
 pub type DrafterBox = Drafter_TO<'static, RBox<()>>;

@@ -14,11 +14,22 @@
 //!   and row operations for batching;
 //! - a **draft provider** ([`Drafter`]): proposes tokens for speculative decoding.
 //!
-//! Evolution rules (v1.x): structs crossing the boundary are prefix types or
-//! plain `#[repr(C)]` values that never change; new root-module entries and
-//! trait methods are appended after `last_prefix_field`; open sets (kinds,
-//! error codes, capabilities) are strings or `u8` newtypes, never exhaustive
-//! enums. A plugin built against 1.x keeps loading in a 1.y host, y >= x.
+//! Versioning (the crate's semver is the ABI's version, and abi_stable
+//! checks it when a library is loaded):
+//! - **major** (and [`ABI_VERSION`]): any change to the layout of a struct
+//!   or trait that crosses the boundary: a field or method inserted, removed,
+//!   retyped or reordered. Plugins built against another major are refused,
+//!   naming both versions.
+//! - **minor**: an entry appended after `last_prefix_field` of a prefix type
+//!   (the root module, a `#[sabi_trait]`) with a default, new capability
+//!   tags, new constants. abi_stable still compares the whole layout at load,
+//!   so a plugin built against an older minor is refused too: rebuild
+//!   plugins against the host's plugin-api (docs/plugin-guide.md,
+//!   Versioning).
+//! - **patch**: documentation and code that crosses nothing.
+//!
+//! Open sets (kinds, error codes, capabilities) are strings or `u8`
+//! newtypes, never exhaustive enums, so adding a member is no layout change.
 
 // abi_stable's derives generate impls and names that trip these lints.
 #![allow(non_local_definitions, non_camel_case_types)]
@@ -43,4 +54,4 @@ pub use tensor::*;
 
 /// The explicit ABI generation. A host refuses a plugin whose manifest or
 /// root module names another value, with both numbers in the message.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;

@@ -56,3 +56,159 @@ fn no_host_source_names_a_family_or_a_plugin() {
     }
     assert!(hits.is_empty(), "host code names families or plugins:\n{}", hits.join("\n"));
 }
+
+/// The string literals of Rust source `code` (normal, raw and byte
+/// strings; comments, char literals and lifetimes skipped).
+fn string_literals(code: &str) -> Vec<String> {
+    let c: Vec<char> = code.chars().collect();
+    let (mut out, mut i) = (Vec::new(), 0);
+    while i < c.len() {
+        match c[i] {
+            '/' if c.get(i + 1) == Some(&'/') => {
+                while i < c.len() && c[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '/' if c.get(i + 1) == Some(&'*') => {
+                i += 2;
+                while i + 1 < c.len() && !(c[i] == '*' && c[i + 1] == '/') {
+                    i += 1;
+                }
+                i += 2;
+            }
+            '\'' => {
+                // A char literal ('x', '\n', '"'), or a lifetime ('a).
+                if c.get(i + 1) == Some(&'\\') {
+                    i += 2;
+                    while i < c.len() && c[i] != '\'' {
+                        i += 1;
+                    }
+                    i += 1;
+                } else if c.get(i + 2) == Some(&'\'') {
+                    i += 3;
+                } else {
+                    i += 1;
+                }
+            }
+            'r' if (c.get(i + 1) == Some(&'"') || c.get(i + 1) == Some(&'#'))
+                && (i == 0 || !(c[i - 1].is_alphanumeric() || c[i - 1] == '_')) =>
+            {
+                let mut j = i + 1;
+                let mut hashes = 0;
+                while c.get(j) == Some(&'#') {
+                    hashes += 1;
+                    j += 1;
+                }
+                if c.get(j) != Some(&'"') {
+                    i += 1;
+                    continue;
+                }
+                let start = j + 1;
+                let close: String = std::iter::once('"').chain(std::iter::repeat('#').take(hashes)).collect();
+                let rest: String = c[start..].iter().collect();
+                let end = rest.find(&close).map_or(c.len(), |e| start + rest[..e].chars().count());
+                out.push(c[start..end.min(c.len())].iter().collect());
+                i = end + 1 + hashes;
+            }
+            '"' => {
+                let mut s = String::new();
+                i += 1;
+                while i < c.len() && c[i] != '"' {
+                    if c[i] == '\\' {
+                        i += 1;
+                    }
+                    if i < c.len() {
+                        s.push(c[i]);
+                    }
+                    i += 1;
+                }
+                out.push(s);
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+#[test]
+fn string_literals_are_found_past_comments_chars_and_raw_strings() {
+    let code = r####"let a = "one"; // "not" "this"
+        let b = r#"two "quoted""#; let q = '"'; fn f<'a>(x: &'a str) {} /* "nor" */ let e = "th\"ree";"####;
+    assert_eq!(string_literals(code), ["one", "two \"quoted\"", "th\"ree"]);
+}
+
+/// Architecture Invariant, the literal side: no string in the host's code
+/// (outside test modules) names a model family, an architecture, a draft
+/// kind, or a plugin: not only those the in-tree plugins claim, but any
+/// architecture-shaped name (`*ForCausalLM`, `*Model`, ...) and the
+/// families and draft kinds the field knows. Behaviour that depends on such
+/// a name belongs in the plugin that claims it.
+#[test]
+fn no_string_in_host_code_names_a_family_an_architecture_or_a_draft_kind() {
+    let report: serde_json::Value = serde_json::from_str(&run_ok(
+        std::process::Command::new(host_bin())
+            .args(["plugins", "--json", "--plugins"])
+            .arg(repo_root().join("plugins")),
+    ))
+    .unwrap();
+    let mut names: Vec<String> = [
+        "llama", "mistral", "mixtral", "qwen", "qwen2", "qwen3", "qwen3_5", "gemma", "gemma2", "gemma3", "gemma4", "phi",
+        "phi3", "deepseek", "smollm", "smollm3", "falcon", "gpt2", "mamba", "olmo", "granite", "ngram", "two-model",
+        "mtp", "dspark", "deepspec", "dflash", "eagle", "medusa",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut kinds: Vec<String> = vec!["assistant".into()];
+    for p in report["plugins"].as_array().unwrap() {
+        names.push(p["name"].as_str().unwrap().to_owned());
+        for key in ["model_types", "architectures"] {
+            names.extend(p["claims"][key].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()));
+        }
+        // Draft kinds may be plain words: a literal that IS a kind names it,
+        // except in the HTTP layer, whose wire vocabulary has the chat
+        // role "assistant".
+        if let Some(list) = p["claims"]["draft_kinds"].as_array() {
+            kinds.extend(list.iter().map(|v| v.as_str().unwrap().to_lowercase()));
+        }
+    }
+    // The one allowed mention: `--ngram-max`/`--ngram-min`, kept as aliases
+    // of `--draft-option ngram-max=N` for users of the old flags; the host
+    // passes them on as options and knows nothing of what they mean.
+    let allowed = |file: &str, lit: &str| file.ends_with("host-cli/src/draft_cmd.rs") && lit.starts_with("ngram-m");
+    let arch_shaped = |lit: &str| {
+        let ident = lit.chars().all(|c| c.is_ascii_alphanumeric()) && lit.starts_with(|c: char| c.is_ascii_uppercase());
+        ident
+            && ["ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "Model"]
+                .iter()
+                .any(|suffix| lit.ends_with(suffix) && lit.len() > suffix.len())
+    };
+    let mut files = Vec::new();
+    rust_files(&repo_root().join("host"), &mut files);
+    let mut hits = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        let file = f.strip_prefix(repo_root()).unwrap().display().to_string();
+        for lit in string_literals(code) {
+            let lower = lit.to_lowercase();
+            let named = names.iter().map(|n| n.to_lowercase()).find(|n| {
+                lower.match_indices(n.as_str()).any(|(i, _)| {
+                    let before = lower[..i].chars().next_back();
+                    let after = lower[i + n.len()..].chars().next();
+                    let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                    !ident(before) && !ident(after)
+                })
+            });
+            if arch_shaped(&lit) {
+                hits.push(format!("{file}: \"{lit}\" is an architecture name"));
+            } else if kinds.contains(&lower) && !file.starts_with("host/host-server/") && !allowed(&file, &lit) {
+                hits.push(format!("{file}: \"{lit}\" is a draft kind"));
+            } else if let Some(n) = named.filter(|_| !allowed(&file, &lit)) {
+                hits.push(format!("{file}: \"{lit}\" names `{n}`"));
+            }
+        }
+    }
+    assert!(hits.is_empty(), "host code names families, architectures or draft kinds:\n{}", hits.join("\n"));
+}

@@ -7,9 +7,7 @@
 //! graph. Here several families run interleaved in one process, and each
 //! must decode exactly as it does alone in a fresh `host` process.
 
-use host_engine::{DtypeChoice, Engine, Flow, GenerateRequest, SamplingParams};
-use host_loader::Registry;
-use plugin_api::*;
+use host_engine::{Engine, Flow, GenerateRequest, SamplingParams};
 use std::process::Command;
 
 const PROMPT: [u32; 5] = [1, 2, 3, 4, 5];
@@ -22,7 +20,6 @@ fn request() -> GenerateRequest {
         params: SamplingParams::default(),
         stop_on_eos: false,
         logprobs: None,
-        speculate: false,
     }
 }
 
@@ -54,14 +51,11 @@ fn families_compiling_in_one_process_each_run_their_own_fused_graphs() {
     let folders = ["tiny/tiny-llama-f32", "tiny/tiny-gemma3-f32", "tiny/tiny-qwen3_moe-f32", "tiny/tiny-gemma4-f32"];
     let want: Vec<Vec<u32>> = folders.iter().map(|f| alone(f)).collect();
     let _mlx = it::mlx_exclusive();
-    let info = HostInfo { abi_version: ABI_VERSION, host_version: "it".into(), mlx_version: "test".into() };
-    let reg = Registry::discover(&it::repo_root().join("plugins"), &info).unwrap();
-    let mut engines: Vec<Engine> =
-        folders.iter().map(|f| Engine::load(&reg, &it::model(f), DtypeChoice::Native).unwrap()).collect();
+    let engines: Vec<Engine> = folders.iter().map(|f| it::engine(f, Default::default())).collect();
     // Twice round, so later plugins compile after earlier ones have traced.
     for _ in 0..2 {
-        for (i, e) in engines.iter_mut().enumerate() {
-            let got = e.generate_plain(&request(), |_| Flow::Continue).unwrap().tokens;
+        for (i, e) in engines.iter().enumerate() {
+            let got = it::run_serial(e, &request(), |_| Flow::Continue).tokens;
             assert_eq!(got, want[i], "{} decodes differently next to other plugins", folders[i]);
         }
     }

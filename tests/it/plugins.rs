@@ -144,13 +144,13 @@ impl Plugins {
     /// toy-family built with `variant`, in folder `folder`, named as that variant names itself.
     fn family(self, folder: &str, variant: &str) -> Self {
         let name = if variant == "twin" { "toy-family-twin" } else { "toy-family" };
-        let abi = if variant == "skew-abi-version" { 2 } else { 1 };
+        let abi = if variant == "skew-abi-version" { ABI_VERSION + 1 } else { ABI_VERSION };
         let toml = plugin_toml(name, "model-family", abi, "libtoy_family.so");
         self.add(folder, &toml, Some(&lib(variant, "libtoy_family.so")))
     }
 
     fn drafter(self) -> Self {
-        let toml = plugin_toml("toy-drafter", "drafter", 1, "libtoy_drafter.so");
+        let toml = plugin_toml("toy-drafter", "drafter", ABI_VERSION, "libtoy_drafter.so");
         self.add("toy-drafter", &toml, Some(&lib("good", "libtoy_drafter.so")))
     }
 }
@@ -233,11 +233,16 @@ fn host(args: &[&str]) -> Output {
     Command::new(host_bin()).args(args).output().expect("run host")
 }
 
-/// `host plugins --plugins DIR --json`, which must succeed whatever it refuses.
+/// `host plugins --plugins DIR --json`: the whole report whatever it refuses,
+/// with exit status 0 when nothing was refused and 2 when something was.
 fn list(p: &Plugins) -> Value {
     let out = host(&["plugins", "--plugins", p.0.to_str().unwrap(), "--json"]);
-    assert!(out.status.success(), "host plugins failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("host plugins --json prints JSON")
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("host plugins --json prints JSON ({e}; {}): {stderr}", out.status));
+    let refused = !report["refused"].as_array().unwrap().is_empty();
+    assert_eq!(out.status.code(), Some(if refused { 2 } else { 0 }), "{}: {report:#}\n{stderr}", out.status);
+    report
 }
 
 fn loaded_names(report: &Value) -> Vec<String> {
@@ -379,7 +384,7 @@ fn out_of_tree_family_honours_logits_modes_hidden_and_its_cache_in_process() {
     let model = toy_model("modes");
     let reg = Registry::discover(&p.0, &host_info()).unwrap();
     assert!(reg.refused.is_empty(), "{:?}", reg.refused);
-    let m = reg.open_model(&model, None, "plain").unwrap();
+    let m = reg.open_model(&model, None, "plain", &[]).unwrap();
     assert_eq!((m.family_plugin.as_str(), m.layouts.as_slice()), ("toy-family", ["kv-plain".to_owned()].as_slice()));
     assert_eq!((m.plan.vocab_size, m.plan.hidden_size, m.plan.layers.len()), (V as u32, H as u32, 1));
     let need = &m.plan.layers[0];
@@ -540,9 +545,9 @@ fn assert_good_still_load(r: &Value) {
 
 #[test]
 fn a_plugin_built_for_another_abi_version_is_refused_naming_both() {
-    // Honest plugin.toml (abi_version = 2): refused before the library is opened.
-    // A plugin.toml that says 1 over the same library: refused from its manifest.
-    let lying = plugin_toml("toy-family", "model-family", 1, "libtoy_family.so");
+    // Honest plugin.toml (the next ABI version): refused before the library is opened.
+    // A plugin.toml that says this host's version over the same library: refused from its manifest.
+    let lying = plugin_toml("toy-family", "model-family", ABI_VERSION, "libtoy_family.so");
     let p = with_good("abi-version").family("toy-family", "skew-abi-version").add(
         "toy-family-lying",
         &lying,
@@ -554,10 +559,11 @@ fn a_plugin_built_for_another_abi_version_is_refused_naming_both() {
     for folder in ["toy-family", "toy-family-lying"] {
         let (name, reason) = refusal(&r, folder);
         assert_eq!(name.as_deref(), Some("toy-family"));
-        assert!(reason.contains("v2") && reason.contains("v1"), "{folder}: {reason}");
+        assert!(reason.contains(&format!("v{}", ABI_VERSION + 1)) && reason.contains(&format!("v{ABI_VERSION}")), "{folder}: {reason}");
     }
-    assert_eq!(refusal(&r, "toy-family").1, "built for plugin ABI v2; this host speaks v1");
-    assert_eq!(refusal(&r, "toy-family-lying").1, "manifest declares plugin ABI v2; this host speaks v1");
+    let (theirs, ours) = (ABI_VERSION + 1, ABI_VERSION);
+    assert_eq!(refusal(&r, "toy-family").1, format!("built for plugin ABI v{theirs}; this host speaks v{ours}"));
+    assert_eq!(refusal(&r, "toy-family-lying").1, format!("manifest declares plugin ABI v{theirs}; this host speaks v{ours}"));
 }
 
 #[test]
@@ -621,7 +627,7 @@ fn a_corrupt_plugin_toml_is_refused_as_invalid() {
 
 #[test]
 fn a_missing_library_is_refused() {
-    let toml = plugin_toml("toy-family", "model-family", 1, "libtoy_family.so");
+    let toml = plugin_toml("toy-family", "model-family", ABI_VERSION, "libtoy_family.so");
     let p = with_good("missing-lib").add("toy-family", &toml, None);
     let r = list(&p);
     assert_good_still_load(&r);
@@ -646,4 +652,77 @@ fn a_second_plugin_claiming_the_same_model_type_is_refused_as_a_duplicate_claim(
     let out = generated(&generate(&p, &model, &[9], 3, "native"));
     assert_eq!(out["family_plugin"], "toy-family");
     assert_eq!(out["tokens"], json!(chain(&[9], 3)));
+}
+
+// ---------------------------------------------------------------------------
+// What `host plugins` tells a script, and how long libraries stay
+
+#[test]
+fn host_plugins_exits_2_when_anything_was_refused_and_1_when_nothing_could_be_listed() {
+    let plugins = |dir: &Path, json: bool| {
+        let mut args = vec!["plugins", "--plugins", dir.to_str().unwrap()];
+        args.extend(json.then_some("--json"));
+        host(&args)
+    };
+    let all_load = with_good("status-all-load");
+    for json in [false, true] {
+        let out = plugins(&all_load.0, json);
+        assert_eq!(out.status.code(), Some(0), "json {json}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    // The whole listing first, then the status.
+    let one_refused = with_good("status-one-refused").add("garbage", "not = = toml", None);
+    let text = plugins(&one_refused.0, false);
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(text.status.code(), Some(2), "{stdout}");
+    assert!(stdout.contains("\nkv-plain ") && stdout.contains("\ntoy-drafter "), "{stdout}");
+    assert!(stdout.contains("REFUSED ? (") && stdout.contains("invalid plugin.toml"), "{stdout}");
+    let json = plugins(&one_refused.0, true);
+    assert_eq!(json.status.code(), Some(2));
+    let report: Value = serde_json::from_slice(&json.stdout).expect("JSON on stdout");
+    assert_eq!((report["plugins"].as_array().unwrap().len(), report["refused"].as_array().unwrap().len()), (2, 1));
+
+    let absent = scratch("status-absent").join("no-such-folder");
+    let out = plugins(&absent, false);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read plugins folder"));
+}
+
+/// Whether the file `lib` is mapped into this process.
+fn mapped(lib: &Path) -> bool {
+    let lib = lib.canonicalize().unwrap();
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().any(|l| l.split_whitespace().nth(5).is_some_and(|p| Path::new(p) == lib))
+}
+
+/// Plugin code keeps pointers into its library that outlive any registry:
+/// vtables of the strings and objects it made, thread-local destructors, the
+/// error handler its mlx-rs copy leaves in libmlxc. So a library stays mapped
+/// once opened, whether it was admitted, refused after its code ran, or
+/// refused as no plugin at all (abi_stable closes its own handle to that one).
+#[test]
+fn every_opened_library_stays_mapped_after_its_registry_is_gone() {
+    let p = Plugins::new("stays-mapped");
+    // Copies, not links: objects of their own that no other test has mapped.
+    let copy = |lib: &Path, folder: &str, toml: &str| {
+        let d = p.0.join(folder);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("plugin.toml"), toml).unwrap();
+        let to = d.join(lib.file_name().unwrap());
+        std::fs::copy(lib, &to).unwrap();
+        to
+    };
+    let family = |library| plugin_toml("toy-family", "model-family", ABI_VERSION, library);
+    let admitted = copy(&lib("good", "libtoy_family.so"), "a-admitted", &family("libtoy_family.so"));
+    let init_panics = copy(&lib("panic-in-init", "libtoy_family.so"), "b-init-panics", &family("libtoy_family.so"));
+    let no_plugin = copy(&it::cdylib("proof_maker"), "c-no-plugin", &family("libproof_maker.so"));
+
+    let reg = Registry::discover(&p.0, &host_info()).unwrap();
+    assert_eq!(reg.plugins.iter().map(|p| p.name()).collect::<Vec<_>>(), ["toy-family"]);
+    let reasons: Vec<&str> = reg.refused.iter().map(|r| r.reason.as_str()).collect();
+    assert!(reasons.len() == 2 && reasons[0].starts_with("init failed") && reasons[1].starts_with("not a plugin"));
+    drop(reg);
+    for lib in [&admitted, &init_panics, &no_plugin] {
+        assert!(mapped(lib), "{} was unmapped", lib.display());
+    }
 }

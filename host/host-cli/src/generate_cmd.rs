@@ -25,7 +25,7 @@ pub fn prompt_ids(engine: &Engine, p: &Prompt) -> Result<Vec<u32>> {
             .map(|s| s.trim().parse::<u32>().with_context(|| format!("--prompt-ids: `{s}` is not a token id")))
             .collect();
     }
-    let text = engine.text.as_ref().context("this model folder has no tokenizer.json: use --prompt-ids")?;
+    let text = engine.text().context("this model folder has no tokenizer.json: use --prompt-ids")?;
     if let Some(t) = &p.text {
         return Ok(text.encode_prompt(t)?);
     }
@@ -46,27 +46,14 @@ pub fn generate(
     logprobs: Option<usize>,
     as_json: bool,
 ) -> Result<()> {
-    let mut req = GenerateRequest {
-        prompt: prompt.clone(),
-        max_tokens,
-        params,
-        stop_on_eos: !ignore_eos,
-        logprobs,
-        speculate: true,
-    };
+    let req = GenerateRequest { prompt: prompt.clone(), max_tokens, params, stop_on_eos: !ignore_eos, logprobs };
     // One request from the command line: serial, no prompt cache. The plan
     // is what runs (a fallback from speculation decodes plainly).
-    let features = host_engine::plan::ServerFeatures {
-        batch_limit: 1,
-        speculation_enabled: engine.drafter.is_some(),
-        ..Default::default()
-    };
-    let plan = host_engine::plan::resolve_execution(&engine.facts(&req), &engine.capabilities(), &features);
-    req.speculate = plan.method == host_engine::plan::Method::Speculative;
-    let mut detok = engine.text.clone().map(host_engine::tokenizer::Detokenizer::new);
+    let plan = engine.plan(&req, 1);
+    let mut detok = engine.text().cloned().map(host_engine::tokenizer::Detokenizer::new);
     let mut lps = Vec::new();
     let mut stdout = std::io::stdout();
-    let result = engine.generate(&req, |t| {
+    let result = host_engine::serial::generate(engine, &req, &plan, |t| {
         if logprobs.is_some() {
             lps.push(json!({ "id": t.id, "logprob": t.logprob, "top": t.top.iter().map(|(i, l)| json!([i, l])).collect::<Vec<_>>() }));
         }
@@ -78,7 +65,7 @@ pub fn generate(
         }
         Flow::Continue
     })?;
-    let text = engine.text.as_ref().map(|t| t.decode(&result.tokens));
+    let text = engine.text().map(|t| t.decode(&result.tokens));
     let finish = match result.finish {
         host_engine::Finish::Stop => "stop",
         host_engine::Finish::Length => "length",
@@ -91,10 +78,10 @@ pub fn generate(
             "finish_reason": finish,
             "prefill_tokens_per_s": result.prefill_tps(),
             "decode_tokens_per_s": result.decode_tps(),
-            "compute_dtype": engine.dtype_name,
-            "dtype_reason": engine.dtype_reason,
-            "family_plugin": engine.model.family_plugin,
-            "cache_layouts": engine.model.layouts,
+            "compute_dtype": engine.dtype_name(),
+            "dtype_reason": engine.dtype_reason(),
+            "family_plugin": engine.model().family_plugin,
+            "cache_layouts": engine.model().layouts,
             "execution": { "plan": plan.summary(), "reasons": plan.reasons },
         });
         if logprobs.is_some() {
@@ -116,8 +103,8 @@ pub fn generate(
             result.tokens.len(),
             result.prefill_tps(),
             result.decode_tps(),
-            engine.dtype_name,
-            engine.dtype_reason
+            engine.dtype_name(),
+            engine.dtype_reason()
         );
     }
     Ok(())
@@ -127,7 +114,7 @@ pub fn logits(engine: &Engine, prompt: Vec<u32>) -> Result<()> {
     let l = engine.prompt_logits(&prompt)?;
     println!(
         "{}",
-        serde_json::to_string(&json!({ "prompt_tokens": prompt, "logits": l, "compute_dtype": engine.dtype_name }))?
+        serde_json::to_string(&json!({ "prompt_tokens": prompt, "logits": l, "compute_dtype": engine.dtype_name() }))?
     );
     Ok(())
 }

@@ -3,16 +3,17 @@
 
 mod draft_cmd;
 mod generate_cmd;
-mod gpu_attention;
+mod model_options;
 mod plugins_cmd;
 mod runtime_switch;
 mod serve_cmd;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use host_engine::{runtime, DtypeChoice, Engine, SamplingParams};
+use host_engine::{runtime, DtypeChoice, Engine, EngineConfig, SamplingParams, SpeculationConfig};
 use host_loader::Registry;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(
@@ -52,6 +53,9 @@ struct ModelArgs {
     /// Multi-token attention on a GPU: fast (our short-query kernels) or mlx (MLX's sdpa, as mlx-lm: bit-identical to it, slower at new lengths).
     #[arg(long = "gpu-attention")]
     gpu_attention: Option<String>,
+    /// An option for the model family plugin, `key=value` (repeatable; docs/plugin-guide.md lists model-kit's).
+    #[arg(long = "model-option", value_name = "KEY=VALUE")]
+    model_option: Vec<String>,
 }
 
 #[derive(Args)]
@@ -164,32 +168,31 @@ pub(crate) fn registry(dir: &Path) -> Result<std::sync::Arc<Registry>> {
     Registry::discover(dir, &host_info()).map(std::sync::Arc::new).map_err(anyhow::Error::msg)
 }
 
-fn engine(m: &ModelArgs) -> Result<(std::sync::Arc<Registry>, Engine)> {
-    gpu_attention::apply(m.gpu_attention.as_deref())?;
+/// The engine `generate`, `fit` and `logits` run: no prefix cache.
+fn engine(m: &ModelArgs, speculation: Option<SpeculationConfig>) -> Result<Engine> {
     let reg = registry(&m.dir.plugins)?;
     for r in &reg.refused {
         eprintln!("plugin refused: {} ({}): {}", r.name.as_deref().unwrap_or("?"), r.dir.display(), r.reason);
     }
-    let choice = DtypeChoice::parse(&m.dtype).map_err(anyhow::Error::msg)?;
-    let engine = Engine::load(&reg, &m.model, choice).with_context(|| format!("loading {}", m.model.display()))?;
-    Ok((reg, engine))
+    let cfg = EngineConfig {
+        dtype: DtypeChoice::parse(&m.dtype)?,
+        model_options: model_options::options(m.gpu_attention.as_deref(), &m.model_option)?,
+        speculation,
+        ..Default::default()
+    };
+    Engine::load(&reg, &m.model, cfg).with_context(|| format!("loading {}", m.model.display()))
 }
 
-fn main() -> Result<()> {
+fn main() -> Result<ExitCode> {
     runtime_switch::apply()?;
+    let _idle = MlxIdleAtExit;
     host_engine::runtime::map_large_buffers();
     let cli = Cli::parse();
     let _ = &cli.mlx_lib; // consumed by runtime_switch before parsing
     match cli.command {
         Some(Command::Version) => print_version(),
         Some(Command::Serve(args)) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-                )
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .init();
+            init_tracing("info");
             serve_cmd::run(args)?
         }
         Some(Command::Probe { size, dtype, iters }) => probe(size, &dtype, iters)?,
@@ -200,6 +203,7 @@ fn main() -> Result<()> {
             } else {
                 plugins_cmd::print_text(&reg);
             }
+            return Ok(plugins_cmd::exit_code(&reg));
         }
         Some(Command::Generate {
             model,
@@ -217,8 +221,8 @@ fn main() -> Result<()> {
             draft,
             warmup,
         }) => {
-            let (reg, mut engine) = engine(&model)?;
-            draft_cmd::install(&reg, &mut engine, &draft)?;
+            init_tracing("warn");
+            let engine = engine(&model, draft.config()?)?;
             let p = generate_cmd::Prompt { text: prompt.prompt, chat: prompt.chat, ids: prompt.prompt_ids };
             let ids = generate_cmd::prompt_ids(&engine, &p)?;
             let params = SamplingParams {
@@ -238,15 +242,15 @@ fn main() -> Result<()> {
                     params: params.clone(),
                     stop_on_eos: !ignore_eos,
                     logprobs,
-                    speculate: true,
                 };
-                engine.generate(&req, |_| host_engine::Flow::Continue)?;
+                let plan = engine.plan(&req, 1);
+                host_engine::serial::generate(&engine, &req, &plan, |_| host_engine::Flow::Continue)?;
             }
             generate_cmd::generate(&engine, ids, max_tokens, params, ignore_eos, logprobs, json)?;
         }
         Some(Command::Fit { model, ctx, memory_budget }) => {
             use host_engine::admission::{default_memory_budget, gib, Budget, MemoryModel};
-            let (_reg, engine) = engine(&model)?;
+            let engine = engine(&model, None)?;
             let m = MemoryModel::measure(&engine);
             let budget = Budget {
                 memory_bytes: memory_budget
@@ -259,9 +263,9 @@ fn main() -> Result<()> {
             println!(
                 "model        {} ({} via {}, dtype {})",
                 model.model.display(),
-                engine.model.model_type,
-                engine.model.family_plugin,
-                engine.dtype_name
+                engine.model().model_type,
+                engine.model().family_plugin,
+                engine.dtype_name()
             );
             println!("weights      {:.3} GiB (measured after load)", gib(m.weights_bytes));
             println!("KV           {} bytes/token x {ctx} tokens = {:.3} GiB", m.kv_bytes_per_token, gib(n.kv));
@@ -281,7 +285,7 @@ fn main() -> Result<()> {
             println!("largest context that fits: {most} tokens{ctx_cap}");
         }
         Some(Command::Logits { model, prompt_ids }) => {
-            let (_reg, engine) = engine(&model)?;
+            let engine = engine(&model, None)?;
             let p = generate_cmd::Prompt { text: None, chat: None, ids: Some(prompt_ids) };
             let ids = generate_cmd::prompt_ids(&engine, &p)?;
             generate_cmd::logits(&engine, ids)?;
@@ -293,7 +297,49 @@ fn main() -> Result<()> {
             println!();
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Lives for all of `main` and is dropped last, however `main` ends
+/// (return, error or panic): waits until every MLX stream has run what was
+/// queued on it. MLX never stops its stream threads, while `exit` destroys
+/// libmlx's statics (the CPU allocator among them) and then unloads
+/// OpenBLAS, whose teardown joins its worker threads. Decoding queues step
+/// n+1 before it reads step n, so a request that stops at EOS leaves a whole
+/// forward pass running on the stream thread, and a step whose result was
+/// read still frees its buffers there afterwards. Without this wait
+/// OpenBLAS's teardown waited forever for its worker in 7 of 200 `generate`
+/// runs that stopped at EOS (tests/bench/stress_exit.sh), 0 of 100 with it.
+struct MlxIdleAtExit;
+
+impl Drop for MlxIdleAtExit {
+    fn drop(&mut self) {
+        use mlx_sys::*;
+        // SAFETY: plain mlx-c calls on handles made and freed here.
+        unsafe {
+            let mut streams = mlx_vector_stream_new();
+            if mlx_get_streams(&mut streams) == 0 {
+                for i in 0..mlx_vector_stream_size(streams) {
+                    let mut s = mlx_stream_new();
+                    if mlx_vector_stream_get(&mut s, streams, i) == 0 {
+                        mlx_synchronize(s);
+                    }
+                    mlx_stream_free(s);
+                }
+            }
+            mlx_vector_stream_free(streams);
+        }
+    }
+}
+
+/// Logs and traces on stderr, filtered by RUST_LOG (`default` when unset);
+/// `RUST_LOG=host_engine=trace` shows each step's and round's timings.
+fn init_tracing(default: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
 }
 
 fn print_version() {

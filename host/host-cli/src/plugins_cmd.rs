@@ -1,8 +1,26 @@
 //! `host plugins`: every plugin found, with what it claims and can do, and
-//! the one-line reason for each refused one.
+//! the one-line reason for each refused one. The exit status says whether
+//! the folder loaded whole: 0 when nothing was refused, [`REFUSED`] when
+//! something was (after the full listing), 1 when it could not be scanned.
 
 use host_loader::Registry;
 use serde_json::{json, Value};
+use std::process::ExitCode;
+
+/// The exit status of a listing with at least one refusal. Refusal is the
+/// default failure, not behind a flag: the command exists to say whether a
+/// plugins folder is usable, and a script or deploy check that runs it must
+/// not read "some plugins were skipped" as success. A status of its own, so
+/// a script tells it from 1 (no listing at all: the folder is unreadable).
+pub const REFUSED: u8 = 2;
+
+pub fn exit_code(reg: &Registry) -> ExitCode {
+    if reg.refused.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(REFUSED)
+    }
+}
 
 fn strings(v: &plugin_api::abi_stable::std_types::RVec<plugin_api::abi_stable::std_types::RString>) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()

@@ -1,160 +1,145 @@
 //! `host serve`: flags (optionally from a TOML file; flags win), loading
 //! the model with a progress line per stage, then the HTTP server.
+//!
+//! Every option is declared once, below: clap reads the flags, serde reads
+//! the same struct from the file (keys as the flags, with `_`), and the
+//! file's keys are checked against the flags clap knows.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use host_engine::worker::Worker;
-use host_engine::{DtypeChoice, Engine, Flow, GenerateRequest, SamplingParams};
+use host_engine::{DtypeChoice, Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
 use host_server::state::{ModelInfo, ServerConfig};
 use host_server::SamplingDefaults;
 use std::path::PathBuf;
 use std::time::Instant;
 
-#[derive(Args, Debug, Default)]
+#[derive(Args, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(default)]
 pub struct ServeArgs {
     /// A TOML file with any of these options (keys as the flags, with `_`); flags override it.
     #[arg(long)]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// The plugins folder: one sub-folder per plugin with its plugin.toml (default ./plugins)
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub plugins: Option<PathBuf>,
     /// The model folder (config.json, safetensors, tokenizer files); required
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
     /// The id `/v1/models` reports (default: the model folder's name).
     #[arg(long = "model-id")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model_id: Option<String>,
     /// auto (float32 on CPU, the checkpoint's on GPU), native, float32, bfloat16, float16.
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
     /// Multi-token attention on a GPU: fast (default; our short-query kernels) or mlx (MLX's sdpa, as mlx-lm).
     #[arg(long = "gpu-attention")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_attention: Option<String>,
+    /// An option for the model family plugin, `key=value` (repeatable; docs/plugin-guide.md lists model-kit's).
+    #[arg(long = "model-option", value_name = "KEY=VALUE")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub model_option: Vec<String>,
     /// Address to bind (default 127.0.0.1: local only).
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     /// Port to listen on (default 8080)
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
     /// Require `Authorization: Bearer <key>` on /v1/*.
     #[arg(long = "api-key")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
     /// Largest request body in bytes (default 4 MiB).
     #[arg(long = "body-limit")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub body_limit: Option<usize>,
     /// Requests that may wait for the engine; beyond that, 503 + Retry-After (default 64).
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<usize>,
     /// max_tokens for requests that give none (default 512).
     #[arg(long = "max-tokens")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<usize>,
     /// Rows that may share a decode step (continuous batching); 1 = strict serial (default 8).
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<usize>,
     /// Prefix cache capacity in GiB (reused prompt state; 0 disables; default 1).
     #[arg(long = "prompt-cache")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_cache: Option<f64>,
-    /// Memory budget in GiB for weights + KV + transients (default: 75% of RAM).
+    /// Memory budget in GiB for weights + KV + transients + MLX's buffer cache + the prefix cache (default: 75% of the device's memory).
     #[arg(long = "memory-budget")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_budget: Option<f64>,
     /// Cap in GiB on the KV cache of all running requests together (default: none).
     #[arg(long = "kv-budget")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_budget: Option<f64>,
     /// MLX's buffer cache limit in GiB (freed buffers kept for reuse; counted in the memory budget; default: 32 MiB on the CPU, 1/16 of the budget on a GPU).
     #[arg(long = "mlx-cache-limit")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mlx_cache_limit: Option<f64>,
     /// Temperature for requests that give none (default: the model's generation_config.json, else 1)
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub temp: Option<f32>,
     /// top_p for requests that give none
     #[arg(long = "top-p")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f32>,
     /// top_k for requests that give none
     #[arg(long = "top-k")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u32>,
     /// min_p for requests that give none
     #[arg(long = "min-p")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub min_p: Option<f32>,
     /// repetition_penalty for requests that give none
     #[arg(long = "repetition-penalty")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub repetition_penalty: Option<f32>,
+    /// Serve POST /debug/hold and /debug/release: pause the engine's loop (tests arrange concurrency with it).
+    #[arg(long = "debug-endpoints")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub debug_endpoints: bool,
     #[command(flatten)]
+    #[serde(flatten)]
     pub draft: crate::draft_cmd::DraftArgs,
 }
 
-#[derive(serde::Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileArgs {
-    plugins: Option<PathBuf>,
-    model: Option<PathBuf>,
-    model_id: Option<String>,
-    dtype: Option<String>,
-    gpu_attention: Option<String>,
-    host: Option<String>,
-    port: Option<u16>,
-    api_key: Option<String>,
-    body_limit: Option<usize>,
-    queue: Option<usize>,
-    max_tokens: Option<usize>,
-    batch: Option<usize>,
-    prompt_cache: Option<f64>,
-    memory_budget: Option<f64>,
-    kv_budget: Option<f64>,
-    mlx_cache_limit: Option<f64>,
-    temp: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<u32>,
-    min_p: Option<f32>,
-    repetition_penalty: Option<f32>,
-    draft_model: Option<PathBuf>,
-    draft_kind: Option<String>,
-    num_draft_tokens: Option<usize>,
-    ngram_max: Option<usize>,
-    ngram_min: Option<usize>,
-    speculate_always: Option<bool>,
-    draft_ahead: Option<String>,
-}
-
-/// Flags over the file.
+/// Flags over the file: the file's table, overlaid with every flag given.
 fn merge(a: ServeArgs) -> Result<ServeArgs> {
-    let f: FileArgs = match &a.config {
-        Some(p) => toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-            .with_context(|| format!("{}: invalid config", p.display()))?,
-        None => FileArgs::default(),
-    };
-    Ok(ServeArgs {
-        config: a.config,
-        plugins: a.plugins.or(f.plugins),
-        model: a.model.or(f.model),
-        model_id: a.model_id.or(f.model_id),
-        dtype: a.dtype.or(f.dtype),
-        gpu_attention: a.gpu_attention.or(f.gpu_attention),
-        host: a.host.or(f.host),
-        port: a.port.or(f.port),
-        api_key: a.api_key.or(f.api_key),
-        body_limit: a.body_limit.or(f.body_limit),
-        queue: a.queue.or(f.queue),
-        max_tokens: a.max_tokens.or(f.max_tokens),
-        batch: a.batch.or(f.batch),
-        prompt_cache: a.prompt_cache.or(f.prompt_cache),
-        memory_budget: a.memory_budget.or(f.memory_budget),
-        kv_budget: a.kv_budget.or(f.kv_budget),
-        mlx_cache_limit: a.mlx_cache_limit.or(f.mlx_cache_limit),
-        temp: a.temp.or(f.temp),
-        top_p: a.top_p.or(f.top_p),
-        top_k: a.top_k.or(f.top_k),
-        min_p: a.min_p.or(f.min_p),
-        repetition_penalty: a.repetition_penalty.or(f.repetition_penalty),
-        draft: crate::draft_cmd::DraftArgs {
-            draft_model: a.draft.draft_model.or(f.draft_model),
-            draft_kind: a.draft.draft_kind.or(f.draft_kind),
-            num_draft_tokens: a.draft.num_draft_tokens.or(f.num_draft_tokens),
-            ngram_max: a.draft.ngram_max.or(f.ngram_max),
-            ngram_min: a.draft.ngram_min.or(f.ngram_min),
-            speculate_always: a.draft.speculate_always || f.speculate_always.unwrap_or(false),
-            draft_ahead: a.draft.draft_ahead.or(f.draft_ahead),
-        },
-    })
+    let Some(path) = a.config.clone() else { return Ok(a) };
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let file: toml::Table = toml::from_str(&text).with_context(|| format!("{}: invalid config", path.display()))?;
+    let known: Vec<String> = ServeArgs::augment_args(clap::Command::new("serve"))
+        .get_arguments()
+        .map(|arg| arg.get_id().as_str().to_owned())
+        .filter(|id| id != "config")
+        .collect();
+    if let Some(unknown) = file.keys().find(|k| !known.contains(k)) {
+        bail!("{}: unknown option `{unknown}` (known: {})", path.display(), known.join(", "));
+    }
+    let mut merged = serde_json::to_value(file)?;
+    let flags = serde_json::to_value(&a)?;
+    if let (Some(m), serde_json::Value::Object(f)) = (merged.as_object_mut(), flags) {
+        m.extend(f);
+    }
+    let mut out: ServeArgs =
+        serde_json::from_value(merged).with_context(|| format!("{}: invalid config", path.display()))?;
+    out.config = a.config;
+    Ok(out)
 }
 
 fn stage(n: usize, total: usize, what: &str, t0: Instant) {
@@ -162,40 +147,46 @@ fn stage(n: usize, total: usize, what: &str, t0: Instant) {
     eprintln!("[{done:<20}] {n}/{total} {what} ({:.1}s)", t0.elapsed().as_secs_f64());
 }
 
+fn gib(g: f64) -> u64 {
+    (g * (1u64 << 30) as f64) as u64
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     let a = merge(args)?;
     let t0 = Instant::now();
     let Some(model_dir) = a.model.clone() else { bail!("--model DIR is required (or `model` in the --config file)") };
     let plugins = a.plugins.clone().unwrap_or_else(|| PathBuf::from("plugins"));
-    crate::gpu_attention::apply(a.gpu_attention.as_deref())?;
     stage(0, 4, "discovering plugins", t0);
     let reg = crate::registry(&plugins)?;
     for r in &reg.refused {
         eprintln!("plugin refused: {} ({}): {}", r.name.as_deref().unwrap_or("?"), r.dir.display(), r.reason);
     }
     stage(1, 4, &format!("{} plugins loaded; composing {}", reg.plugins.len(), model_dir.display()), t0);
-    let choice = DtypeChoice::parse(a.dtype.as_deref().unwrap_or("auto")).map_err(anyhow::Error::msg)?;
-    let mut engine =
-        Engine::load(&reg, &model_dir, choice).with_context(|| format!("loading {}", model_dir.display()))?;
     let cache_gib = a.prompt_cache.unwrap_or(1.0);
     if !(0.0..=1024.0).contains(&cache_gib) {
         bail!("--prompt-cache must be between 0 and 1024 GiB");
     }
-    engine.set_prefix_cache((cache_gib * (1u64 << 30) as f64) as usize);
-    crate::draft_cmd::install(&reg, &mut engine, &a.draft)?;
-    stage(
-        2,
-        4,
-        &format!(
-            "{} via {} with {:?}; dtype {} ({})",
-            engine.model.model_type,
-            engine.model.family_plugin,
-            dedup(&engine.model.layouts),
-            engine.dtype_name,
-            engine.dtype_reason
-        ),
-        t0,
+    let cfg = EngineConfig {
+        dtype: DtypeChoice::parse(a.dtype.as_deref().unwrap_or("auto"))?,
+        prefix_cache_bytes: gib(cache_gib) as usize,
+        model_options: crate::model_options::options(a.gpu_attention.as_deref(), &a.model_option)?,
+        speculation: a.draft.config()?,
+        ..Default::default()
+    };
+    let engine = Engine::load(&reg, &model_dir, cfg).with_context(|| format!("loading {}", model_dir.display()))?;
+    if let Some(d) = engine.drafting() {
+        eprintln!("speculative decoding: kind {} via {}, up to {} tokens per round", d.kind, d.plugin, d.depth);
+    }
+    let m = engine.model();
+    let what = format!(
+        "{} via {} with {:?}; dtype {} ({})",
+        m.model_type,
+        m.family_plugin,
+        dedup(&m.layouts),
+        engine.dtype_name(),
+        engine.dtype_reason()
     );
+    stage(2, 4, &what, t0);
     // MLX maps weights lazily: one tiny generation reads them all now rather
     // than on the first request.
     let warm = GenerateRequest {
@@ -204,38 +195,37 @@ pub fn run(args: ServeArgs) -> Result<()> {
         params: SamplingParams::default(),
         stop_on_eos: false,
         logprobs: None,
-        speculate: false,
     };
-    engine.generate(&warm, |_| Flow::Continue).context("warm-up generation")?;
+    let mut plain = engine.plan(&warm, 1);
+    plain.method = host_engine::plan::Method::Autoregressive;
+    plain.prompt_cache = false;
+    host_engine::serial::generate(&engine, &warm, &plain, |_| Flow::Continue).context("warm-up generation")?;
     stage(3, 4, "weights read (warm-up step done)", t0);
-    let info =
-        ModelInfo { max_context: engine.model.plan.max_context as usize, vocab_size: engine.model.plan.vocab_size };
+    let info = ModelInfo { max_context: m.plan.max_context as usize, vocab_size: m.plan.vocab_size };
     let memory = host_engine::admission::MemoryModel::measure(&engine);
-    let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
     let memory_bytes = a.memory_budget.map(gib).unwrap_or_else(host_engine::admission::default_memory_budget);
     let mlx_cache_bytes =
         a.mlx_cache_limit.map(gib).unwrap_or_else(|| host_engine::admission::default_mlx_cache_limit(memory_bytes));
     host_engine::runtime::set_cache_limit(mlx_cache_bytes as usize);
     let budget = host_engine::admission::Budget { memory_bytes, kv_bytes: a.kv_budget.map(gib), mlx_cache_bytes };
+    let g = host_engine::admission::gib;
     eprintln!(
         "memory: weights {:.3} GiB, KV {} bytes/token, budget {:.2} GiB (MLX buffer cache {:.3} GiB){}",
-        host_engine::admission::gib(memory.weights_bytes),
+        g(memory.weights_bytes),
         memory.kv_bytes_per_token,
-        host_engine::admission::gib(budget.memory_bytes),
-        host_engine::admission::gib(mlx_cache_bytes),
-        budget.kv_bytes.map(|k| format!(", KV budget {:.4} GiB", host_engine::admission::gib(k))).unwrap_or_default()
+        g(budget.memory_bytes),
+        g(mlx_cache_bytes),
+        budget.kv_bytes.map(|k| format!(", KV budget {:.4} GiB", g(k))).unwrap_or_default()
     );
     if memory.weights_bytes + mlx_cache_bytes > memory_bytes {
         bail!(
             "the weights ({:.2} GiB) and MLX's buffer cache ({:.2} GiB) do not fit the memory budget of {:.2} GiB",
-            host_engine::admission::gib(memory.weights_bytes),
-            host_engine::admission::gib(mlx_cache_bytes),
-            host_engine::admission::gib(memory_bytes)
+            g(memory.weights_bytes),
+            g(mlx_cache_bytes),
+            g(memory_bytes)
         );
     }
-    let text = engine.text.clone();
-    let caps = engine.capabilities();
-    let draft_kind = engine.drafter.as_ref().and_then(|d| d.lock().ok().map(|g| g.1.clone()));
+    let text = engine.text().cloned();
     let model_id = a.model_id.clone().unwrap_or_else(|| {
         model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
     });
@@ -247,6 +237,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         queue: a.queue.unwrap_or(64),
         default_max_tokens: a.max_tokens.unwrap_or(512),
         batch: a.batch.unwrap_or(8).max(1),
+        debug_endpoints: a.debug_endpoints,
         defaults: SamplingDefaults {
             temperature: a.temp,
             top_p: a.top_p,
@@ -256,10 +247,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
         model_id,
     };
+    let planner = engine.planner(cfg.batch);
     let worker = Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget)));
     stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(host_server::serve(cfg, worker, text, info, caps, memory, budget, draft_kind))?;
+    rt.block_on(host_server::serve(cfg, worker, text, info, planner, memory, budget))?;
     Ok(())
 }
 

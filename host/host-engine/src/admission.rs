@@ -56,10 +56,9 @@ impl MemoryModel {
     pub fn measure(engine: &Engine) -> Self {
         // A draft model's caches grow with the target's (each drafting
         // request, serial or batched row, holds its own).
-        let kv = engine.new_caches().map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum::<u64>()).unwrap_or(0)
-            + engine.draft_kv_bytes_per_token;
+        let kv = engine.kv_bytes_per_token();
         let state_bytes = engine
-            .model
+            .model()
             .plan
             .layers
             .iter()
@@ -70,10 +69,10 @@ impl MemoryModel {
             weights_bytes: crate::runtime::active_memory() as u64,
             kv_bytes_per_token: kv,
             state_bytes,
-            hidden: engine.model.plan.hidden_size as u64,
-            vocab: engine.model.plan.vocab_size as u64,
-            prefill_step: engine.prefill_step as u64,
-            max_context: engine.model.plan.max_context as u64,
+            hidden: engine.model().plan.hidden_size as u64,
+            vocab: engine.model().plan.vocab_size as u64,
+            prefill_step: engine.prefill_step() as u64,
+            max_context: engine.model().plan.max_context as u64,
         }
     }
 

@@ -1,10 +1,22 @@
-//! A served model: the composed graph + cache layouts (from host-loader),
-//! its text side, and the compute dtype chosen for this device.
+//! A served model: the composed graph and cache layouts (from host-loader),
+//! its text side, the compute dtype chosen for this device, the prefix
+//! cache and the drafter, all fixed when the engine is built from its
+//! [`EngineConfig`]. What the engine does with them lives elsewhere: the
+//! serial executor (`serial`), continuous batching (`batch`), the worker
+//! thread (`worker`). Here: running the graph, and resolving each request's
+//! execution plan.
 
+use crate::config::{DtypeChoice, EngineConfig};
+use crate::drafting::Drafting;
+use crate::job::GenerateRequest;
+use crate::plan::{Capabilities, Planner, ResolvedExecution, ServerFeatures};
+use crate::prefix_cache::PrefixStore;
 use crate::runtime::{default_device, DeviceKind};
 use crate::tokenizer::TextSide;
 use host_loader::{ComposeError, ComposedModel, Registry};
-use plugin_api::Dtype;
+use mlx_rs::Array;
+use plugin_api::abi_stable::std_types::{ROption, RSlice};
+use plugin_api::{CacheBox, Dtype, ForwardArgs, LogitsMode, Tensor, TensorRef};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -12,8 +24,12 @@ use std::sync::Arc;
 pub enum EngineError {
     #[error(transparent)]
     Compose(#[from] ComposeError),
+    #[error(transparent)]
+    Drafter(#[from] host_loader::services::DrafterError),
     #[error("{0}")]
     Tokenizer(String),
+    #[error("{0}")]
+    Config(String),
     #[error("{0}")]
     InvalidRequest(String),
     #[error("model: {0}")]
@@ -34,65 +50,30 @@ impl From<mlx_rs::error::Exception> for EngineError {
     }
 }
 
-/// What the user asked for: `auto` picks per device, `native` keeps the
-/// checkpoint's dtype (and quantization), or a named float dtype.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DtypeChoice {
-    Auto,
-    Native,
-    Fixed(Dtype),
-}
-
-impl DtypeChoice {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "auto" => Self::Auto,
-            "native" => Self::Native,
-            "float32" | "f32" => Self::Fixed(Dtype::FLOAT32),
-            "bfloat16" | "bf16" => Self::Fixed(Dtype::BFLOAT16),
-            "float16" | "f16" => Self::Fixed(Dtype::FLOAT16),
-            other => return Err(format!("unknown dtype `{other}` (auto, native, float32, bfloat16, float16)")),
-        })
-    }
+/// A plugin error from a cache-layout or drafter call, named by the call.
+pub(crate) fn model_err(what: &str) -> impl Fn(plugin_api::PluginError) -> EngineError + '_ {
+    move |e| EngineError::Model(format!("{what}: {e}"))
 }
 
 pub struct Engine {
-    pub model: ComposedModel,
-    /// Shared with the HTTP layer (prompt building, detokenizing).
-    pub text: Option<Arc<TextSide>>,
+    model: Arc<ComposedModel>,
+    text: Option<Arc<TextSide>>,
     /// The compute dtype asked of the plugins (None = the checkpoint's).
-    pub compute_dtype: Option<Dtype>,
-    /// The compute dtype in use, and why it was chosen.
-    pub dtype_name: String,
-    pub dtype_reason: String,
-    /// Prompt tokens per prefill chunk (mlx-lm's default: 2048).
-    pub prefill_step: usize,
-    /// Reusable cache state by token prefix (disabled at capacity 0).
-    pub prefix: std::sync::Mutex<crate::prefix_cache::PrefixCache>,
-    /// Everything reused state depends on: model, dtype, layouts, tokenizer.
-    pub namespace: String,
-    /// The drafter for speculative decoding (kind, max depth), if configured.
-    pub drafter: Option<std::sync::Mutex<(plugin_api::DrafterBox, String, usize)>>,
-    /// Capability tags of the drafter plugin (for resolve_execution).
-    pub drafter_caps: Vec<String>,
-    /// Opens another instance of the drafter: set for drafters that keep
-    /// per-request state (two-model), so each batched row gets its own.
-    pub drafter_factory: Option<DrafterFactory>,
-    /// KV bytes per token of the drafter's own model (two-model), counted
-    /// by memory admission on top of the target's.
-    pub draft_kv_bytes_per_token: u64,
-    /// Never switch a request to plain steps because rounds do not pay.
-    pub speculate_always: bool,
-    /// Whether serial greedy rounds are queued before the previous round's
-    /// verdict is read (`speculative`).
-    pub draft_ahead: DraftAhead,
+    compute_dtype: Option<Dtype>,
+    dtype_name: String,
+    dtype_reason: String,
+    prefill_step: usize,
+    prefix: PrefixStore,
+    drafting: Option<Drafting>,
 }
 
 impl Engine {
-    pub fn load(registry: &Registry, dir: &Path, choice: DtypeChoice) -> Result<Self, EngineError> {
+    /// Composes the model in `dir` with the plugins of `registry` and
+    /// builds everything `cfg` asks for.
+    pub fn load(registry: &Arc<Registry>, dir: &Path, cfg: EngineConfig) -> Result<Self, EngineError> {
         let (_, config) = host_loader::compose::read_config(dir)?;
         let quantized = config.get("quantization").is_some() || config.get("quantization_config").is_some();
-        let (dtype, reason) = match choice {
+        let (dtype, reason) = match cfg.dtype {
             DtypeChoice::Native => (None, "native: the checkpoint's dtype, as asked".to_owned()),
             DtypeChoice::Fixed(d) => (Some(d), format!("{}: as asked", d.name())),
             DtypeChoice::Auto => match default_device() {
@@ -108,7 +89,7 @@ impl Engine {
                 ),
             },
         };
-        let model = registry.open_model(dir, dtype, "plain")?;
+        let model = Arc::new(registry.open_model(dir, dtype, "plain", &cfg.model_options)?);
         let dtype_name = match dtype {
             Some(d) => d.name().to_owned(),
             None if quantized => {
@@ -121,14 +102,20 @@ impl Engine {
         } else {
             None
         };
+        let drafting = match cfg.speculation {
+            Some(s) => Some(Drafting::open(registry, &model, text.as_deref(), dtype, s)?),
+            None => None,
+        };
         let tokenizer_id = std::fs::metadata(dir.join("tokenizer.json")).map(|m| m.len()).unwrap_or(0);
-        // Adapters and drafters join the namespace when they exist.
+        // Everything reused state depends on: a state is only reused under
+        // the same model, dtype, layouts, tokenizer, adapters and drafter.
         let namespace = format!(
-            "{}|{}|{}|{}|tokenizer:{tokenizer_id}|adapter:none|drafter:none",
+            "{}|{}|{}|{}|tokenizer:{tokenizer_id}|adapter:none|drafter:{}",
             std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()).display(),
             dtype_name,
             model.scheme,
-            model.layouts.join(",")
+            model.layouts.join(","),
+            drafting.as_ref().map_or("none".to_owned(), |d| format!("{}/{}", d.plugin, d.kind)),
         );
         Ok(Self {
             model,
@@ -136,16 +123,46 @@ impl Engine {
             compute_dtype: dtype,
             dtype_name,
             dtype_reason: reason,
-            prefill_step: 2048,
-            prefix: std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(0)),
-            namespace,
-            drafter: None,
-            drafter_caps: Vec::new(),
-            drafter_factory: None,
-            draft_kv_bytes_per_token: 0,
-            speculate_always: false,
-            draft_ahead: DraftAhead::Auto,
+            prefill_step: cfg.prefill_step.max(1),
+            prefix: PrefixStore::new(namespace, cfg.prefix_cache_bytes),
+            drafting,
         })
+    }
+
+    pub fn model(&self) -> &ComposedModel {
+        &self.model
+    }
+
+    /// The tokenizer, chat template and generation defaults, when the model
+    /// folder has a tokenizer (shared with the HTTP layer).
+    pub fn text(&self) -> Option<&Arc<TextSide>> {
+        self.text.as_ref()
+    }
+
+    pub fn compute_dtype(&self) -> Option<Dtype> {
+        self.compute_dtype
+    }
+
+    /// The compute dtype in use, and why it was chosen.
+    pub fn dtype_name(&self) -> &str {
+        &self.dtype_name
+    }
+
+    pub fn dtype_reason(&self) -> &str {
+        &self.dtype_reason
+    }
+
+    /// Prompt tokens per prefill chunk.
+    pub fn prefill_step(&self) -> usize {
+        self.prefill_step
+    }
+
+    pub fn prefix(&self) -> &PrefixStore {
+        &self.prefix
+    }
+
+    pub fn drafting(&self) -> Option<&Drafting> {
+        self.drafting.as_ref()
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).
@@ -159,60 +176,63 @@ impl Engine {
             },
         }
     }
+
+    /// KV bytes per token of a fresh one-row cache set, plus the drafter's
+    /// own model's (each drafting request holds its own draft caches).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        let target = self.new_caches().map(|cs| cs.iter().map(|c| c.bytes_per_token()).sum::<u64>()).unwrap_or(0);
+        target + self.drafting.as_ref().map_or(0, |d| d.kv_bytes_per_token)
+    }
 }
 
+/// Execution plans.
 impl Engine {
     /// The binding's capabilities for resolve_execution, from the tags the
-    /// family and layout plugins advertise (no plugin is named).
-    pub fn capabilities(&self) -> crate::plan::Capabilities {
-        let tags: Vec<&str> = self.drafter_caps.iter().map(String::as_str).collect();
-        let drafter = self.drafter.as_ref().map(|_| tags.as_slice());
+    /// family, layout and drafter plugins advertise (no plugin is named).
+    pub fn capabilities(&self) -> Capabilities {
+        let drafter_tags: Vec<&str> =
+            self.drafting.iter().flat_map(|d| d.capabilities.iter()).map(String::as_str).collect();
+        let drafter = self.drafting.as_ref().map(|_| drafter_tags.as_slice());
         let model: Vec<&str> = self.model.model_caps.iter().map(String::as_str).collect();
         let tags: Vec<Vec<&str>> =
             self.model.layout_caps.iter().map(|(_, t)| t.iter().map(String::as_str).collect()).collect();
         let layouts: Vec<(&str, &[&str])> =
             self.model.layout_caps.iter().zip(&tags).map(|((n, _), t)| (n.as_str(), t.as_slice())).collect();
-        let mut caps = crate::plan::Capabilities::from_tags(&model, &layouts, drafter);
+        let mut caps = Capabilities::from_tags(&model, &layouts, drafter);
         // The batch scheduler runs speculative rows with one history-only
-        // drafter or one drafter instance per row (a factory): otherwise a
-        // model's `grouped:speculative` cannot be honoured and such requests
-        // run serial.
-        if !self.batch_speculation() {
+        // drafter or one drafter instance per row: otherwise a model's
+        // `grouped:speculative` cannot be honoured and such requests run serial.
+        if !self.drafting.as_ref().is_some_and(Drafting::batchable) {
             caps.grouped_methods.retain(|m| m != "speculative");
         }
         caps
     }
-}
 
-/// When the serial executor drafts ahead (pipelined rounds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DraftAhead {
-    /// When the drafter advertises `caps::DRAFT_AHEAD` (it measured a gain).
-    #[default]
-    Auto,
-    /// Whenever the drafter implements `draft_ahead` (experiments).
-    On,
-    Off,
-}
-
-impl DraftAhead {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "on" => Ok(Self::On),
-            "off" => Ok(Self::Off),
-            other => Err(format!("draft-ahead must be auto, on or off, got `{other}`")),
+    /// What this engine offers every request, with `batch_limit` rows per
+    /// batch (1: strictly serial).
+    pub fn features(&self, batch_limit: usize) -> ServerFeatures {
+        ServerFeatures {
+            batch_limit,
+            prompt_cache: self.prefix.enabled(),
+            speculation_enabled: self.drafting.is_some(),
+            compiled_decode: false,
         }
     }
-}
 
-/// Opens a fresh drafter instance (see `Engine::drafter_factory`).
-pub type DrafterFactory = Box<dyn Fn() -> Result<plugin_api::DrafterBox, String> + Send + Sync>;
+    /// What every plan on this engine with `batch_limit` rows per batch
+    /// depends on besides the request.
+    pub fn planner(&self, batch_limit: usize) -> Planner {
+        Planner {
+            capabilities: self.capabilities(),
+            features: self.features(batch_limit),
+            draft_kind: self.drafting.as_ref().map(|d| d.kind.clone()),
+        }
+    }
 
-impl Engine {
-    /// Whether speculative rows can run inside the batch (see `capabilities`).
-    pub fn batch_speculation(&self) -> bool {
-        self.drafter.is_some() && (self.history_only_drafter() || self.drafter_factory.is_some())
+    /// How `req` runs on this engine with `batch_limit` rows per batch:
+    /// resolved once, carried with the job, obeyed by every executor.
+    pub fn plan(&self, req: &GenerateRequest, batch_limit: usize) -> ResolvedExecution {
+        self.planner(batch_limit).plan(req)
     }
 
     /// Per layer (cache order): whether its layout rolls back by snapshot
@@ -226,90 +246,151 @@ impl Engine {
         };
         self.model.layouts.iter().map(replays).collect()
     }
+}
 
-    /// One drafter instance can serve every row (`caps::HISTORY_ONLY`);
-    /// otherwise each speculating row opens its own (`drafter_factory`).
-    pub fn history_only_drafter(&self) -> bool {
-        self.drafter_caps.iter().any(|t| t == plugin_api::caps::HISTORY_ONLY)
+/// Running the graph.
+impl Engine {
+    /// Fresh serial caches for one request.
+    pub fn new_caches(&self) -> Result<Vec<CacheBox>, EngineError> {
+        Ok(self.model.new_caches(1)?)
     }
 
-    /// Installs a drafter. The prefix cache namespace then names it too
-    /// (state is only reused under the same drafter).
-    pub fn set_drafter(
-        &mut self,
-        drafter: plugin_api::DrafterBox,
-        kind: &str,
-        plugin: &str,
-        caps: Vec<String>,
-        depth: usize,
-    ) {
-        self.drafter = Some(std::sync::Mutex::new((drafter, kind.to_owned(), depth.max(1))));
-        self.drafter_caps = caps;
-        self.namespace = self.namespace.replace("drafter:none", &format!("drafter:{plugin}/{kind}"));
-    }
-
-    /// The facts of a request as resolve_execution sees them.
-    pub fn facts(&self, req: &crate::GenerateRequest) -> crate::plan::RequestFacts {
-        let mut f = crate::plan::RequestFacts::of(req);
-        f.has_draft = self.drafter.is_some() && req.speculate;
-        f.draft_kind = self.drafter.as_ref().and_then(|d| d.lock().ok().map(|g| g.1.clone()));
-        f
-    }
-
-    /// Enables the prefix cache with this many bytes (0 disables it).
-    pub fn set_prefix_cache(&mut self, bytes: usize) {
-        self.prefix = std::sync::Mutex::new(crate::prefix_cache::PrefixCache::new(bytes));
-    }
-
-    /// Imports the longest cached prefix of `prompt` into fresh `caches`.
-    pub fn prefix_take(&self, prompt: &[u32], caches: &mut [plugin_api::CacheBox]) -> usize {
-        let fresh = || self.new_caches().ok();
-        self.prefix.lock().map(|mut p| p.take(&self.namespace, prompt, caches, &fresh)).unwrap_or(0)
-    }
-
-    /// Stores `caches`, which must hold exactly `tokens`.
-    pub fn prefix_put(&self, tokens: &[u32], caches: &[plugin_api::CacheBox]) {
-        if let Ok(mut p) = self.prefix.lock() {
-            p.put(&self.namespace, tokens, caches);
+    /// Runs the graph over `tokens` `[B, L]`; returns `[B, V]` last logits
+    /// when asked, else the final hidden state (to evaluate the caches).
+    pub(crate) fn forward(&self, tokens: &Array, caches: &mut [CacheBox], logits: bool) -> Result<Array, EngineError> {
+        let args = ForwardArgs {
+            tokens: tensor_ref(tokens),
+            logits: if logits { LogitsMode::LAST } else { LogitsMode::NONE },
+            want_hidden: !logits,
+            taps: RSlice::from_slice(&[]),
+        };
+        let out = self
+            .model
+            .graph
+            .forward(args, caches.into())
+            .into_result()
+            .map_err(|e| EngineError::Model(e.to_string()))?;
+        if logits {
+            let l = take(out.logits, "logits")?;
+            let v = l.shape()[l.ndim() - 1];
+            Ok(l.reshape(&[-1, v])?)
+        } else {
+            take(out.hidden, "hidden state")
         }
     }
 
-    /// Stores exported 1-row states for `tokens`; `trimmable` as the
-    /// layouts they came from report it.
-    pub fn prefix_insert(&self, tokens: Vec<u32>, states: Vec<plugin_api::CacheState>, trimmable: bool) {
-        if let Ok(mut p) = self.prefix.lock() {
-            p.insert(&self.namespace, tokens, states, trimmable);
-        }
+    /// Logits `[B * L, V]` at every position of `tokens` `[B, L]`
+    /// (speculative verification).
+    pub(crate) fn forward_all(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<Array, EngineError> {
+        let args = ForwardArgs {
+            tokens: tensor_ref(tokens),
+            logits: LogitsMode::ALL,
+            want_hidden: false,
+            taps: RSlice::from_slice(&[]),
+        };
+        let out = self
+            .model
+            .graph
+            .forward(args, caches.into())
+            .into_result()
+            .map_err(|e| EngineError::Model(e.to_string()))?;
+        let l = take(out.logits, "logits")?;
+        let v = l.shape()[l.ndim() - 1];
+        Ok(l.reshape(&[-1, v])?)
     }
 
-    /// Stores the end state of a generation: `known` = prompt + emitted
-    /// tokens; the caches may hold one token more (a step computed ahead),
-    /// which is trimmed first when the layouts can trim.
-    pub fn prefix_put_final(&self, known: &[u32], caches: &mut [plugin_api::CacheBox]) {
-        if !self.prefix.lock().map(|p| p.enabled()).unwrap_or(false) {
-            return;
-        }
-        let Some(held) = caches.first().map(|c| c.offset() as usize) else { return };
-        if held > known.len() {
-            let extra = (held - known.len()) as u64;
-            if !caches.iter_mut().all(|c| c.is_trimmable() && c.trim(extra) == extra) {
-                return;
+    /// Prefills `tokens` into `caches` in chunks, evaluating each chunk.
+    pub fn prefill(&self, tokens: &[u32], caches: &mut [CacheBox]) -> Result<(), EngineError> {
+        let chunks = tokens.len().div_ceil(self.prefill_step);
+        for chunk in tokens.chunks(self.prefill_step) {
+            self.prefill_chunk(&token_array(chunk), caches)?;
+            if chunks > 1 {
+                // As mlx-lm between prefill chunks: a chunk's activations go
+                // back before the next one allocates its own.
+                crate::runtime::clear_cache();
             }
         }
-        let held = caches.first().map(|c| c.offset() as usize).unwrap_or(0);
-        self.prefix_put(&known[..held.min(known.len())], caches);
+        Ok(())
     }
 
-    /// Evicts prefix-cache entries until it holds at most `limit` bytes;
-    /// true when something was evicted.
-    pub fn prefix_shrink(&self, limit: u64) -> bool {
-        let Ok(mut p) = self.prefix.lock() else { return false };
-        let before = p.counters.evictions;
-        p.shrink_to(limit.min(usize::MAX as u64) as usize);
-        p.counters.evictions > before
+    /// Runs `tokens` `[B, L]` into `caches` and evaluates the final hidden
+    /// state (which evaluates the caches). Evaluating the exported cache
+    /// states instead, as mlx-lm does, would skip work nothing stored needs
+    /// (KV-shared layers, the last MLP), but on the H200 it made a 40-token
+    /// prefill ~8x slower through the HTTP server (TTFT 489 vs 57 ms,
+    /// docs/benchmarks.md; the cause is not isolated yet).
+    pub(crate) fn prefill_chunk(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<(), EngineError> {
+        self.forward(tokens, caches, false)?.eval()?;
+        Ok(())
     }
 
-    pub fn prefix_counters(&self) -> crate::prefix_cache::CacheCounters {
-        self.prefix.lock().map(|p| p.counters).unwrap_or_default()
+    /// Last-position logits of a full forward over `prompt` with fresh caches
+    /// (float32 copy), for parity checks against the oracle.
+    pub fn prompt_logits(&self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let mut caches = self.new_caches()?;
+        let l = self.forward(&token_array(prompt), &mut caches, true)?.as_dtype(mlx_rs::Dtype::Float32)?;
+        l.eval()?;
+        Ok(l.as_slice::<f32>().to_vec())
     }
+
+    /// What every request must be, serial or batched: a prompt of ids in
+    /// the vocabulary, and valid sampling parameters.
+    pub(crate) fn check_request(&self, req: &GenerateRequest) -> Result<(), EngineError> {
+        if req.prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        req.params.validate().map_err(EngineError::InvalidRequest)?;
+        let vocab = self.model.plan.vocab_size;
+        if let Some(bad) = req.prompt.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Snapshot-and-replay rollback (`caps::SPEC_REPLAY`): a layout that
+    /// cannot trim (recurrent state) restores the state it had at the
+    /// round's start instead of keeping `kept` tokens. Then every layout is
+    /// brought back to the round's start and the kept tokens run through
+    /// the model again, so all layers agree on what the cache holds.
+    pub(crate) fn replay_if_restored(
+        &self,
+        starts: &[u64],
+        kept: &[u32],
+        caches: &mut [CacheBox],
+    ) -> Result<bool, EngineError> {
+        let n = kept.len() as u64;
+        if caches.iter().zip(starts).all(|(c, &s)| c.offset() == s + n) {
+            return Ok(false);
+        }
+        for (c, &s) in caches.iter_mut().zip(starts) {
+            let extra = c.offset().saturating_sub(s);
+            if extra > 0 && c.trim(extra) != extra {
+                return Err(EngineError::Model(format!(
+                    "rollback: a layout holds {extra} tokens past the round's start and cannot trim them (signature {})",
+                    c.signature()
+                )));
+            }
+        }
+        self.forward(&token_array(kept), caches, false)?.eval()?;
+        Ok(true)
+    }
+}
+
+pub(crate) fn tensor_ref(a: &Array) -> TensorRef<'_> {
+    unsafe { TensorRef::from_raw(a.as_ptr()) }
+}
+
+fn take(t: ROption<Tensor>, what: &str) -> Result<Array, EngineError> {
+    match t {
+        ROption::RSome(t) => Ok(unsafe { Array::from_ptr(t.into_raw()) }),
+        ROption::RNone => Err(EngineError::Model(format!("forward returned no {what}"))),
+    }
+}
+
+/// int32 `[1, L]` token ids.
+pub fn token_array(ids: &[u32]) -> Array {
+    let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+    Array::from_slice(&v, &[1, v.len() as i32])
 }

@@ -1,27 +1,38 @@
 //! The generation core of the host.
 //!
 //! Owns: the process's view of the MLX runtime, the served model (composed
-//! by host-loader) with its tokenizer and chat template, sampling, and the
-//! decode loop. Does not own: HTTP (host-server), plugin discovery
+//! by host-loader) with its tokenizer and chat template, sampling, the
+//! execution plan of each request, and the executors that run it: serial
+//! (`serial`) and continuously batched (`batch`), on one worker thread
+//! (`worker`). Does not own: HTTP (host-server), plugin discovery
 //! (host-loader) or any model family.
+//!
+//! A request flows: `Engine::plan` → a `Job` (request + plan + callback) →
+//! `worker` queue → `batch::Scheduler` (continuous plans) or `serial::run`
+//! (serial plans) → `Event`s back through the job's callback.
 
 pub mod admission;
+pub mod batch;
 pub mod chat_template;
-pub mod cohort;
+pub mod config;
+pub mod drafting;
 pub mod engine;
-pub mod generate;
 pub mod histogram;
+pub mod hold;
+pub mod job;
 pub mod owned_state;
 pub mod plan;
 pub mod prefix_cache;
 pub mod probe;
 pub mod runtime;
 pub mod sampling;
-pub mod scheduler;
-pub mod speculative;
+pub mod serial;
+pub mod speculation;
+pub mod stats;
 pub mod tokenizer;
 pub mod worker;
 
-pub use engine::{DraftAhead, DtypeChoice, Engine, EngineError};
-pub use generate::{Finish, Flow, GenerateRequest, GenerateResult, TokenOut};
+pub use config::{DraftSource, DtypeChoice, EngineConfig, SpeculationConfig};
+pub use engine::{Engine, EngineError};
+pub use job::{Event, Finish, Flow, GenerateRequest, GenerateResult, Job, TokenOut};
 pub use sampling::SamplingParams;

@@ -30,7 +30,7 @@
 use plugin_api::caps;
 use std::fmt;
 
-use caps::{ADAPTER_BATCH, GRAMMAR_BATCH, SHARED_CHECKPOINTS, SPECULATIVE_ADAPTERS};
+use caps::{GRAMMAR_BATCH, SHARED_CHECKPOINTS};
 
 /// What one request asks for; everything the plan depends on, nothing more.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -40,27 +40,12 @@ pub struct RequestFacts {
     /// The drafter's kind (`mtp`, `ngram`, `two-model`, ...), for reasons.
     pub draft_kind: Option<String>,
     pub wants_logprobs: bool,
-    pub user_seed: bool,
     /// A non-default KV storage scheme (`affine4`, ...).
     pub kv_quant: Option<String>,
-    pub has_adapters: bool,
     pub has_grammar: bool,
-    pub has_vision: bool,
     /// Repetition/presence/frequency penalties: fine in every mechanism, but
     /// not speculative (a token's penalty needs the tokens before it chosen).
     pub has_penalties: bool,
-}
-
-impl RequestFacts {
-    /// The facts a plain generation request carries.
-    pub fn of(req: &crate::GenerateRequest) -> Self {
-        Self {
-            wants_logprobs: req.logprobs.is_some(),
-            user_seed: req.params.seed.is_some(),
-            has_penalties: req.params.has_penalties(),
-            ..Default::default()
-        }
-    }
 }
 
 /// What the composed binding (model family + cache layouts + drafter) can do.
@@ -76,7 +61,6 @@ pub struct Capabilities {
     pub grouped_methods: Vec<String>,
     pub quantized_batch: bool,
     pub grammar_batch: bool,
-    pub adapter_batch: bool,
     /// Every layout can export/import its state (prefix cache).
     pub state_io: bool,
     pub checkpoints: bool,
@@ -87,7 +71,6 @@ pub struct Capabilities {
     /// Why `speculative` is false, for the reason (None: a generic phrase).
     pub speculative_blocker: Option<String>,
     pub speculative_kv_quant: bool,
-    pub speculative_adapters: bool,
 }
 
 impl Default for Capabilities {
@@ -131,7 +114,6 @@ impl Capabilities {
                 format!("the cache layout `{n}` cannot roll back a rejected draft (no `trim` or `spec-round`)")
             }),
         };
-        let drafter = drafter.unwrap_or(&[]);
         let state_io = lacking(&|t| has(t, caps::STATE_IO)).is_none();
         Self {
             method: ar.to_owned(),
@@ -140,7 +122,6 @@ impl Capabilities {
             grouped_methods,
             quantized_batch: has(model, caps::QUANTIZED_KV_BATCH),
             grammar_batch: has(model, GRAMMAR_BATCH),
-            adapter_batch: has(model, ADAPTER_BATCH),
             state_io,
             // A checkpoint is exported layout state, so it needs `state-io`.
             checkpoints: has(model, caps::CHECKPOINTS) && state_io,
@@ -149,7 +130,6 @@ impl Capabilities {
             speculative: speculative_blocker.is_none(),
             speculative_blocker,
             speculative_kv_quant: rollback.is_none(),
-            speculative_adapters: has(drafter, SPECULATIVE_ADAPTERS),
         }
     }
 }
@@ -224,6 +204,35 @@ impl fmt::Display for ResolvedExecution {
     }
 }
 
+/// Everything a plan depends on besides the request: what the binding can
+/// do and what the server offers. Made once by the engine
+/// (`Engine::planner`); the HTTP layer keeps a copy to resolve each
+/// request's plan before queueing it.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    pub capabilities: Capabilities,
+    pub features: ServerFeatures,
+    /// The drafter's kind, when one is mounted.
+    pub draft_kind: Option<String>,
+}
+
+impl Planner {
+    /// The facts of a request as resolve_execution sees them.
+    pub fn facts(&self, req: &crate::job::GenerateRequest) -> RequestFacts {
+        RequestFacts {
+            has_draft: self.draft_kind.is_some(),
+            draft_kind: self.draft_kind.clone(),
+            wants_logprobs: req.logprobs.is_some(),
+            has_penalties: req.params.has_penalties(),
+            ..Default::default()
+        }
+    }
+
+    pub fn plan(&self, req: &crate::job::GenerateRequest) -> ResolvedExecution {
+        resolve_execution(&self.facts(req), &self.capabilities, &self.features)
+    }
+}
+
 /// Decides how one request runs. Pure: the same inputs give the same plan.
 pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFeatures) -> ResolvedExecution {
     let mut reasons = Vec::new();
@@ -252,13 +261,6 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
                     "is unavailable: {}",
                     cap.speculative_blocker.as_deref().unwrap_or("the binding cannot run speculative rounds")
                 ),
-            ),
-            // Drafters propose from text only; media rows would diverge.
-            (req.has_vision, "disabled for image inputs".to_owned()),
-            // A drafter without the adapter drafts for a different model.
-            (
-                req.has_adapters && !cap.speculative_adapters,
-                format!("disabled for adapters (drafter lacks `{SPECULATIVE_ADAPTERS}`)"),
             ),
             // A penalty depends on every token before it: drafts cannot be
             // verified against penalised logits in one forward. (Logprobs are
@@ -297,12 +299,6 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
             cap.continuous && !cap.grouped_methods.iter().any(|m| m == method.as_str()),
             format!("serial: the {0} method has no grouped executor (no `grouped:{0}`)", method.as_str()),
         ),
-        // Image prefill is per request; no media batch capability exists yet.
-        (req.has_vision, "serial: image inputs run alone".to_owned()),
-        (
-            req.has_adapters && !cap.adapter_batch,
-            format!("serial: adapters cannot share a batch (no `{ADAPTER_BATCH}`)"),
-        ),
         (
             req.kv_quant.is_some() && !cap.quantized_batch,
             format!("serial: KV scheme `{kv}` cannot batch (no `{}`)", caps::QUANTIZED_KV_BATCH),
@@ -317,13 +313,10 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
 
     // 3. Derived fields; for each, the first cause is the reason.
     let ar = method == Method::Autoregressive;
-    // Speculative rounds publish no reusable prefix state (ancestor rule);
-    // image tokens are not a token prefix; the layouts must export state.
-    let pc_block = [
-        (!ar, "speculative rounds keep no reusable prefix state".to_owned()),
-        (req.has_vision, "image inputs are not a token prefix".to_owned()),
-        (!cap.state_io, format!("the cache layouts cannot export state (no `{}`)", caps::STATE_IO)),
-    ];
+    // The layouts must export state. (Speculative requests keep a reusable
+    // state: a round's rollback leaves the caches holding exactly the
+    // emitted tokens, serial and batched.)
+    let pc_block = [(!cap.state_io, format!("the cache layouts cannot export state (no `{}`)", caps::STATE_IO))];
     let prompt_cache = srv.prompt_cache && first_cause(&pc_block, "no prompt cache", &mut reasons);
     // A checkpoint is a resumable snapshot stored with the prompt cache; a
     // grouped one needs `shared-checkpoints`; grammar state is not part of a
@@ -337,11 +330,8 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
         (req.wants_logprobs, "logprobs of resumed tokens would be lost".to_owned()),
     ];
     let checkpoint = prompt_cache && cap.checkpoints && first_cause(&ck_block, "no checkpoint", &mut reasons);
-    // The compiled step is one position per row without adapter weights.
-    let cd_block = [
-        (!ar, "speculative rounds verify several positions".to_owned()),
-        (req.has_adapters, "adapters change the graph".to_owned()),
-    ];
+    // The compiled step is one position per row.
+    let cd_block = [(!ar, "speculative rounds verify several positions".to_owned())];
     let compiled_decode =
         srv.compiled_decode && cap.compiled_decode && first_cause(&cd_block, "no compiled decode", &mut reasons);
 
@@ -401,22 +391,9 @@ mod tests {
         // (facts, capabilities, features, "method mechanism [pc] [ck] [cd]", reason substring; "" = no reasons)
         let cases: Vec<(RequestFacts, Capabilities, ServerFeatures, &str, &str)> = vec![
             (r(), full(), srv(), "ar cont pc ck cd", ""),
-            (RequestFacts { user_seed: true, has_penalties: true, ..r() }, full(), srv(), "ar cont pc ck cd", ""),
-            (
-                RequestFacts { wants_logprobs: true, user_seed: true, ..r() },
-                full(),
-                srv(),
-                "ar cont pc cd",
-                "no checkpoint: logprobs",
-            ),
-            (draft(), full(), srv(), "spec cont", "no prompt cache: speculative rounds"),
-            (
-                RequestFacts { user_seed: true, ..draft() },
-                full(),
-                srv(),
-                "spec cont",
-                "no compiled decode: speculative",
-            ),
+            (RequestFacts { has_penalties: true, ..r() }, full(), srv(), "ar cont pc ck cd", ""),
+            (RequestFacts { wants_logprobs: true, ..r() }, full(), srv(), "ar cont pc cd", "no checkpoint: logprobs"),
+            (draft(), full(), srv(), "spec cont pc ck", "no compiled decode: speculative"),
             (
                 RequestFacts { has_penalties: true, ..draft() },
                 full(),
@@ -424,7 +401,13 @@ mod tests {
                 "ar cont pc ck cd",
                 "autoregressive: speculation disabled for repetition, presence and frequency penalties",
             ),
-            (RequestFacts { wants_logprobs: true, ..draft() }, full(), srv(), "spec cont", "no prompt cache"),
+            (
+                RequestFacts { wants_logprobs: true, ..draft() },
+                full(),
+                srv(),
+                "spec cont pc",
+                "no checkpoint: logprobs",
+            ),
             (
                 draft(),
                 full(),
@@ -443,18 +426,10 @@ mod tests {
                 draft(),
                 without("grouped:speculative"),
                 srv(),
-                "spec serial",
+                "spec serial pc ck",
                 "serial: the speculative method has no grouped executor",
             ),
-            (
-                RequestFacts { has_vision: true, ..draft() },
-                full(),
-                srv(),
-                "ar serial cd",
-                "speculation disabled for image inputs",
-            ),
-            (RequestFacts { has_vision: true, ..r() }, full(), srv(), "ar serial cd", "no prompt cache: image inputs"),
-            (RequestFacts { kv_quant: q4(), ..mtp() }, full(), srv(), "spec cont", "no prompt cache"),
+            (RequestFacts { kv_quant: q4(), ..mtp() }, full(), srv(), "spec cont pc ck", "no compiled decode"),
             (
                 RequestFacts { kv_quant: q4(), ..mtp() },
                 Capabilities { speculative_kv_quant: false, ..full() },
@@ -468,27 +443,6 @@ mod tests {
                 srv(),
                 "ar serial pc ck cd",
                 "KV scheme `affine4` cannot batch",
-            ),
-            (
-                RequestFacts { has_adapters: true, ..r() },
-                full(),
-                srv(),
-                "ar serial pc ck",
-                "serial: adapters cannot share a batch",
-            ),
-            (
-                RequestFacts { has_adapters: true, ..r() },
-                Capabilities { adapter_batch: true, ..full() },
-                srv(),
-                "ar cont pc ck",
-                "no compiled decode: adapters",
-            ),
-            (
-                RequestFacts { has_adapters: true, ..draft() },
-                full(),
-                srv(),
-                "ar serial pc ck",
-                "speculation disabled for adapters",
             ),
             (
                 RequestFacts { has_grammar: true, ..r() },
@@ -505,7 +459,7 @@ mod tests {
                 "no checkpoint: grammar",
             ),
             (r(), full(), ServerFeatures { batch_limit: 1, ..srv() }, "ar serial pc ck cd", "(`--batch 1`)"),
-            (draft(), full(), ServerFeatures { batch_limit: 0, ..srv() }, "spec serial", "one request at a time"),
+            (draft(), full(), ServerFeatures { batch_limit: 0, ..srv() }, "spec serial pc ck", "one request at a time"),
             (
                 r(),
                 Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], None),
@@ -527,7 +481,7 @@ mod tests {
                 "ar serial pc ck cd",
                 "serial: the model family lacks `continuous-batching`",
             ),
-            (draft(), without("shared-embeddings"), srv(), "spec cont", "no prompt cache"),
+            (draft(), without("shared-embeddings"), srv(), "spec cont pc ck", "no compiled decode"),
             (
                 draft(),
                 Capabilities::from_tags(&LLAMA[..2], &[PLAIN], Some(&["needs-target"])),
@@ -595,7 +549,7 @@ mod tests {
             without("shared-checkpoints"),
             Capabilities::default(),
             Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], Some(&[])),
-            Capabilities { adapter_batch: true, ..full() },
+            Capabilities { grammar_batch: true, ..full() },
         ];
         let servers = [
             srv(),
@@ -603,18 +557,15 @@ mod tests {
             ServerFeatures { batch_limit: 1, ..srv() },
             ServerFeatures { prompt_cache: false, ..srv() },
         ];
-        for bits in 0u32..256 {
+        for bits in 0u32..32 {
             let b = |k: u32| bits & (1 << k) != 0;
             let facts = RequestFacts {
                 has_draft: b(0),
                 draft_kind: None,
                 wants_logprobs: b(1),
-                user_seed: b(2),
-                kv_quant: if b(3) { q4() } else { None },
-                has_adapters: b(4),
-                has_grammar: b(5),
-                has_vision: b(6),
-                has_penalties: b(7),
+                kv_quant: if b(2) { q4() } else { None },
+                has_grammar: b(3),
+                has_penalties: b(4),
             };
             for cap in &bindings {
                 for feat in &servers {

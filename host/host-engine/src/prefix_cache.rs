@@ -190,3 +190,82 @@ impl PrefixCache {
         caches.iter().map(|c| c.export_state().into_result().ok()).collect()
     }
 }
+
+/// The engine's prefix cache: the LRU above, behind a lock, under the
+/// engine's namespace.
+pub struct PrefixStore {
+    cache: std::sync::Mutex<PrefixCache>,
+    namespace: String,
+}
+
+impl PrefixStore {
+    pub fn new(namespace: String, cap_bytes: usize) -> Self {
+        Self { cache: std::sync::Mutex::new(PrefixCache::new(cap_bytes)), namespace }
+    }
+
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, PrefixCache>> {
+        self.cache.lock().ok()
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.lock().is_some_and(|p| p.enabled())
+    }
+
+    /// Everything reused state depends on (model, dtype, layouts, tokenizer,
+    /// adapters, drafter).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Imports the longest cached prefix of `prompt` into fresh `caches`;
+    /// `fresh` makes a new cache set.
+    pub fn take(&self, prompt: &[u32], caches: &mut [CacheBox], fresh: &dyn Fn() -> Option<Vec<CacheBox>>) -> usize {
+        self.lock().map(|mut p| p.take(&self.namespace, prompt, caches, fresh)).unwrap_or(0)
+    }
+
+    /// Stores `caches`, which must hold exactly `tokens`.
+    pub fn put(&self, tokens: &[u32], caches: &[CacheBox]) {
+        if let Some(mut p) = self.lock() {
+            p.put(&self.namespace, tokens, caches);
+        }
+    }
+
+    /// Stores exported 1-row states for `tokens`; `trimmable` as the
+    /// layouts they came from report it.
+    pub fn insert(&self, tokens: Vec<u32>, states: Vec<CacheState>, trimmable: bool) {
+        if let Some(mut p) = self.lock() {
+            p.insert(&self.namespace, tokens, states, trimmable);
+        }
+    }
+
+    /// Stores the end state of a generation: `known` = prompt + emitted
+    /// tokens; the caches may hold one token more (a step computed ahead),
+    /// which is trimmed first when the layouts can trim.
+    pub fn put_final(&self, known: &[u32], caches: &mut [CacheBox]) {
+        if !self.enabled() {
+            return;
+        }
+        let Some(held) = caches.first().map(|c| c.offset() as usize) else { return };
+        if held > known.len() {
+            let extra = (held - known.len()) as u64;
+            if !caches.iter_mut().all(|c| c.is_trimmable() && c.trim(extra) == extra) {
+                return;
+            }
+        }
+        let held = caches.first().map(|c| c.offset() as usize).unwrap_or(0);
+        self.put(&known[..held.min(known.len())], caches);
+    }
+
+    /// Evicts entries until at most `limit` bytes are held; true when
+    /// something was evicted.
+    pub fn shrink(&self, limit: u64) -> bool {
+        let Some(mut p) = self.lock() else { return false };
+        let before = p.counters.evictions;
+        p.shrink_to(limit.min(usize::MAX as u64) as usize);
+        p.counters.evictions > before
+    }
+
+    pub fn counters(&self) -> CacheCounters {
+        self.lock().map(|p| p.counters).unwrap_or_default()
+    }
+}

@@ -4,7 +4,7 @@
 //! layout is ever named here.
 
 use crate::registry::{LoadedPlugin, Registry};
-use abi_stable::std_types::{ROption, RStr, RString, RVec};
+use abi_stable::std_types::{ROption, RStr, RString, Tuple2};
 use plugin_api::{
     CacheBox, CacheSpec, Dtype, LayerNeed, ModelBox, ModelOpenArgs, ModelPlan, PResult, PluginError, PluginKind,
 };
@@ -135,11 +135,13 @@ impl Registry {
     }
 
     /// Plans (without reading weights), picks layouts, then loads the graph.
+    /// `options` (`key=value`) go to the family plugin as they are.
     pub fn open_model(
         &self,
         dir: &Path,
         compute_dtype: Option<Dtype>,
         scheme: &str,
+        options: &[(String, String)],
     ) -> Result<ComposedModel, ComposeError> {
         let (text, config) = read_config(dir)?;
         let family = self.family_for(&config)?;
@@ -170,7 +172,10 @@ impl Registry {
                 Some(d) => ROption::RSome(d),
                 None => ROption::RNone,
             },
-            options: RVec::new(),
+            options: options
+                .iter()
+                .map(|(k, v)| Tuple2(RString::from(k.as_str()), RString::from(v.as_str())))
+                .collect(),
         };
         let graph = open_fn(&args).into_result().map_err(perr)?;
         let cache_dtype = compute_dtype.unwrap_or(plan.weights_dtype);

@@ -8,7 +8,7 @@
 //! that no host source names one).
 
 pub mod compose;
-pub mod draft_kind;
+pub mod drafters;
 pub mod registry;
 pub mod services;
 pub mod toml_manifest;

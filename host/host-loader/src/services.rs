@@ -1,6 +1,7 @@
 //! What the host lends a drafter (`HostServices`): other plugins through the
 //! host's composition, so a two-model drafter can open its draft model with
-//! whatever family plugin claims it.
+//! whatever family plugin claims it, and the target's own embedding and LM
+//! head.
 
 use crate::compose::ComposedModel;
 use crate::registry::Registry;
@@ -11,8 +12,21 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+/// Why a drafter could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DrafterError {
+    #[error("no drafter plugin implements draft kind `{kind}` (loaded kinds: {loaded})")]
+    UnknownKind { kind: String, loaded: String },
+    #[error("plugin `{0}` has no open_drafter entry")]
+    NoEntry(String),
+    #[error("drafter `{plugin}`: {error}")]
+    Plugin { plugin: String, error: PluginError },
+}
+
 pub struct Services {
     pub registry: Arc<Registry>,
+    /// The model the drafter drafts for.
+    pub target: Arc<ComposedModel>,
     /// The compute dtype the target runs in (drafts run in the same).
     pub dtype: Option<Dtype>,
     /// Models opened for drafters, by folder, shared by every drafter this
@@ -41,16 +55,16 @@ impl ModelGraph for SharedGraph {
 }
 
 impl Services {
-    fn composed(&self, dir: &str) -> Result<Arc<ComposedModel>, String> {
-        let mut opened = self.opened.lock().map_err(|_| "draft model table poisoned".to_owned())?;
+    fn composed(&self, dir: &str) -> Result<Arc<ComposedModel>, PluginError> {
+        let mut opened = self.opened.lock().map_err(|_| PluginError::invalid_input("draft model table poisoned"))?;
         if let Some(m) = opened.get(dir) {
             return Ok(m.clone());
         }
-        let m = Arc::new(
-            self.registry
-                .open_model(Path::new(dir), self.dtype, "plain")
-                .map_err(|e| format!("opening draft model {dir}: {e}"))?,
-        );
+        let m = self
+            .registry
+            .open_model(Path::new(dir), self.dtype, "plain", &[])
+            .map_err(|e| PluginError::invalid_input(format!("opening draft model {dir}: {e}")))?;
+        let m = Arc::new(m);
         opened.insert(dir.to_owned(), m.clone());
         Ok(m)
     }
@@ -60,7 +74,7 @@ impl HostServices for Services {
     fn open_model(&self, dir: RStr<'_>) -> PResult<ModelInstance> {
         let composed = match self.composed(dir.as_str()) {
             Ok(m) => m,
-            Err(e) => return PResult::RErr(PluginError::invalid_input(e)),
+            Err(e) => return PResult::RErr(e),
         };
         let caches = match composed.new_caches(1) {
             Ok(c) => c,
@@ -70,12 +84,12 @@ impl HostServices for Services {
         PResult::ROk(ModelInstance { graph, caches: caches.into_iter().collect::<RVec<_>>() })
     }
 
-    fn target_embed(&self, _tokens: TensorRef<'_>) -> PResult<Tensor> {
-        PResult::RErr(PluginError::unsupported("this host does not lend the target's embeddings yet"))
+    fn target_embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
+        self.target.graph.embed(tokens)
     }
 
-    fn target_lm_head(&self, _hidden: TensorRef<'_>) -> PResult<Tensor> {
-        PResult::RErr(PluginError::unsupported("this host does not lend the target's LM head yet"))
+    fn target_lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
+        self.target.graph.lm_head(hidden)
     }
 }
 
@@ -88,11 +102,11 @@ pub fn open_drafter(
     depth: u32,
     options: &[(String, String)],
     dtype: Option<Dtype>,
-) -> Result<(DrafterFactory, DrafterBox), String> {
+    target: Arc<ComposedModel>,
+) -> Result<(DrafterFactory, DrafterBox), DrafterError> {
     let config = dir.and_then(|d| std::fs::read_to_string(d.join("config.json")).ok());
     let mut candidates: Vec<_> = registry
-        .of_kind(PluginKind::DRAFTER)
-        .filter(|p| p.manifest.claims.draft_kinds.iter().any(|k| k.as_str() == kind))
+        .drafters_of(kind)
         .map(|p| {
             let score = match (p.root.detect_draft(), dir) {
                 (Some(f), Some(d)) => {
@@ -105,17 +119,11 @@ pub fn open_drafter(
         .collect();
     candidates.sort_by(|a, b| b.0.cmp(&a.0));
     let Some((_, plugin)) = candidates.first() else {
-        let kinds: Vec<String> = registry
-            .of_kind(PluginKind::DRAFTER)
-            .flat_map(|p| p.manifest.claims.draft_kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>())
-            .collect();
-        return Err(format!(
-            "no drafter plugin implements draft kind `{kind}` (loaded kinds: {})",
-            if kinds.is_empty() { "none".into() } else { kinds.join(", ") }
-        ));
+        let kinds = registry.draft_kinds();
+        let loaded = if kinds.is_empty() { "none".into() } else { kinds.join(", ") };
+        return Err(DrafterError::UnknownKind { kind: kind.to_owned(), loaded });
     };
-    let open =
-        plugin.root.open_drafter().ok_or_else(|| format!("plugin `{}` has no open_drafter entry", plugin.name()))?;
+    let open = plugin.root.open_drafter().ok_or_else(|| DrafterError::NoEntry(plugin.name().to_owned()))?;
     let args = DrafterOpenArgs {
         kind: kind.into(),
         dir: match dir {
@@ -138,6 +146,7 @@ pub fn open_drafter(
         plugin: plugin.name().to_owned(),
         registry: registry.clone(),
         dtype,
+        target,
         opened: Arc::default(),
     };
     let drafter = factory.open()?;
@@ -155,6 +164,7 @@ pub struct DrafterFactory {
     pub plugin: String,
     registry: Arc<Registry>,
     dtype: Option<Dtype>,
+    target: Arc<ComposedModel>,
     opened: Arc<Mutex<HashMap<String, Arc<ComposedModel>>>>,
 }
 
@@ -170,10 +180,15 @@ impl DrafterFactory {
             .sum()
     }
 
-    pub fn open(&self) -> Result<DrafterBox, String> {
-        let services = Services { registry: self.registry.clone(), dtype: self.dtype, opened: self.opened.clone() };
+    pub fn open(&self) -> Result<DrafterBox, DrafterError> {
+        let services = Services {
+            registry: self.registry.clone(),
+            target: self.target.clone(),
+            dtype: self.dtype,
+            opened: self.opened.clone(),
+        };
         (self.open)(&self.args, HostServices_TO::from_value(services, TD_Opaque))
             .into_result()
-            .map_err(|e| format!("drafter `{}`: {e}", self.plugin))
+            .map_err(|error| DrafterError::Plugin { plugin: self.plugin.clone(), error })
     }
 }

@@ -5,7 +5,8 @@
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::wire::Common;
-use host_engine::worker::{Event, Job, SubmitError};
+use host_engine::worker::SubmitError;
+use host_engine::{Event, Job};
 use host_engine::{Flow, GenerateRequest, SamplingParams};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -89,18 +90,13 @@ pub fn request(
         let p = m.split('`').nth(1).unwrap_or("sampling").to_owned();
         ApiError::param(&p, m)
     })?;
-    Ok(GenerateRequest { prompt, max_tokens, params, stop_on_eos: true, logprobs, speculate: true })
+    Ok(GenerateRequest { prompt, max_tokens, params, stop_on_eos: true, logprobs })
 }
 
 /// Queues the request; the job stops when `stop` is set or the receiver is gone.
-pub fn submit(st: &AppState, id: &str, mut req: GenerateRequest) -> Result<Running, ApiError> {
-    let mut facts = host_engine::plan::RequestFacts::of(&req);
-    facts.has_draft = st.draft_kind.is_some() && req.speculate;
-    facts.draft_kind = st.draft_kind.clone();
-    let plan = host_engine::plan::resolve_execution(&facts, &st.caps, &st.features);
-    // The plan is what runs: a request whose plan fell back from speculation
-    // decodes plainly (the engine would otherwise speculate whenever it can).
-    req.speculate = plan.method == host_engine::plan::Method::Speculative;
+pub fn submit(st: &AppState, id: &str, req: GenerateRequest) -> Result<Running, ApiError> {
+    // Resolved once, here; the engine runs what it says.
+    let plan = st.planner.plan(&req);
     tracing::info!(id, prompt_tokens = req.prompt.len(), max_tokens = req.max_tokens, plan = %plan.summary(), "request accepted");
     let (tx, rx) = unbounded_channel();
     let stop = Arc::new(AtomicBool::new(false));
@@ -121,7 +117,7 @@ pub fn submit(st: &AppState, id: &str, mut req: GenerateRequest) -> Result<Runni
             Flow::Continue
         }
     });
-    st.worker.submit(Job { request: req, on_event }).map_err(|e| match e {
+    st.worker.submit(Job { request: req, plan, on_event }).map_err(|e| match e {
         SubmitError::Full => ApiError::busy(),
         SubmitError::Closed => ApiError::internal("the engine has stopped"),
     })?;

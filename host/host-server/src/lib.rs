@@ -36,6 +36,8 @@ pub fn router(st: AppState) -> Router {
         .route("/health", get(routes::info::health))
         .route("/stats", get(routes::info::stats))
         .route("/metrics", get(routes::metrics::metrics))
+        .route("/debug/hold", post(routes::debug::hold))
+        .route("/debug/release", post(routes::debug::release))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(st.clone(), guard))
@@ -88,26 +90,16 @@ pub async fn serve(
     worker: Worker,
     text: Option<Arc<TextSide>>,
     info: ModelInfo,
-    caps: host_engine::plan::Capabilities,
+    planner: host_engine::plan::Planner,
     memory: host_engine::admission::MemoryModel,
     budget: host_engine::admission::Budget,
-    draft_kind: Option<String>,
 ) -> std::io::Result<()> {
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let worker = Arc::new(worker);
-    // No prompt cache or drafter yet (docs/ARCHITECTURE.md, "Status").
-    let features = host_engine::plan::ServerFeatures {
-        batch_limit: cfg.batch,
-        prompt_cache: true,
-        speculation_enabled: draft_kind.is_some(),
-        ..Default::default()
-    };
     let st = AppState {
-        caps: Arc::new(caps),
-        features,
+        planner: Arc::new(planner),
         memory,
         budget,
-        draft_kind,
         worker: worker.clone(),
         text,
         info,

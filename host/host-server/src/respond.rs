@@ -9,7 +9,7 @@ use crate::state::{AppState, ServerStats};
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use host_engine::worker::Event;
+use host_engine::Event;
 use host_engine::{Finish, TokenOut};
 use serde_json::{json, Value};
 use std::convert::Infallible;

@@ -30,6 +30,8 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// Rows per decode step (1 = strict serial).
     pub batch: usize,
+    /// Serve `/debug/*` (the engine loop's hold, for tests and operators).
+    pub debug_endpoints: bool,
     pub defaults: SamplingDefaults,
     pub model_id: String,
 }
@@ -57,15 +59,12 @@ impl ServerStats {
 
 #[derive(Clone)]
 pub struct AppState {
-    /// What the served binding can do, and what this server enables: the
-    /// inputs of resolve_execution besides the request's own facts.
-    pub caps: Arc<host_engine::plan::Capabilities>,
-    pub features: host_engine::plan::ServerFeatures,
+    /// What each request's execution plan depends on besides the request
+    /// (the engine's capabilities and features), to resolve it once.
+    pub planner: Arc<host_engine::plan::Planner>,
     /// Memory admission: what a request costs, and what the server allows.
     pub memory: host_engine::admission::MemoryModel,
     pub budget: host_engine::admission::Budget,
-    /// The engine's draft kind, when speculative decoding is configured.
-    pub draft_kind: Option<String>,
     pub worker: Arc<Worker>,
     pub text: Option<Arc<TextSide>>,
     pub info: ModelInfo,

@@ -9,9 +9,8 @@
 //! therefore the K shifted windows times their taps, summed in float32 and
 //! rounded once, in one fused kernel (shapeless: no per-shape setup), with
 //! the SiLU in the same kernel. On the CPU it stays MLX's conv1d, as mlx-lm
-//! computes it (greedy parity there is exact and tested). The environment
-//! variable `MLX_ENGINE_CONV1D=1` keeps MLX's conv1d on a GPU too (a
-//! benchmark knob).
+//! computes it (greedy parity there is exact and tested). The model option
+//! `conv=mlx` keeps MLX's conv1d on a GPU too (`routes`).
 
 use crate::compiled::{self, silu_ops, Compiled};
 use crate::ops::slice;
@@ -91,10 +90,9 @@ impl DepthwiseConv {
     }
 }
 
-/// The fused path: on a GPU, unless `MLX_ENGINE_CONV1D=1`.
+/// The fused path: on a GPU, unless the model option `conv=mlx` (`routes`).
 fn fused_here() -> bool {
-    static CONV1D: OnceLock<bool> = OnceLock::new();
-    crate::ops::on_gpu() && !*CONV1D.get_or_init(|| std::env::var("MLX_ENGINE_CONV1D").is_ok_and(|v| v == "1"))
+    crate::ops::on_gpu() && crate::routes::current().fused_conv
 }
 
 /// `args` = K shifted windows then K taps: Σ_j window_j · tap_j in float32,

@@ -104,11 +104,14 @@ pub trait Family: Send + Sync + 'static {
     fn head(&self, hidden: &Array) -> Result<Array>;
 }
 
-struct Graph<F>(F);
+struct Graph<F> {
+    family: F,
+    routes: crate::routes::Routes,
+}
 
 impl<F: Family> plugin_api::ModelGraph for Graph<F> {
     fn plan(&self) -> plugin_api::ModelPlan {
-        self.0.plan().clone()
+        self.family.plan().clone()
     }
 
     fn forward(
@@ -116,21 +119,29 @@ impl<F: Family> plugin_api::ModelGraph for Graph<F> {
         args: ForwardArgs<'_>,
         mut caches: plugin_api::abi_stable::std_types::RSliceMut<'_, plugin_api::CacheBox>,
     ) -> plugin_api::PResult<ForwardOutput> {
-        plugin_sdk::guard_mlx(|| self.0.run(&args, caches.as_mut_slice()))
+        crate::routes::with(self.routes, || plugin_sdk::guard_mlx(|| self.family.run(&args, caches.as_mut_slice())))
     }
 
     fn embed(&self, tokens: plugin_api::TensorRef<'_>) -> plugin_api::PResult<Tensor> {
-        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.0.embed_tokens(&plugin_sdk::view(tokens))?)))
+        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.family.embed_tokens(&plugin_sdk::view(tokens))?)))
     }
 
     fn lm_head(&self, hidden: plugin_api::TensorRef<'_>) -> plugin_api::PResult<Tensor> {
-        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.0.head(&plugin_sdk::view(hidden))?)))
+        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.family.head(&plugin_sdk::view(hidden))?)))
     }
 }
 
-/// A family's graph behind the boundary.
-pub fn into_model<F: Family>(family: F) -> plugin_api::ModelBox {
-    plugin_api::ModelGraph_TO::from_value(Graph(family), plugin_api::abi_stable::sabi_trait::TD_Opaque)
+/// A family's graph behind the boundary, taking the kernel routes the
+/// host's options ask for (`routes`; an unknown option is refused here, at
+/// open).
+pub fn into_model<F: Family>(
+    family: F,
+    args: &plugin_api::ModelOpenArgs,
+) -> std::result::Result<plugin_api::ModelBox, plugin_api::PluginError> {
+    let routes = crate::routes::Routes::from_options(&args.options)
+        .map_err(|e| plugin_api::PluginError::invalid_input(e.what()))?;
+    let graph = Graph { family, routes };
+    Ok(plugin_api::ModelGraph_TO::from_value(graph, plugin_api::abi_stable::sabi_trait::TD_Opaque))
 }
 
 #[cfg(test)]

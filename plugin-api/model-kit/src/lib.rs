@@ -18,6 +18,7 @@ pub mod layers;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+pub mod routes;
 pub mod short_attention;
 pub mod weights;
 

@@ -29,25 +29,19 @@ use mlx_rs::ops::select;
 use mlx_rs::Dtype;
 
 /// Queries up to this long take the unfused path on a GPU, unless the
-/// environment variable `MLX_ENGINE_UNFUSED_MAX` says another length
-/// (a benchmark knob: 1 turns the path off).
+/// model option `attention-unfused-max` says another length (`routes`).
 pub const MAX_QUERY: i32 = 2048;
 /// The most score elements (batch x query heads x queries x keys) the
 /// unfused path materialises: 2^27, 256 MiB in bf16.
 pub const MAX_SCORES: i64 = 1 << 27;
 
 /// Queries up to this long attend one by one ([`per_query`]) on a GPU when
-/// the mask is causal or absent; `MLX_ENGINE_PER_QUERY_MAX` overrides (0 = off).
+/// the mask is causal or absent; the model option `attention-per-query-max`
+/// overrides (0 = off; `routes`).
 pub const PER_QUERY_MAX: i32 = 16;
 
-/// A length limit from the environment variable `name`, else `default`.
-fn env_limit(name: &str, default: i32) -> i32 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 fn per_query_limit() -> i32 {
-    static LIMIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| env_limit("MLX_ENGINE_PER_QUERY_MAX", PER_QUERY_MAX))
+    crate::routes::current().per_query_max
 }
 
 /// Whether queries `q` `[B, Hq, L, D]` with `mask` should take [`per_query`]
@@ -82,8 +76,7 @@ pub fn per_query(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Re
 }
 
 fn limit() -> i32 {
-    static LIMIT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| env_limit("MLX_ENGINE_UNFUSED_MAX", MAX_QUERY))
+    crate::routes::current().unfused_max
 }
 
 /// Whether queries `q` `[B, Hq, L, D]` over `keys` keys should take

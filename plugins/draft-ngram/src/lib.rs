@@ -16,8 +16,7 @@
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice};
 use plugin_api::*;
-use plugin_sdk::mlx_rs::Array;
-use plugin_sdk::{guard, into_tensor, rstrings};
+use plugin_sdk::{guard, rstrings};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -30,7 +29,7 @@ fn manifest() -> PluginManifest {
         PluginKind::DRAFTER,
         "prompt lookup over the request's own tokens",
         Claims { draft_kinds: rstrings(&["ngram"]), ..Default::default() },
-        &[caps::HISTORY_ONLY],
+        &[caps::HISTORY_ONLY, "default-depth:10"],
     )
 }
 
@@ -59,20 +58,13 @@ fn open(args: &DrafterOpenArgs, _host: HostServicesBox) -> Result<DrafterBox, Pl
     if min > max {
         return Err(PluginError::invalid_input(format!("ngram-min {min} exceeds ngram-max {max}")));
     }
-    Ok(Drafter_TO::from_value(
-        Ngram { max, min, depth: args.max_depth.max(1) as usize, assumed: Vec::new() },
-        TD_Opaque,
-    ))
+    Ok(Drafter_TO::from_value(Ngram { max, min, depth: args.max_depth.max(1) as usize }, TD_Opaque))
 }
 
 struct Ngram {
     max: usize,
     min: usize,
     depth: usize,
-    /// The last history plus everything proposed since (guesses included):
-    /// what drafting ahead continues. Reset by every `draft`, so one
-    /// instance still serves every row of a batch (which never drafts ahead).
-    assumed: Vec<u32>,
 }
 
 /// The tokens after the most recent earlier occurrence of the longest
@@ -108,26 +100,7 @@ impl Drafter for Ngram {
         guard(|| {
             let n = (args.max_tokens as usize).min(self.depth);
             let tokens = lookup(args.history.as_slice(), self.max, self.min, n);
-            self.assumed.clear();
-            self.assumed.extend_from_slice(args.history.as_slice());
-            self.assumed.extend_from_slice(&tokens);
             Ok(Draft { tokens: tokens.into_iter().collect(), probabilities: ROption::RNone })
-        })
-    }
-
-    fn draft_ahead(&mut self, args: DraftAheadArgs<'_>) -> PResult<AheadDraft> {
-        guard(|| {
-            let n = (args.max_tokens as usize).min(self.depth);
-            let guessed =
-                if self.assumed.is_empty() { Vec::new() } else { lookup(&self.assumed, self.max, self.min, n + 1) };
-            let drafts: Vec<i32> = guessed.iter().skip(1).map(|&t| t as i32).collect();
-            if !drafts.is_empty() {
-                self.assumed.extend_from_slice(&guessed);
-            }
-            Ok(AheadDraft {
-                tokens: into_tensor(Array::from_slice(&drafts, &[drafts.len() as i32])),
-                probabilities: ROption::RNone,
-            })
         })
     }
 

@@ -9,14 +9,6 @@
 //! of the history; a round feeds the rest of the history, then its own
 //! drafts d1..d(k-1) (dk is proposed but never fed). `commit(n)` keeps the
 //! history plus the accepted drafts it fed and trims the rest.
-//!
-//! Drafting ahead: a round drafted ahead first feeds the previous round's
-//! dk and the target's lazy `pending` token (its `lead`, history once the
-//! previous round is fully accepted), then drafts as above, all lazily.
-//! Outstanding rounds queue in `rounds`; a commit settles the oldest.
-//! Implemented, but `caps::DRAFT_AHEAD` is not advertised: on the H200 it
-//! measured no better than rounds one at a time (docs/benchmarks.md), so
-//! the host drafts ahead with it only when asked (`--draft-ahead on`).
 
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
@@ -37,14 +29,18 @@ fn manifest() -> PluginManifest {
         PluginKind::DRAFTER,
         "a second model drafting over its own caches (greedy, or sampled with its probabilities)",
         Claims { draft_kinds: rstrings(&["two-model"]), ..Default::default() },
-        &[caps::NEEDS_DRAFT_MODEL, caps::DRAFT_PROBABILITIES],
+        &[caps::NEEDS_DRAFT_MODEL, caps::DRAFT_PROBABILITIES, "default-depth:3"],
     )
 }
 
-/// Any folder with a config.json can be a draft model; the host's kind
-/// detection decides first (two-model is its fallback kind).
+/// Any folder with a config.json can be a draft model: the fallback
+/// kind, at the lowest confidence (a dedicated kind's plugin wins).
 fn detect(dir: &str, _config: &str) -> u32 {
-    u32::from(std::path::Path::new(dir).join("config.json").exists())
+    if std::path::Path::new(dir).join("config.json").exists() {
+        detect::ANY_MODEL
+    } else {
+        0
+    }
 }
 
 fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<DrafterBox, PluginError> {
@@ -68,8 +64,7 @@ fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<DrafterBox, Plu
             graph: m.graph,
             caches: m.caches,
             cached: 0,
-            rounds: Default::default(),
-            last: None,
+            fed: None,
             depth: args.max_depth.max(1) as usize,
             _host: host,
         },
@@ -82,10 +77,9 @@ struct TwoModel {
     caches: RVec<CacheBox>,
     /// History tokens held by the caches.
     cached: usize,
-    /// Rounds drafted and not settled yet, oldest first.
-    rounds: std::collections::VecDeque<Fed>,
-    /// The newest round's last draft (lazy `[1]`): proposed, not fed.
-    last: Option<Array>,
+    /// Drafts the outstanding round fed (all it proposed but the last);
+    /// None when no round awaits its commit.
+    fed: Option<usize>,
     depth: usize,
     /// Keeps the host's services (and the draft model's plugins) alive.
     _host: HostServicesBox,
@@ -128,7 +122,6 @@ impl TwoModel {
         tokens: &Array,
         n: usize,
         sampling: DraftSampling,
-        lead: usize,
     ) -> Result<(Array, Option<Array>), PluginError> {
         let mut picker = sampling::Picker::new(sampling).map_err(mlx)?;
         let mut y = picker.pick(&self.next(tokens)?).map_err(mlx)?;
@@ -139,16 +132,14 @@ impl TwoModel {
             mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
             drafted.push(y.clone());
         }
-        self.rounds.push_back(Fed { lead, fed: n - 1 });
-        self.last = Some(y);
+        self.fed = Some(n - 1);
         let all = mlx_rs::ops::concatenate(&drafted, 0).map_err(mlx)?.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx)?;
         Ok((all, picker.probabilities().map_err(mlx)?))
     }
 
-    /// Forgets every outstanding round: trims what they fed.
-    fn void_rounds(&mut self) -> Result<(), PluginError> {
-        let fed: usize = self.rounds.drain(..).map(|r| r.lead + r.fed).sum();
-        self.last = None;
+    /// Forgets the outstanding round: trims what it fed.
+    fn void_round(&mut self) -> Result<(), PluginError> {
+        let fed = self.fed.take().unwrap_or(0);
         self.trim_all(fed as u64)
     }
 
@@ -165,15 +156,6 @@ impl TwoModel {
     }
 }
 
-/// What one outstanding round put into the draft caches.
-struct Fed {
-    /// Tokens fed before its drafts that become history when the round
-    /// before it is fully accepted (0 for a round drafted from history).
-    lead: usize,
-    /// Drafts fed: all it proposed but the last.
-    fed: usize,
-}
-
 fn ids(tokens: &[u32]) -> Array {
     let v: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
     Array::from_slice(&v, &[1, v.len() as i32])
@@ -185,8 +167,7 @@ impl Drafter for TwoModel {
             let held = self.caches.first().map_or(0, |c| c.offset());
             self.trim_all(held)?;
             self.cached = 0;
-            self.rounds.clear();
-            self.last = None;
+            self.fed = None;
             let head = &prompt.as_slice()[..prompt.len().saturating_sub(1)];
             if !head.is_empty() {
                 let tokens = ids(head);
@@ -214,11 +195,11 @@ impl Drafter for TwoModel {
                 return Ok(Draft { tokens: RVec::new(), probabilities: ROption::RNone });
             }
             // A round not settled by the host is void.
-            self.void_rounds()?;
+            self.void_round()?;
             // Feed the history it has not seen, then its own drafts.
             let tokens = ids(&h[self.cached..]);
             self.cached = h.len();
-            let (all, q) = self.chain(&tokens, n, args.sampling, 0)?;
+            let (all, q) = self.chain(&tokens, n, args.sampling)?;
             mlx_rs::transforms::eval(std::iter::once(&all).chain(&q)).map_err(mlx)?;
             Ok(Draft {
                 tokens: all.as_slice::<u32>().iter().copied().collect(),
@@ -227,51 +208,13 @@ impl Drafter for TwoModel {
         })
     }
 
-    fn draft_ahead(&mut self, args: DraftAheadArgs<'_>) -> PResult<AheadDraft> {
-        guard(|| {
-            let n = (args.max_tokens as usize).min(self.depth);
-            let last = match (&self.last, n) {
-                (Some(last), 1..) => last.as_dtype(mlx_rs::Dtype::Int32).map_err(mlx)?.reshape(&[1, 1]).map_err(mlx)?,
-                _ => {
-                    return Ok(AheadDraft {
-                        tokens: into_tensor(Array::from_slice::<i32>(&[], &[0])),
-                        probabilities: ROption::RNone,
-                    })
-                }
-            };
-            let pending = plugin_sdk::view(args.pending)
-                .as_dtype(mlx_rs::Dtype::Int32)
-                .map_err(mlx)?
-                .reshape(&[1, 1])
-                .map_err(mlx)?;
-            let lead = mlx_rs::ops::concatenate(&[last, pending], 1).map_err(mlx)?;
-            let (all, q) = self.chain(&lead, n, args.sampling, 2)?;
-            Ok(AheadDraft {
-                tokens: into_tensor(all.as_dtype(mlx_rs::Dtype::Int32).map_err(mlx)?),
-                probabilities: q.map(into_tensor).into(),
-            })
-        })
-    }
-
     fn commit(&mut self, accepted: u32) -> PResult<()> {
         guard(|| {
-            let Some(r) = self.rounds.pop_front() else { return Ok(()) };
-            if accepted as usize > r.fed {
-                // Its fed drafts are history now, and so is the lead of the
-                // round drafted behind it.
-                self.cached += r.fed;
-                if let Some(next) = self.rounds.front_mut() {
-                    self.cached += std::mem::take(&mut next.lead);
-                }
-                if self.rounds.is_empty() {
-                    self.last = None;
-                }
-                return Ok(());
-            }
-            let keep = (accepted as usize).min(r.fed);
-            self.rounds.push_front(Fed { fed: r.fed - keep, ..r });
+            let Some(fed) = self.fed.take() else { return Ok(()) };
+            // The accepted drafts it fed are history now; the rest go.
+            let keep = (accepted as usize).min(fed);
             self.cached += keep;
-            self.void_rounds()
+            self.trim_all((fed - keep) as u64)
         })
     }
 }

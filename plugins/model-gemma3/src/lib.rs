@@ -56,7 +56,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
     // lm_head (config.json's tie_word_embeddings is not consulted).
     let tied = !ck.weights.contains("lm_head.weight");
     let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, tied))?;
-    Ok(into_model(model))
+    into_model(model, a)
 }
 
 /// mlx-lm's gemma `RMSNorm`: `mx.fast.rms_norm(x, 1.0 + weight, eps)`. The

@@ -65,7 +65,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
     let names = Names::of(&ck.weights);
     sanitize(&mut ck.weights, &names, &args);
     let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, &names))?;
-    Ok(into_model(model))
+    into_model(model, a)
 }
 
 /// Where the text model's tensors sit: `model.*` and `lm_head` for

@@ -76,7 +76,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
         ck.weights.drop_matching(|k| k.strip_prefix(head.as_str()).is_some_and(|r| r.starts_with('.')));
     }
     let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, &names))?;
-    Ok(into_model(model))
+    into_model(model, a)
 }
 
 /// Where the text model's tensors live: mlx-lm folders say

@@ -56,7 +56,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
         ck.weights.drop_matching(|k| k == "lm_head.weight");
     }
     let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg))?;
-    Ok(into_model(model))
+    into_model(model, a)
 }
 
 struct Attention {

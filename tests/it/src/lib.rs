@@ -251,3 +251,30 @@ pub fn mlx_exclusive() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// The in-tree plugins, loaded into this test process.
+pub fn registry() -> std::sync::Arc<host_loader::Registry> {
+    let info = plugin_api::HostInfo {
+        abi_version: plugin_api::ABI_VERSION,
+        host_version: "it".into(),
+        mlx_version: "test".into(),
+    };
+    std::sync::Arc::new(host_loader::Registry::discover(&repo_root().join("plugins"), &info).expect("plugins folder"))
+}
+
+/// An engine in this process for a model folder under `models/`, in the
+/// checkpoint's dtype, built from `cfg` otherwise.
+pub fn engine(folder: &str, cfg: host_engine::EngineConfig) -> host_engine::Engine {
+    let cfg = host_engine::EngineConfig { dtype: host_engine::DtypeChoice::Native, ..cfg };
+    host_engine::Engine::load(&registry(), &model(folder), cfg).expect("engine")
+}
+
+/// Runs `req` alone as its plan on `engine` says (serial, `--batch 1`).
+pub fn run_serial(
+    engine: &host_engine::Engine,
+    req: &host_engine::GenerateRequest,
+    on_token: impl FnMut(&host_engine::TokenOut) -> host_engine::Flow,
+) -> host_engine::GenerateResult {
+    let plan = engine.plan(req, 1);
+    host_engine::serial::generate(engine, req, &plan, on_token).expect("generation")
+}

@@ -52,7 +52,7 @@ impl Cohort {
     pub fn start(engine: &Engine, heads: Vec<Vec<u32>>) -> Result<Option<Self>, EngineError> {
         let width = heads.iter().map(Vec::len).max().unwrap_or(0);
         let pads: Vec<usize> = heads.iter().map(|h| width - h.len()).collect();
-        let mut caches = engine.model.new_caches(0)?;
+        let mut caches = engine.model().new_caches(0)?;
         let p32: Vec<u32> = pads.iter().map(|&p| p as u32).collect();
         for c in caches.iter_mut() {
             if c.begin_padded(RSlice::from_slice(&p32)).into_result().is_err() {
@@ -69,7 +69,7 @@ impl Cohort {
     /// Runs the next chunk of columns; true once every head is in.
     pub fn advance(&mut self, engine: &Engine) -> Result<bool, EngineError> {
         let b = self.rows();
-        let cols = (engine.prefill_step / b).max(32).min(self.width - self.done);
+        let cols = (engine.prefill_step() / b).max(32).min(self.width - self.done);
         let mut ids = Vec::with_capacity(b * cols);
         for (h, &pad) in self.heads.iter().zip(&self.pads) {
             for c in self.done..self.done + cols {
@@ -78,7 +78,7 @@ impl Cohort {
                 ids.push(if c < pad { h[0] } else { h[c - pad] });
             }
         }
-        let input = crate::generate::token_array(&ids).reshape(&[b as i32, cols as i32])?;
+        let input = crate::engine::token_array(&ids).reshape(&[b as i32, cols as i32])?;
         engine.prefill_chunk(&input, &mut self.caches)?;
         self.done += cols;
         Ok(self.done >= self.width)

@@ -17,25 +17,20 @@
 //! (`caps::SPEC_REPLAY`) the rollback restores every row's round start and
 //! one padded forward replays each row's kept tokens (`replay_kept`).
 
-use super::{handle_token, Outcome, Scheduler};
-use crate::engine::{Engine, EngineError};
-use crate::generate::{token_array, GenerateRequest};
+use super::emit::{handle_token, Outcome};
+use super::state::Scheduler;
+use crate::engine::{model_err, token_array, Engine, EngineError};
+use crate::job::Job;
+use crate::plan::Method;
 use crate::sampling::Sampler;
-use crate::speculative::clock::RowCost;
-use crate::speculative::{emitted, model_err, SpecStats};
+use crate::speculation::clock::RowCost;
+use crate::speculation::{commit_failed, draft_probability_rows, draft_sampling, emitted, SpecStats};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;
 use plugin_api::{DraftArgs, DrafterBox};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-/// `HOST_BATCH_TRACE=1`: each batched step's kind, rows, width and
-/// milliseconds on stderr (diagnosing the cost rule in a batch).
-pub(super) fn trace_steps() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("HOST_BATCH_TRACE").is_some())
-}
 
 /// A row's speculation state.
 pub struct RowSpec {
@@ -50,31 +45,28 @@ pub struct RowSpec {
 }
 
 impl RowSpec {
-    /// Speculation for a batched row, when the engine runs it in the batch
-    /// and the request allows it (penalties need each token's history
-    /// before the next is chosen, so such rows take plain steps).
-    pub fn for_request(engine: &Engine, req: &GenerateRequest) -> Option<Self> {
-        if !req.speculate || req.params.has_penalties() || !engine.batch_speculation() {
-            return None;
-        }
-        let (kind, max_depth) = {
-            let d = engine.drafter.as_ref()?.lock().ok()?;
-            (d.1.clone(), d.2)
-        };
+    /// Speculation for a batched row, when its plan speculates (the plan
+    /// only says so inside a batch when the drafter can serve batched rows).
+    pub fn for_job(engine: &Engine, job: &Job) -> Option<Self> {
+        let drafting = engine.drafting().filter(|_| job.plan.method == Method::Speculative)?;
+        let max_depth = drafting.depth;
         let mut spec = Self {
-            stats: SpecStats { kind, accepted_by_position: vec![0; max_depth], ..Default::default() },
+            stats: SpecStats {
+                kind: drafting.kind.clone(),
+                accepted_by_position: vec![0; max_depth],
+                ..Default::default()
+            },
             depth: max_depth,
             max_depth,
             cost: RowCost::default(),
             own: None,
         };
-        if !engine.history_only_drafter() {
+        if !drafting.history_only() {
             // Its own instance, fed the prompt as the serial path does.
-            let opened =
-                engine.drafter_factory.as_ref().ok_or_else(|| "no drafter factory".to_owned()).and_then(|open| open());
-            match opened.and_then(|mut d| {
-                d.prefill(RSlice::from_slice(&req.prompt)).into_result().map(|_| d).map_err(|e| e.to_string())
-            }) {
+            let opened = drafting.open_instance().map_err(|e| e.to_string()).and_then(|mut d| {
+                d.prefill(RSlice::from_slice(&job.request.prompt)).into_result().map(|_| d).map_err(|e| e.to_string())
+            });
+            match opened {
                 Ok(d) => spec.own = Some(d),
                 Err(e) => spec.stats.disabled = Some(format!("could not open this row's drafter ({e}): plain steps")),
             }
@@ -102,11 +94,12 @@ impl Scheduler<'_> {
             return None;
         }
         // The cost rule needs a plain step at this batch size to compare with.
-        if !self.engine.speculate_always && self.spec_clock.wants_plain_sample(self.rows.len()) {
+        let drafting = self.engine.drafting()?;
+        if !drafting.always && self.spec_clock.wants_plain_sample(self.rows.len()) {
             return None;
         }
-        let mut guard = self.engine.drafter.as_ref()?.lock().ok()?;
-        let shared = &mut guard.0;
+        let mut guard = drafting.shared.lock().ok()?;
+        let shared = &mut *guard;
         let none = || RowDraft { tokens: Vec::new(), q: None };
         let drafts: Vec<RowDraft> = self
             .rows
@@ -123,13 +116,13 @@ impl Scheduler<'_> {
                     .draft(DraftArgs {
                         history: RSlice::from_slice(&r.history),
                         max_tokens: n as u32,
-                        sampling: crate::speculative::draft_sampling(&r.sampler, r.history.len()),
+                        sampling: draft_sampling(&r.sampler, r.history.len()),
                     })
                     .into_result()
                 {
                     Ok(d) => {
                         let tokens: Vec<u32> = d.tokens.into_iter().take(n).collect();
-                        let q = crate::speculative::draft_probability_rows(d.probabilities, &r.sampler, tokens.len());
+                        let q = draft_probability_rows(d.probabilities, &r.sampler, tokens.len());
                         RowDraft { tokens, q }
                     }
                     // A drafter that fails costs this row its speculation, not its answer.
@@ -169,15 +162,16 @@ impl Scheduler<'_> {
         let (verdicts, lps) = self.choose(&logits, &drafts)?;
         // The step's cost in plain steps (the choices above were evaluated).
         let cost = self.spec_clock.spec_cost(b, k + 1, started.elapsed().as_secs_f64());
-        if trace_steps() {
-            eprintln!(
-                "batch spec rows {b} width {} ms {:.2} cost {cost:?} drafted {:?}",
-                k + 1,
-                started.elapsed().as_secs_f64() * 1e3,
-                drafts.iter().map(|d| d.tokens.len()).collect::<Vec<_>>()
-            );
-        }
-        let judge = !self.engine.speculate_always;
+        tracing::trace!(
+            target: "host_engine::batch",
+            rows = b,
+            width = k + 1,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            cost = ?cost,
+            drafted = ?drafts.iter().map(|d| d.tokens.len()).collect::<Vec<_>>(),
+            "batched speculative step"
+        );
+        let judge = !self.engine.drafting().is_some_and(|d| d.always);
 
         let mut keep_rows = Vec::new();
         let mut finished = Vec::new();
@@ -188,7 +182,7 @@ impl Scheduler<'_> {
                 s.stats.rejection_sampling |= drafts[i].q.is_some();
                 if let Some(own) = s.own.as_mut() {
                     if let Err(e) = own.commit(n as u32).into_result() {
-                        s.stats.disabled = Some(crate::speculative::commit_failed(e));
+                        s.stats.disabled = Some(commit_failed(e));
                     }
                 }
                 s.depth = s.stats.record_round(d.len(), n, s.max_depth, judge);
@@ -212,12 +206,7 @@ impl Scheduler<'_> {
                 Outcome::Done(f) => finished.push((i, f)),
             }
         }
-        if trace_steps() {
-            eprintln!(
-                "batch spec kept {keep_counts:?} offsets {:?}",
-                self.batch.as_ref().map(|b| b.iter().map(|c| c.offset()).collect::<Vec<_>>())
-            );
-        }
+        tracing::trace!(target: "host_engine::batch", kept = ?keep_counts, "batched speculative step kept");
         let all_kept = keep_counts.iter().all(|&n| n as usize == k + 1);
         let replays = &self.replay_layers;
         let batch = self.batch.as_mut().unwrap();
@@ -300,7 +289,7 @@ impl Scheduler<'_> {
             let used = d.tokens.len() as i32 + 1;
             let pick = if let Some(q) = &d.q {
                 // [2k+1]: accept flags, then the token each position would emit.
-                crate::speculative::rejection::verdict(
+                crate::speculation::rejection::verdict(
                     &r.sampler.probabilities(&lp.index(0..used))?,
                     q,
                     &d.tokens,

@@ -1,4 +1,5 @@
-//! Speculative decoding, serial, over the `Drafter` ABI.
+//! What speculative decoding shares between the serial executor
+//! (`serial::speculative`) and rounds inside a batch (`batch::spec_round`).
 //!
 //! Each round: the drafter proposes d1..dk continuing the history (k is its
 //! answer; 0 means "take a plain step"); ONE target forward over
@@ -13,35 +14,22 @@
 //!   (`rejection`) against the target's processed distribution p, which
 //!   accepts d with min(1, p(d)/q(d)).
 //!
-//! The caches are rolled back through the layouts'
-//! speculative round to keep `pending + accepted drafts`: by trim, or for
-//! recurrent state by restoring the round's snapshot and replaying the kept
-//! tokens (`replay_if_restored`).
+//! The caches are rolled back through the layouts' speculative round to
+//! keep `pending + accepted drafts`: by trim, or for recurrent state by
+//! restoring the round's snapshot and replaying the kept tokens.
 //!
 //! Adaptive: each round drafts up to two tokens past what the last round
 //! accepted; when acceptance stays low, or timed rounds emit fewer tokens
-//! per second than timed plain steps (`clock.rs`), the request hands the
-//! rest of its tokens to the pipelined plain loop (`decode_plain`, the same
-//! loop that times the plain reference) and says so.
-//!
-//! Pipelined (`serial.rs`): the next round's input depends on this round's
-//! verdict, so a round waits for the previous one, and the device idles
-//! while the host drafts and builds the verify graph. For greedy requests
-//! with a drafter that drafts ahead (`caps::DRAFT_AHEAD`), the host queues
-//! round i+1 on the assumption that round i accepts everything (its first
-//! input is round i's lazy bonus token) before reading round i's verdict;
-//! a partial accept voids it and rolls the caches back past both.
+//! per second than timed plain steps (`clock`), the request hands the rest
+//! of its tokens to plain steps and says so.
 
 pub(crate) mod clock;
 pub(crate) mod rejection;
-mod serial;
 
-use crate::engine::{Engine, EngineError};
-use crate::generate::token_array;
 use crate::sampling::Sampler;
 use mlx_rs::Array;
-use plugin_api::abi_stable::std_types::{ROption, RSlice};
-use plugin_api::{CacheBox, DraftSampling, ForwardArgs, LogitsMode, TensorRef};
+use plugin_api::abi_stable::std_types::ROption;
+use plugin_api::DraftSampling;
 
 /// What speculation did for one request.
 #[derive(Debug, Clone, Default)]
@@ -57,12 +45,6 @@ pub struct SpecStats {
     /// Some round verified the drafter's probability rows by rejection
     /// sampling (else drafts were verified by exact match).
     pub rejection_sampling: bool,
-    /// Rounds that were queued before the previous round's verdict was
-    /// read, and kept (pipelined rounds).
-    pub ahead_rounds: u64,
-    /// Rounds queued ahead and thrown away (the round before them was not
-    /// fully accepted).
-    pub ahead_voided: u64,
 }
 
 impl SpecStats {
@@ -77,8 +59,6 @@ impl SpecStats {
             "accepted_by_position": self.accepted_by_position,
             "disabled": self.disabled,
             "rejection_sampling": self.rejection_sampling,
-            "ahead_rounds": self.ahead_rounds,
-            "ahead_voided": self.ahead_voided,
         })
     }
 }
@@ -140,15 +120,10 @@ pub(crate) fn draft_probability_rows(rows: ROption<plugin_api::Tensor>, sampler:
     q.index(0..n as i32).as_dtype(mlx_rs::Dtype::Float32).ok()
 }
 
-/// A plugin error from a cache-layout or drafter call, named by the call.
 /// Why speculation stopped when a drafter could not commit a verdict (the
 /// request continues with plain steps).
 pub(crate) fn commit_failed(e: impl std::fmt::Display) -> String {
     format!("the drafter failed to commit ({e}): plain steps from here")
-}
-
-pub(crate) fn model_err(what: &str) -> impl Fn(plugin_api::PluginError) -> EngineError + '_ {
-    move |e| EngineError::Model(format!("{what}: {e}"))
 }
 
 /// What a round emits and how many drafts it accepted, from its evaluated
@@ -161,57 +136,4 @@ pub(crate) fn emitted(out: &[u32], drafts: &[u32], rejection: bool) -> (Vec<u32>
     let t = out[..drafts.len() + 1].to_vec();
     let n = drafts.iter().zip(&t).take_while(|(d, t)| d == t).count();
     (t, n)
-}
-
-pub(crate) fn tensor_ref(a: &Array) -> TensorRef<'_> {
-    unsafe { TensorRef::from_raw(a.as_ptr()) }
-}
-
-impl Engine {
-    /// Logits `[k+1, V]` at every position of `tokens` `[1, k+1]`.
-    pub(crate) fn forward_all(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<Array, EngineError> {
-        let args = ForwardArgs {
-            tokens: tensor_ref(tokens),
-            logits: LogitsMode::ALL,
-            want_hidden: false,
-            taps: RSlice::from_slice(&[]),
-        };
-        let out = self
-            .model
-            .graph
-            .forward(args, caches.into())
-            .into_result()
-            .map_err(|e| EngineError::Model(e.to_string()))?;
-        let l = match out.logits {
-            ROption::RSome(t) => unsafe { Array::from_ptr(t.into_raw()) },
-            ROption::RNone => return Err(EngineError::Model("forward returned no logits".into())),
-        };
-        let v = l.shape()[l.ndim() - 1];
-        Ok(l.reshape(&[-1, v])?)
-    }
-
-    /// Snapshot-and-replay rollback (`caps::SPEC_REPLAY`): a layout that
-    /// cannot trim (recurrent state) restores the state it had at the
-    /// round's start instead of keeping `kept` tokens. Then every layout is
-    /// brought back to the round's start and the kept tokens run through
-    /// the model again, so all layers agree on what the cache holds.
-    pub(crate) fn replay_if_restored(
-        &self,
-        starts: &[u64],
-        kept: &[u32],
-        caches: &mut [CacheBox],
-    ) -> Result<bool, EngineError> {
-        let n = kept.len() as u64;
-        if caches.iter().zip(starts).all(|(c, &s)| c.offset() == s + n) {
-            return Ok(false);
-        }
-        for (c, &s) in caches.iter_mut().zip(starts) {
-            let extra = c.offset().saturating_sub(s);
-            if extra > 0 && c.trim(extra) != extra {
-                return Err(EngineError::Model(format!("rollback: a layout holds {extra} tokens past the round's start and cannot trim them (signature {})", c.signature())));
-            }
-        }
-        self.forward(&token_array(kept), caches, false)?.eval()?;
-        Ok(true)
-    }
 }

@@ -41,6 +41,8 @@ pub async fn stats(State(st): State<AppState>) -> Json<Value> {
         "client_errors": s.client_errors.load(Relaxed),
         "client_disconnects": s.client_disconnects.load(Relaxed),
         "stop_string_hits": s.stop_string_hits.load(Relaxed),
+        "hold": { "held": st.worker.hold.held(), "parked": st.worker.hold.parked() },
+        "kv_reserved_bytes": w.kv_reserved.load(Relaxed),
         "prefix_cache_bytes": w.prefix_bytes.load(Relaxed),
         "prefix_cache_entries": w.prefix_entries.load(Relaxed),
         "mlx_memory": {

@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod debug;
 pub mod info;
 pub mod metrics;
 

@@ -1,0 +1,114 @@
+//! A row's tokens leaving the batch: each token by the serial loop's rules,
+//! and finished rows answered, offered to the prefix cache, and filtered
+//! out of the batch caches.
+
+use super::state::{Row, Scheduler};
+use crate::engine::{Engine, EngineError};
+use crate::job::{Event, Finish, Flow, GenerateResult, TokenOut};
+use crate::sampling::top_logprobs;
+use crate::serial::logprob_of;
+use crate::stats::Stats;
+use mlx_rs::Array;
+use plugin_api::abi_stable::std_types::RSlice;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+pub(super) enum Outcome {
+    Continue,
+    Done(Finish),
+}
+
+impl Scheduler<'_> {
+    /// Removes finished rows (answering them) and filters the batch caches
+    /// down to the rows in `keep`.
+    pub(super) fn retire(&mut self, finished: Vec<(usize, Finish)>, keep: Vec<u32>) -> Result<(), EngineError> {
+        if finished.is_empty() {
+            return Ok(());
+        }
+        for (i, f) in finished.into_iter().rev() {
+            self.keep_final_state(i);
+            let r = self.rows.remove(i);
+            finish_row(r, f, &self.stats, self.engine);
+        }
+        let batch = self.batch.as_mut().unwrap();
+        if keep.is_empty() {
+            self.batch = None;
+        } else {
+            for c in batch.iter_mut() {
+                c.filter_rows(RSlice::from_slice(&keep))
+                    .into_result()
+                    .map_err(|e| EngineError::Model(format!("filter_rows: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Offers a finishing row's state to the prefix cache (multi-turn reuse).
+    fn keep_final_state(&mut self, i: usize) {
+        if !self.rows[i].job.plan.prompt_cache {
+            return;
+        }
+        let Some(batch) = self.batch.as_ref() else { return };
+        let states: Option<Vec<_>> = batch.iter().map(|c| c.extract_row(i as u32).into_result().ok()).collect();
+        let Some(states) = states else { return };
+        let held = states.first().map(|s| s.offset as usize).unwrap_or(0);
+        let known = &self.rows[i].history;
+        if held > 0 && held <= known.len() {
+            self.engine.prefix().insert(known[..held].to_vec(), states, batch.iter().all(|c| c.is_trimmable()));
+        }
+    }
+}
+
+/// The serial loop's per-token rules: EOS ends without emitting; the caller
+/// may stop; `max_tokens` ends with `length`.
+pub(super) fn handle_token(
+    r: &mut Row,
+    id: u32,
+    lp: &Array,
+    stats: &Stats,
+    shutdown: &AtomicBool,
+) -> Result<Outcome, EngineError> {
+    r.first_at.get_or_insert_with(Instant::now);
+    if r.eos.contains(&id) {
+        return Ok(Outcome::Done(Finish::Stop));
+    }
+    let (logprob, top) = match r.job.request.logprobs {
+        Some(k) => (Some(logprob_of(lp, id)?), top_logprobs(lp, k)?),
+        None => (None, Vec::new()),
+    };
+    r.out.push(id);
+    r.history.push(id);
+    r.pending = id;
+    stats.generated_tokens.fetch_add(1, Ordering::SeqCst);
+    let flow = (r.job.on_event)(Event::Token(TokenOut { id, logprob, top }));
+    if flow == Flow::Stop || shutdown.load(Ordering::SeqCst) {
+        r.stopped_by_caller = true;
+        return Ok(Outcome::Done(Finish::Stop));
+    }
+    if r.out.len() >= r.job.request.max_tokens {
+        return Ok(Outcome::Done(Finish::Length));
+    }
+    Ok(Outcome::Continue)
+}
+
+fn finish_row(mut r: Row, finish: Finish, stats: &Stats, engine: &Engine) {
+    stats.active.fetch_sub(1, Ordering::SeqCst);
+    if r.stopped_by_caller {
+        stats.cancelled.fetch_add(1, Ordering::SeqCst);
+        stats.last_cancelled_tokens.store(r.out.len() as u64, Ordering::SeqCst);
+    } else {
+        stats.completed.fetch_add(1, Ordering::SeqCst);
+    }
+    let first = r.first_at.unwrap_or_else(Instant::now);
+    let result = GenerateResult {
+        prompt_tokens: r.job.request.prompt.len(),
+        cached_tokens: r.cached,
+        prefill_s: (first - r.start).as_secs_f64(),
+        decode_s: first.elapsed().as_secs_f64(),
+        tokens: std::mem::take(&mut r.out),
+        finish,
+        speculation: r.spec.take().map(|s| s.stats),
+    };
+    stats.record(&result, engine);
+    let _ = (r.job.on_event)(Event::Done(result));
+}

@@ -1,0 +1,173 @@
+//! Joining the batch: each iteration advances prefill by one chunk. Joiners
+//! that arrived together with nothing cached prefill as one left-padded
+//! cohort (`cohort`); otherwise ONE joiner advances on its own 1-row
+//! caches, so a long prompt stalls running rows for at most one chunk.
+//! Rows whose prompt (all but the last token) is in merge into the batch
+//! caches (the layouts left-pad rows to a common length) and, where their
+//! plan allows, into the prefix cache.
+
+use super::cohort::{self, Cohort};
+use super::spec_round::RowSpec;
+use super::state::{Joiner, Row, Scheduler};
+use crate::engine::EngineError;
+use crate::sampling::Sampler;
+use plugin_api::abi_stable::std_types::RVec;
+use plugin_api::CacheBox;
+use std::sync::atomic::Ordering;
+
+impl Scheduler<'_> {
+    /// One prefill chunk: of the cohort when there is (or can be) one, else
+    /// of the first joiner. Rows whose prompt is in join the batch.
+    pub(super) fn advance_joiner(&mut self) {
+        if self.cohort.is_none() {
+            self.form_cohort();
+        }
+        if self.cohort.is_some() {
+            return self.advance_cohort();
+        }
+        let Some(mut j) = self.joining.pop_front() else { return };
+        let head = j.job.request.prompt.len() - 1;
+        let step = self.engine.prefill_step();
+        if j.done < head {
+            let end = (j.done + step).min(head);
+            if let Err(e) = self.engine.prefill(&j.job.request.prompt[j.done..end], &mut j.caches) {
+                return self.fail_job(j.job, e);
+            }
+            j.done = end;
+        }
+        if j.done < head {
+            self.joining.push_front(j);
+            return;
+        }
+        // The prompt (but its last token) is in: the row joins the batch.
+        if j.job.plan.prompt_cache && j.done > j.cached {
+            self.engine.prefix().put(&j.job.request.prompt[..head], &j.caches);
+        }
+        if let Err(e) = self.merge(&mut j.caches) {
+            return self.fail_job(j.job, e);
+        }
+        self.push_row(j);
+    }
+
+    /// Groups joiners that have nothing prefilled or cached (a burst of new
+    /// requests) into a cohort, unless a joiner is already mid-prefill.
+    fn form_cohort(&mut self) {
+        if !self.padded_prefill || self.joining.front().is_some_and(|j| j.done > 0) {
+            return;
+        }
+        let fresh: Vec<usize> =
+            (0..self.joining.len()).filter(|&i| self.joining[i].done == 0 && self.joining[i].cached == 0).collect();
+        let heads: Vec<usize> = fresh.iter().map(|&i| self.joining[i].job.request.prompt.len() - 1).collect();
+        let picked: Vec<usize> = cohort::choose(&heads).into_iter().map(|p| fresh[p]).collect();
+        if picked.is_empty() {
+            return;
+        }
+        let mut members: Vec<Joiner> =
+            picked.iter().rev().map(|&i| self.joining.remove(i).expect("index in range")).collect();
+        members.reverse();
+        let heads = members.iter().map(|j| j.job.request.prompt[..j.job.request.prompt.len() - 1].to_vec()).collect();
+        match Cohort::start(self.engine, heads) {
+            Ok(Some(c)) => self.cohort = Some((c, members)),
+            Ok(None) => {
+                self.padded_prefill = false;
+                for j in members.into_iter().rev() {
+                    self.joining.push_front(j);
+                }
+            }
+            Err(e) => self.fail_all(members, &e),
+        }
+    }
+
+    fn advance_cohort(&mut self) {
+        let Some((mut c, members)) = self.cohort.take() else { return };
+        match c.advance(self.engine) {
+            Ok(false) => self.cohort = Some((c, members)),
+            Ok(true) => {
+                if let Err(e) = self.land_cohort(c, &members) {
+                    return self.fail_all(members, &e);
+                }
+                self.stats.cohorts.fetch_add(1, Ordering::Relaxed);
+                self.stats.cohort_rows.fetch_add(members.len() as u64, Ordering::Relaxed);
+                for j in members {
+                    self.push_row(j);
+                }
+            }
+            Err(e) => self.fail_all(members, &e),
+        }
+    }
+
+    /// A prefilled cohort's rows into the batch caches (the cohort's caches
+    /// become the batch when there is none), and into the prefix cache.
+    fn land_cohort(&mut self, c: Cohort, members: &[Joiner]) -> Result<(), EngineError> {
+        let trimmable = c.caches.iter().all(|l| l.is_trimmable());
+        for (r, member) in members.iter().enumerate() {
+            if member.job.plan.prompt_cache {
+                self.engine.prefix().insert(c.head(r).to_vec(), c.row_state(r)?, trimmable);
+            }
+        }
+        if self.batch.is_none() {
+            self.batch = Some(c.caches);
+            return Ok(());
+        }
+        let batch = self.batch.as_mut().unwrap();
+        for (b, layer) in batch.iter_mut().zip(&c.caches) {
+            let mut states = RVec::new();
+            for r in 0..members.len() {
+                states.push(
+                    layer
+                        .extract_row(r as u32)
+                        .into_result()
+                        .map_err(|e| EngineError::Model(format!("extract_row: {e}")))?,
+                );
+            }
+            b.merge_rows(states).into_result().map_err(|e| EngineError::Model(format!("merge_rows: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn fail_all(&mut self, members: Vec<Joiner>, e: &EngineError) {
+        for j in members {
+            self.fail_job(j.job, EngineError::Model(e.to_string()));
+        }
+    }
+
+    /// A joiner whose prompt is in its batch row becomes a running row.
+    fn push_row(&mut self, j: Joiner) {
+        let req = &j.job.request;
+        let sampler = match Sampler::new(req.params.clone()) {
+            Ok(s) => s,
+            Err(e) => return self.fail_job(j.job, e.into()),
+        };
+        let eos = if req.stop_on_eos { self.engine.eos_ids() } else { Vec::new() };
+        let pending = *req.prompt.last().unwrap();
+        let spec = RowSpec::for_job(self.engine, &j.job);
+        self.rows.push(Row {
+            history: req.prompt.clone(),
+            out: Vec::new(),
+            pending,
+            eos,
+            sampler,
+            start: j.start,
+            first_at: None,
+            stopped_by_caller: false,
+            cached: j.cached,
+            spec,
+            job: j.job,
+        });
+    }
+
+    /// Appends a 1-row cache set to the batch caches, layer by layer.
+    fn merge(&mut self, single: &mut [CacheBox]) -> Result<(), EngineError> {
+        if self.batch.is_none() {
+            self.batch = Some(self.engine.model().new_caches(0)?);
+        }
+        let batch = self.batch.as_mut().unwrap();
+        for (b, s) in batch.iter_mut().zip(single.iter_mut()) {
+            let state = s.export_state().into_result().map_err(|e| EngineError::Model(format!("export_state: {e}")))?;
+            let mut v = RVec::new();
+            v.push(state);
+            b.merge_rows(v).into_result().map_err(|e| EngineError::Model(format!("merge_rows: {e}")))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,118 @@
+//! What the batch scheduler holds between iterations: running rows, their
+//! shared caches, joiners still prefilling, and the jobs waiting their turn.
+
+use super::cohort::Cohort;
+use super::spec_round::RowSpec;
+use crate::admission::{Budget, MemoryModel};
+use crate::engine::Engine;
+use crate::hold::Hold;
+use crate::job::Job;
+use crate::sampling::Sampler;
+use crate::speculation::clock::BatchClock;
+use crate::stats::Stats;
+use plugin_api::CacheBox;
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A request decoding inside the batch.
+pub(super) struct Row {
+    pub job: Job,
+    pub cached: usize,
+    pub sampler: Sampler,
+    pub history: Vec<u32>,
+    pub out: Vec<u32>,
+    pub pending: u32,
+    pub eos: Vec<u32>,
+    pub start: Instant,
+    pub first_at: Option<Instant>,
+    pub stopped_by_caller: bool,
+    /// Speculative rounds inside the batch, when its plan speculates.
+    pub spec: Option<RowSpec>,
+}
+
+/// A request whose prompt is being prefilled before it joins the batch.
+pub(super) struct Joiner {
+    pub job: Job,
+    pub caches: Vec<CacheBox>,
+    /// Prompt tokens (of all but the last) already in `caches`.
+    pub done: usize,
+    /// Of those, how many came from the prefix cache.
+    pub cached: usize,
+    pub start: Instant,
+}
+
+pub struct Scheduler<'a> {
+    pub(super) engine: &'a Engine,
+    pub(super) stats: Arc<Stats>,
+    pub(super) shutdown: Arc<AtomicBool>,
+    pub(super) hold: Arc<Hold>,
+    pub(super) limit: usize,
+    pub(super) rows: Vec<Row>,
+    pub(super) batch: Option<Vec<CacheBox>>,
+    pub(super) joining: VecDeque<Joiner>,
+    /// Joiners prefilling together, and their shared caches.
+    pub(super) cohort: Option<(Cohort, Vec<Joiner>)>,
+    /// False once a layout refused padded rows: joiners go one at a time.
+    pub(super) padded_prefill: bool,
+    /// A job whose plan is serial, waiting for the batch to drain.
+    pub(super) serial_next: Option<Job>,
+    /// A job that fits the memory budget only once running rows finish.
+    pub(super) waiting: Option<Job>,
+    pub(super) memory: Option<(MemoryModel, Budget)>,
+    /// Decode steps since MLX's buffer cache was last cleared.
+    pub(super) steps_since_clear: u32,
+    /// Plain and speculative step times, for the batched cost rule.
+    pub(super) spec_clock: BatchClock,
+    /// Per batch cache: whether its layout rolls back by snapshot and replay.
+    pub(super) replay_layers: Vec<bool>,
+}
+
+impl<'a> Scheduler<'a> {
+    pub fn new(
+        engine: &'a Engine,
+        stats: Arc<Stats>,
+        shutdown: Arc<AtomicBool>,
+        hold: Arc<Hold>,
+        limit: usize,
+        memory: Option<(MemoryModel, Budget)>,
+    ) -> Self {
+        Self {
+            engine,
+            stats,
+            shutdown,
+            hold,
+            limit,
+            rows: Vec::new(),
+            batch: None,
+            joining: VecDeque::new(),
+            cohort: None,
+            padded_prefill: true,
+            serial_next: None,
+            waiting: None,
+            memory,
+            steps_since_clear: 0,
+            spec_clock: BatchClock::default(),
+            replay_layers: engine.replay_layers(),
+        }
+    }
+
+    pub(super) fn idle(&self) -> bool {
+        self.rows.is_empty()
+            && self.joining.is_empty()
+            && self.cohort.is_none()
+            && self.serial_next.is_none()
+            && self.waiting.is_none()
+    }
+
+    /// Every job in flight: running rows, joiners, cohort members.
+    pub(super) fn jobs(&self) -> impl Iterator<Item = &Job> {
+        let cohort = self.cohort.iter().flat_map(|(_, m)| m.iter().map(|j| &j.job));
+        self.rows.iter().map(|r| &r.job).chain(self.joining.iter().map(|j| &j.job)).chain(cohort)
+    }
+
+    pub(super) fn cohort_rows(&self) -> usize {
+        self.cohort.as_ref().map_or(0, |(_, m)| m.len())
+    }
+}

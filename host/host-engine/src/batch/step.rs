@@ -1,0 +1,85 @@
+//! One decode step over every row: input `[B, 1]` (each row's pending
+//! token), per-row logits processors, logprobs and sampler (own seed and
+//! key), then per-row stop checks. When some row drafted, the step is a
+//! speculative round instead (`spec_round`).
+
+use super::emit::{handle_token, Outcome};
+use super::state::Scheduler;
+use crate::engine::{token_array, EngineError};
+use crate::sampling::Sampler;
+use std::sync::atomic::Ordering;
+
+/// Batched decode steps between clearings of MLX's buffer cache (as
+/// mlx-lm's batch generator).
+const CLEAR_CACHE_EVERY: u32 = 512;
+
+impl Scheduler<'_> {
+    /// One decode step over every row.
+    pub(super) fn step(&mut self) -> Result<(), EngineError> {
+        let started = std::time::Instant::now();
+        self.steps_since_clear += 1;
+        if self.steps_since_clear >= CLEAR_CACHE_EVERY {
+            // As mlx-lm's batch generator: freed buffers go back every 512 steps.
+            crate::runtime::clear_cache();
+            self.steps_since_clear = 0;
+        }
+        if let Some(drafts) = self.draft_rows() {
+            return self.spec_step(drafts, started);
+        }
+        let ids: Vec<u32> = self.rows.iter().map(|r| r.pending).collect();
+        self.stats.decode_steps.fetch_add(1, Ordering::Relaxed);
+        self.stats.max_batch_rows.fetch_max(ids.len() as u64, Ordering::Relaxed);
+        let input = token_array(&ids).reshape(&[ids.len() as i32, 1])?;
+        let batch = self.batch.as_mut().expect("rows have batch caches");
+        let logits = self.engine.forward(&input, batch, true)?;
+        // Rows without penalties share one logprobs computation; when every
+        // row is greedy, one argmax picks all tokens (per-row results equal
+        // the per-row computation: each reduction runs within its row).
+        let plain = self.rows.iter().all(|r| !r.sampler.params.has_penalties());
+        let all_lp = if plain { Some(Sampler::logprobs(&logits)?) } else { None };
+        let mut lps = Vec::with_capacity(self.rows.len());
+        let y = match &all_lp {
+            Some(lp) if self.rows.iter().all(|r| r.sampler.params.is_greedy()) => {
+                for i in 0..self.rows.len() as i32 {
+                    use mlx_rs::ops::indexing::IndexOp;
+                    lps.push(lp.index(i..i + 1));
+                }
+                mlx_rs::ops::indexing::argmax_axis(lp, -1, None)?
+            }
+            _ => {
+                let mut ys = Vec::with_capacity(self.rows.len());
+                for (i, r) in self.rows.iter_mut().enumerate() {
+                    use mlx_rs::ops::indexing::IndexOp;
+                    let lp = match &all_lp {
+                        Some(all) => all.index(i as i32..i as i32 + 1),
+                        None => {
+                            Sampler::logprobs(&r.sampler.process(logits.index(i as i32..i as i32 + 1), &r.history)?)?
+                        }
+                    };
+                    ys.push(r.sampler.sample(&lp)?);
+                    lps.push(lp);
+                }
+                mlx_rs::ops::concatenate(&ys, 0)?
+            }
+        };
+        let y = y.as_dtype(mlx_rs::Dtype::Uint32)?;
+        y.eval()?;
+        let tokens: Vec<u32> = y.as_slice::<u32>().to_vec();
+        self.spec_clock.plain(self.rows.len(), started.elapsed().as_secs_f64());
+        tracing::trace!(
+            target: "host_engine::batch",
+            rows = self.rows.len(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "batched plain step"
+        );
+        let mut keep: Vec<u32> = Vec::new();
+        let mut finished = Vec::new();
+        for (i, (r, lp)) in self.rows.iter_mut().zip(lps).enumerate() {
+            match handle_token(r, tokens[i], &lp, &self.stats, &self.shutdown)? {
+                Outcome::Continue => keep.push(i as u32),
+                Outcome::Done(f) => finished.push((i, f)),
+            }
+        }
+        self.retire(finished, keep)
+    }
+}

@@ -1,0 +1,76 @@
+//! What an engine is built from: one value, set by the command line (or a
+//! test) before the engine exists. The engine never changes after that.
+
+use plugin_api::{DrafterBox, Dtype};
+use std::path::PathBuf;
+
+/// What the user asked for: `auto` picks per device, `native` keeps the
+/// checkpoint's dtype (and quantization), or a named float dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypeChoice {
+    Auto,
+    Native,
+    Fixed(Dtype),
+}
+
+impl DtypeChoice {
+    pub fn parse(s: &str) -> Result<Self, crate::EngineError> {
+        Ok(match s {
+            "auto" => Self::Auto,
+            "native" => Self::Native,
+            "float32" | "f32" => Self::Fixed(Dtype::FLOAT32),
+            "bfloat16" | "bf16" => Self::Fixed(Dtype::BFLOAT16),
+            "float16" | "f16" => Self::Fixed(Dtype::FLOAT16),
+            other => {
+                return Err(crate::EngineError::Config(format!(
+                    "unknown dtype `{other}` (auto, native, float32, bfloat16, float16)"
+                )))
+            }
+        })
+    }
+}
+
+pub struct EngineConfig {
+    pub dtype: DtypeChoice,
+    /// Prompt tokens per prefill chunk (mlx-lm's default: 2048).
+    pub prefill_step: usize,
+    /// Prefix cache capacity in bytes (0: no prefix cache).
+    pub prefix_cache_bytes: usize,
+    /// Options handed to the model family at open (`key=value`), e.g. the
+    /// attention route model-kit takes on a GPU.
+    pub model_options: Vec<(String, String)>,
+    /// Speculative decoding, when configured.
+    pub speculation: Option<SpeculationConfig>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            dtype: DtypeChoice::Auto,
+            prefill_step: 2048,
+            prefix_cache_bytes: 0,
+            model_options: Vec::new(),
+            speculation: None,
+        }
+    }
+}
+
+/// Where the drafter comes from.
+pub enum DraftSource {
+    /// A drafter plugin: of `kind`, or the kind the drafter plugins detect
+    /// in `draft_model`'s files when `kind` is None.
+    Plugin { kind: Option<String>, draft_model: Option<PathBuf>, options: Vec<(String, String)> },
+    /// A drafter made by the embedding program (tests drive scripted ones):
+    /// its kind, and the capability tags it would advertise.
+    Given { drafter: DrafterBox, kind: String, capabilities: Vec<String> },
+}
+
+pub struct SpeculationConfig {
+    pub source: DraftSource,
+    /// Most tokens drafted per round (None: the drafter's own default,
+    /// its `default-depth:<n>` tag, else 3).
+    pub depth: Option<usize>,
+    /// Never switch a request to plain steps because rounds do not pay
+    /// (measurements, experiments).
+    pub always: bool,
+}

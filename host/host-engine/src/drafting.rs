@@ -1,0 +1,147 @@
+//! The drafter an engine speculates with: opened once from the
+//! configuration (a drafter plugin, or a drafter the embedding program
+//! made), with what the host needs to know about it.
+
+use crate::config::{DraftSource, SpeculationConfig};
+use crate::engine::EngineError;
+use crate::tokenizer::TextSide;
+use host_loader::compose::ComposedModel;
+use host_loader::services::DrafterFactory;
+use host_loader::Registry;
+use plugin_api::{caps, DrafterBox, Dtype};
+use std::sync::{Arc, Mutex};
+
+/// Tokens per round when neither the user nor the drafter says.
+const DEFAULT_DEPTH: usize = 3;
+
+pub struct Drafting {
+    /// The instance serial requests and history-only batches use.
+    pub shared: Mutex<DrafterBox>,
+    /// The draft kind (`ngram`, `two-model`, ...).
+    pub kind: String,
+    /// The plugin that implements it (`test` for a given drafter).
+    pub plugin: String,
+    /// Most tokens drafted per round.
+    pub depth: usize,
+    /// Capability tags of the drafter.
+    pub capabilities: Vec<String>,
+    /// Opens more instances: set for drafters with per-request state
+    /// (two-model), so each batched row gets its own.
+    pub factory: Option<DrafterFactory>,
+    /// KV bytes per token of the drafter's own model, counted by memory
+    /// admission on top of the target's.
+    pub kv_bytes_per_token: u64,
+    /// Never fall back to plain steps because rounds do not pay.
+    pub always: bool,
+}
+
+impl Drafting {
+    pub fn open(
+        registry: &Arc<Registry>,
+        target: &Arc<ComposedModel>,
+        text: Option<&TextSide>,
+        dtype: Option<Dtype>,
+        cfg: SpeculationConfig,
+    ) -> Result<Self, EngineError> {
+        let SpeculationConfig { source, depth, always } = cfg;
+        let (kind, draft_model, options) = match source {
+            DraftSource::Given { drafter, kind, capabilities } => {
+                let depth = depth.unwrap_or(DEFAULT_DEPTH).max(1);
+                return Ok(Self {
+                    shared: Mutex::new(drafter),
+                    kind,
+                    plugin: "test".into(),
+                    depth,
+                    capabilities,
+                    factory: None,
+                    kv_bytes_per_token: 0,
+                    always,
+                });
+            }
+            DraftSource::Plugin { kind, draft_model, options } => (kind, draft_model, options),
+        };
+        let kind = match (kind, &draft_model) {
+            (Some(k), _) => k,
+            (None, Some(dir)) => registry.detect_draft_kind(dir).ok_or_else(|| {
+                EngineError::Config(format!("no drafter plugin recognises the draft folder {}", dir.display()))
+            })?,
+            (None, None) => return Err(EngineError::Config("speculation needs a draft kind or a draft model".into())),
+        };
+        if let Some(dir) = &draft_model {
+            let text = text.ok_or_else(|| {
+                EngineError::Config("the target has no tokenizer.json to compare a draft model with".into())
+            })?;
+            same_tokenizer(text, dir)?;
+        }
+        let capabilities = registry.drafter_capabilities(&kind);
+        let default_depth = capabilities
+            .iter()
+            .find_map(|t| t.strip_prefix(caps::DEFAULT_DEPTH_PREFIX)?.parse::<usize>().ok())
+            .unwrap_or(DEFAULT_DEPTH);
+        let depth = depth.unwrap_or(default_depth);
+        if !(1..=32).contains(&depth) {
+            return Err(EngineError::Config("the draft depth (--num-draft-tokens) must be between 1 and 32".into()));
+        }
+        let (factory, drafter) = host_loader::services::open_drafter(
+            registry,
+            &kind,
+            draft_model.as_deref(),
+            depth as u32,
+            &options,
+            dtype,
+            target.clone(),
+        )?;
+        let history_only = capabilities.iter().any(|t| t == caps::HISTORY_ONLY);
+        Ok(Self {
+            shared: Mutex::new(drafter),
+            kind,
+            plugin: factory.plugin.clone(),
+            depth,
+            kv_bytes_per_token: factory.cache_bytes_per_token(),
+            capabilities,
+            // Per-request state: batched rows each open their own instance
+            // (a draft model's weights are shared, its caches are not).
+            factory: (!history_only).then_some(factory),
+            always,
+        })
+    }
+
+    /// One drafter instance can serve every row (`caps::HISTORY_ONLY`).
+    pub fn history_only(&self) -> bool {
+        self.capabilities.iter().any(|t| t == caps::HISTORY_ONLY)
+    }
+
+    /// Whether speculative rows can run inside a batch: one instance serves
+    /// them all, or the host can open one per row.
+    pub fn batchable(&self) -> bool {
+        self.history_only() || self.factory.is_some()
+    }
+
+    /// A fresh instance for one batched row (drafters with per-request state).
+    pub fn open_instance(&self) -> Result<DrafterBox, EngineError> {
+        match &self.factory {
+            Some(f) => Ok(f.open()?),
+            None => Err(EngineError::Config(format!("the `{}` drafter cannot open more instances", self.kind))),
+        }
+    }
+}
+
+/// The start-up probe: a draft model must tokenize exactly as the target.
+fn same_tokenizer(target: &TextSide, dir: &std::path::Path) -> Result<(), EngineError> {
+    let path = dir.join("tokenizer.json");
+    let draft = tokenizers::Tokenizer::from_file(&path).map_err(|e| {
+        EngineError::Config(format!("draft model {}: {e} (its tokenizer must match the target's)", path.display()))
+    })?;
+    if draft.get_vocab(true) != target.tokenizer.get_vocab(true) {
+        return Err(EngineError::Config(format!(
+            "the draft model's tokenizer ({}) differs from the target's: speculative decoding needs the same vocabulary",
+            path.display()
+        )));
+    }
+    let probe = "The quick brown fox 123 jumps! <|im_start|>";
+    let ids = |t: &tokenizers::Tokenizer| t.encode(probe, false).map(|e| e.get_ids().to_vec()).unwrap_or_default();
+    if ids(&draft) != ids(&target.tokenizer) {
+        return Err(EngineError::Config("the draft model's tokenizer encodes differently from the target's".into()));
+    }
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! A hold on the engine's loop, so tests (and operators pausing a server)
+//! arrange concurrency exactly instead of by timing: while held, the
+//! engine takes no job from its queue and runs no step; `release_for(n)`
+//! lets it run n more decode steps and then holds it again.
+//!
+//! The loop calls `checkpoint` between iterations; `parked` says it is
+//! waiting there, so a caller can wait for the hold to take effect.
+
+use std::sync::{Condvar, Mutex};
+
+#[derive(Default)]
+struct State {
+    held: bool,
+    /// Decode steps left before the loop holds itself again.
+    steps_left: Option<u64>,
+    /// The loop is waiting at a checkpoint.
+    parked: bool,
+}
+
+#[derive(Default)]
+pub struct Hold {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+impl Hold {
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let out = f(&mut s);
+        self.wake.notify_all();
+        out
+    }
+
+    /// Holds the loop at its next checkpoint.
+    pub fn hold(&self) {
+        self.with(|s| {
+            s.held = true;
+            s.steps_left = None;
+        });
+    }
+
+    /// Lets the loop run freely.
+    pub fn release(&self) {
+        self.with(|s| {
+            s.held = false;
+            s.steps_left = None;
+        });
+    }
+
+    /// Lets the loop run `steps` more decode steps, then holds it again.
+    pub fn release_for(&self, steps: u64) {
+        self.with(|s| {
+            s.held = steps == 0;
+            s.steps_left = (steps > 0).then_some(steps);
+        });
+    }
+
+    /// Whether the loop is waiting at a checkpoint now.
+    pub fn parked(&self) -> bool {
+        self.state.lock().map(|s| s.parked).unwrap_or(false)
+    }
+
+    /// Whether a hold is in force (the loop may not have reached it yet).
+    pub fn held(&self) -> bool {
+        self.state.lock().map(|s| s.held).unwrap_or(false)
+    }
+
+    /// Called by the loop between iterations: waits while held.
+    pub(crate) fn checkpoint(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !s.held {
+            return;
+        }
+        s.parked = true;
+        self.wake.notify_all();
+        while s.held {
+            s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        s.parked = false;
+    }
+
+    /// Called by the loop after each decode step.
+    pub(crate) fn stepped(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = s.steps_left {
+            s.steps_left = n.checked_sub(1).filter(|&n| n > 0);
+            s.held = s.steps_left.is_none();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Hold;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_held_loop_parks_until_released_and_release_for_counts_steps() {
+        let hold = Arc::new(Hold::default());
+        hold.hold();
+        let h = hold.clone();
+        let loop_thread = std::thread::spawn(move || {
+            h.checkpoint();
+            for _ in 0..3 {
+                h.stepped();
+            }
+            h.checkpoint();
+        });
+        while !hold.parked() {
+            std::thread::yield_now();
+        }
+        hold.release_for(3);
+        while !(hold.parked() && hold.held()) {
+            std::thread::yield_now();
+        }
+        hold.release();
+        loop_thread.join().unwrap();
+        assert!(!hold.parked() && !hold.held());
+    }
+}

@@ -1,0 +1,77 @@
+//! Counters for observability (`/stats`, `/metrics`) and for tests that
+//! watch the engine (cancellation, batching, cohorts, speculative replays).
+
+use crate::engine::Engine;
+use crate::histogram::{Histogram, TOKENS_PER_SECOND, TTFT_SECONDS};
+use crate::job::GenerateResult;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters for observability (and for tests that watch cancellation).
+#[derive(Default)]
+pub struct Stats {
+    pub queued: AtomicU64,
+    pub active: AtomicU64,
+    pub requests: AtomicU64,
+    pub completed: AtomicU64,
+    /// Jobs stopped by their caller (client gone, stop string, shutdown).
+    pub cancelled: AtomicU64,
+    pub failed: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// Tokens the most recently cancelled job had produced when it stopped.
+    pub last_cancelled_tokens: AtomicU64,
+    /// Decode steps run, and the most rows any one of them carried.
+    pub decode_steps: AtomicU64,
+    pub max_batch_rows: AtomicU64,
+    /// Batched speculative rounds whose rollback replayed the kept tokens
+    /// (recurrent state), and those among them whose rows kept different
+    /// counts (replayed with per-row padding).
+    pub spec_replays: AtomicU64,
+    pub spec_replays_padded: AtomicU64,
+    /// Cohort prefills run, and the rows they carried.
+    pub cohorts: AtomicU64,
+    pub cohort_rows: AtomicU64,
+    /// Per-request time to first token (seconds), prefill rate (prompt
+    /// tokens / time to first token) and decode rate (tokens/s after the
+    /// first), as histograms; the last finished request's rates as gauges.
+    pub ttft: Histogram,
+    pub prefill_rate: Histogram,
+    pub decode_rate: Histogram,
+    pub last_prefill_tps: AtomicU64,
+    pub last_decode_tps: AtomicU64,
+    /// Prefix cache counters, copied from the engine after each request.
+    pub prefix_hits: AtomicU64,
+    pub prefix_misses: AtomicU64,
+    pub prefix_hit_tokens: AtomicU64,
+    pub prefix_bytes: AtomicU64,
+    pub prefix_entries: AtomicU64,
+    /// Requests refused because they can never fit in memory.
+    pub admission_refusals: AtomicU64,
+    /// KV bytes reserved by the batch's rows and joiners now (as the
+    /// layouts hold batched rows: every row as wide as the widest).
+    pub kv_reserved: AtomicU64,
+}
+
+impl Stats {
+    /// Records a finished request's timings and the engine's cache counters.
+    pub(crate) fn record(&self, r: &GenerateResult, engine: &Engine) {
+        self.ttft.observe(TTFT_SECONDS, r.prefill_s);
+        self.prefill_rate.observe(TOKENS_PER_SECOND, r.prefill_tps());
+        if r.tokens.len() >= 2 {
+            self.decode_rate.observe(TOKENS_PER_SECOND, r.decode_tps());
+        }
+        self.last_prefill_tps.store(r.prefill_tps().to_bits(), Ordering::Relaxed);
+        self.last_decode_tps.store(r.decode_tps().to_bits(), Ordering::Relaxed);
+        self.sync_prefix(engine);
+    }
+
+    /// Copies the engine's prefix-cache counters.
+    pub(crate) fn sync_prefix(&self, engine: &Engine) {
+        let c = engine.prefix().counters();
+        self.prefix_hits.store(c.hits, Ordering::Relaxed);
+        self.prefix_misses.store(c.misses, Ordering::Relaxed);
+        self.prefix_hit_tokens.store(c.hit_tokens, Ordering::Relaxed);
+        self.prefix_bytes.store(c.bytes, Ordering::Relaxed);
+        self.prefix_entries.store(c.entries, Ordering::Relaxed);
+    }
+}

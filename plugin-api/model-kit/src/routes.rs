@@ -1,0 +1,122 @@
+//! Which kernels a model's graph takes where model-kit has a choice, set
+//! per model at open from the host's options (`ModelOpenArgs.options`,
+//! `host --model-option key=value`):
+//!
+//! | key | values | default | what |
+//! |---|---|---|---|
+//! | `attention` | `fast`, `mlx` | `fast` | multi-token queries on a GPU: `fast` takes `short_attention`'s paths below the two limits; `mlx` sends every query to MLX's sdpa, as mlx-lm (both limits 0) |
+//! | `attention-per-query-max` | integer | 16 | queries up to this many attend one by one through the fused single-query kernel (0: off) |
+//! | `attention-unfused-max` | integer | 2048 | longer queries up to this many attend through unfused matmuls while the scores stay small (0: off) |
+//! | `conv` | `fused`, `mlx` | `fused` | the depthwise causal conv on a GPU: one fused kernel, or MLX's conv1d |
+//!
+//! On the CPU every choice runs MLX's own kernels. `graph::into_model`
+//! parses the options once and puts them in force, for this model only,
+//! around each of its forward passes (a target and a draft model of the
+//! same family may differ).
+
+use plugin_api::abi_stable::std_types::{RString, Tuple2};
+use std::cell::Cell;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Routes {
+    pub per_query_max: i32,
+    pub unfused_max: i32,
+    pub fused_conv: bool,
+}
+
+impl Default for Routes {
+    fn default() -> Self {
+        Self {
+            per_query_max: crate::short_attention::PER_QUERY_MAX,
+            unfused_max: crate::short_attention::MAX_QUERY,
+            fused_conv: true,
+        }
+    }
+}
+
+impl Routes {
+    /// Reads the options model-kit knows; any other key is refused, naming it.
+    pub fn from_options(options: &[Tuple2<RString, RString>]) -> crate::Result<Self> {
+        let mut r = Self::default();
+        for Tuple2(key, value) in options {
+            let (k, v) = (key.as_str(), value.as_str());
+            let int = || v.parse::<i32>().ok().filter(|n| *n >= 0);
+            let bad =
+                || crate::error(format!("model option `{k}={v}`: see model-kit's routes for the values it takes"));
+            match k {
+                "attention" => match v {
+                    "fast" => {}
+                    "mlx" => {
+                        r.per_query_max = 0;
+                        r.unfused_max = 0;
+                    }
+                    _ => return Err(bad()),
+                },
+                "attention-per-query-max" => r.per_query_max = int().ok_or_else(bad)?,
+                "attention-unfused-max" => r.unfused_max = int().ok_or_else(bad)?,
+                "conv" => {
+                    r.fused_conv = match v {
+                        "fused" => true,
+                        "mlx" => false,
+                        _ => return Err(bad()),
+                    }
+                }
+                _ => return Err(crate::error(format!("unknown model option `{k}` (model-kit takes attention, attention-per-query-max, attention-unfused-max, conv)"))),
+            }
+        }
+        Ok(r)
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<Routes> = Cell::new(Routes::default());
+}
+
+/// The routes in force for the forward pass running on this thread.
+pub fn current() -> Routes {
+    CURRENT.with(Cell::get)
+}
+
+/// Runs `f` with `routes` in force on this thread, restoring what was
+/// before (a drafter's model may run inside the target's pass).
+pub fn with<T>(routes: Routes, f: impl FnOnce() -> T) -> T {
+    let before = CURRENT.with(|c| c.replace(routes));
+    struct Restore(Routes);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(before);
+    f()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(kv: &[(&str, &str)]) -> Vec<Tuple2<RString, RString>> {
+        kv.iter().map(|(k, v)| Tuple2(RString::from(*k), RString::from(*v))).collect()
+    }
+
+    #[test]
+    fn options_set_the_routes_and_unknown_ones_are_refused() {
+        assert_eq!(Routes::from_options(&[]).unwrap(), Routes::default());
+        let mlx = Routes::from_options(&opts(&[("attention", "mlx")])).unwrap();
+        assert_eq!((mlx.per_query_max, mlx.unfused_max), (0, 0));
+        let r = Routes::from_options(&opts(&[("attention-unfused-max", "64"), ("conv", "mlx")])).unwrap();
+        assert_eq!((r.unfused_max, r.fused_conv), (64, false));
+        assert!(Routes::from_options(&opts(&[("attention", "slow")])).unwrap_err().what().contains("attention=slow"));
+        assert!(Routes::from_options(&opts(&[("colour", "red")]))
+            .unwrap_err()
+            .what()
+            .contains("unknown model option `colour`"));
+    }
+
+    #[test]
+    fn routes_are_in_force_only_inside_with() {
+        let mlx = Routes { per_query_max: 0, unfused_max: 0, fused_conv: false };
+        assert_eq!(with(mlx, current), mlx);
+        assert_eq!(current(), Routes::default());
+    }
+}
