@@ -6,6 +6,7 @@
 //! 2. `attention_mask(L)` for the L new queries, asked BEFORE the update;
 //! 3. `update_and_fetch(k, v)` stores the new keys/values (transferred) and
 //!    returns owned handles to everything to attend over.
+//!
 //! The host drives everything else: trim, speculative rounds, state
 //! export/import for prefix caching, and row operations for batching.
 

@@ -27,9 +27,10 @@ fn serial_texts(m: &std::path::Path) -> Vec<String> {
 pub(crate) fn staggered_batch_equals_serial(name: &str) {
     let m = model(name);
     let want = serial_texts(&m);
-    let s = Server::start(&m, &["--batch", "8"]);
+    let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
     let bodies: Vec<Value> = (0..PROMPTS.len()).map(body).collect();
-    let got: Vec<String> = s.post_staggered("/v1/completions", &bodies, 15).iter().map(text).collect();
+    // Each request joins the running batch after the earlier ones took 3 steps.
+    let got: Vec<String> = s.post_joining("/v1/completions", &bodies, 3).iter().map(text).collect();
     let st = s.stats();
     assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "requests never shared a step: {st}");
     for i in 0..PROMPTS.len() {
@@ -118,9 +119,9 @@ fn bf16_batched_runs_match_serial_within_the_stated_tolerance() {
         let s = Server::start(&m, &["--batch", "1", "--dtype", "native"]);
         (0..PROMPTS.len()).map(|i| s.post("/v1/completions", &body(i)).json()).collect()
     };
-    let s = Server::start(&m, &["--batch", "8", "--dtype", "native"]);
+    let s = Server::start(&m, &["--batch", "8", "--dtype", "native", "--debug-endpoints"]);
     let bodies: Vec<Value> = (0..PROMPTS.len()).map(body).collect();
-    let batched: Vec<Value> = s.post_staggered("/v1/completions", &bodies, 10);
+    let batched: Vec<Value> = s.post_joining("/v1/completions", &bodies, 3);
     assert!(s.stats()["max_batch_rows"].as_u64().unwrap() >= 2);
     let mut compared = 0;
     for (i, (a, b)) in serial.iter().zip(&batched).enumerate() {
@@ -145,9 +146,9 @@ fn bf16_batched_runs_match_serial_within_the_stated_tolerance() {
     assert!(compared >= 40, "too few positions compared ({compared})");
 }
 
-/// A burst of requests that arrive while the scheduler is busy is admitted
-/// together and prefills as ONE left-padded cohort (`cohort_prefills` in
-/// /stats), and each row's greedy output still equals its serial run.
+/// A burst of requests queued while the engine is held is admitted together
+/// and prefills as ONE left-padded cohort (`cohort_prefills` in /stats), and
+/// each row's greedy output still equals its serial run.
 #[test]
 fn a_burst_prefills_as_one_padded_cohort_and_matches_serial() {
     let m = model("tiny/tiny-llama-f32");
@@ -158,30 +159,14 @@ fn a_burst_prefills_as_one_padded_cohort_and_matches_serial() {
         let s = Server::start(&m, &["--batch", "1"]);
         prompts.iter().map(|p| text(&s.post("/v1/completions", &body(p)).json())).collect()
     };
-    let s = Server::start(&m, &["--batch", "8"]);
-    // A blocker with a long prompt keeps the scheduler in prefill while the
-    // burst queues up behind it.
-    let blocker =
-        json!({ "prompt": (0..4000u32).map(|k| 5 + k % 3000).collect::<Vec<_>>(), "max_tokens": 1, "temperature": 0 });
-    // (4000 tokens: two prefill chunks, under the tiny model's 4096 context.)
-    let got: Vec<String> = std::thread::scope(|sc| {
-        let b = sc.spawn(|| s.post("/v1/completions", &blocker).json());
-        std::thread::sleep(std::time::Duration::from_millis(30));
-        let hs: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let s = &s;
-                sc.spawn(move || text(&s.post("/v1/completions", &body(p)).json()))
-            })
-            .collect();
-        let out = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        assert_eq!(b.join().unwrap()["usage"]["completion_tokens"], 1);
-        out
-    });
+    let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
+    let bodies: Vec<Value> = prompts.iter().map(body).collect();
+    let got: Vec<String> = s.post_burst("/v1/completions", &bodies).iter().map(text).collect();
     let st = s.stats();
-    assert!(
-        st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2,
-        "the burst never prefilled as a cohort: {st}"
+    assert_eq!(
+        (st["cohort_prefills"].as_u64().unwrap(), st["cohort_rows"].as_u64().unwrap()),
+        (1, prompts.len() as u64),
+        "the burst did not prefill as one cohort: {st}"
     );
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "request {i} differs between its cohort prefill and its serial run");

@@ -33,9 +33,10 @@ fn serial_texts(m: &std::path::Path, prompts: &[Vec<u32>]) -> Vec<String> {
     prompts.iter().enumerate().map(|(i, p)| text(&s.post("/v1/completions", &body(p, i)).json())).collect()
 }
 
-/// Requests sent `gap_ms` apart to `s`, answered concurrently.
-fn staggered(s: &Server, prompts: &[Vec<u32>], gap_ms: u64) -> Vec<String> {
-    s.post_staggered("/v1/completions", &bodies(prompts), gap_ms).iter().map(text).collect()
+/// Requests joining `s`'s running batch one after another (each after the
+/// earlier rows took 3 steps), answered concurrently.
+fn joining(s: &Server, prompts: &[Vec<u32>]) -> Vec<String> {
+    s.post_joining("/v1/completions", &bodies(prompts), 3).iter().map(text).collect()
 }
 
 fn bodies(prompts: &[Vec<u32>]) -> Vec<Value> {
@@ -65,8 +66,8 @@ fn prompts_longer_than_the_window_batch_and_match_serial() {
         let m = model(name);
         let prompts = long_prompts();
         let want = serial_texts(&m, &prompts);
-        let s = Server::start(&m, &["--batch", "8"]);
-        let got = staggered(&s, &prompts, 20);
+        let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
+        let got = joining(&s, &prompts);
         let st = s.stats();
         assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{name}: requests never shared a step: {st}");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -80,8 +81,9 @@ fn prompts_longer_than_the_window_batch_and_match_serial() {
     }
 }
 
-/// A burst queued behind a blocker prefills as ONE left-padded cohort whose
-/// rows wrap their rings inside the padded prefill, then decodes together.
+/// A burst queued while the engine is held prefills as ONE left-padded
+/// cohort whose rows wrap their rings inside the padded prefill, then
+/// decodes together.
 #[test]
 fn a_burst_of_long_prompts_prefills_as_a_cohort_and_matches_serial() {
     for name in MODELS {
@@ -89,15 +91,8 @@ fn a_burst_of_long_prompts_prefills_as_a_cohort_and_matches_serial() {
         // Heads of 10..15 tokens: within a factor of two, all past the window.
         let prompts: Vec<Vec<u32>> = (0..5u32).map(|i| (0..11 + i).map(|k| 20 + 41 * i + 7 * k).collect()).collect();
         let want = serial_texts(&m, &prompts);
-        let s = Server::start(&m, &["--batch", "8"]);
-        let blocker = json!({ "prompt": (0..3000u32).map(|k| 5 + k % 2000).collect::<Vec<_>>(), "max_tokens": 1, "temperature": 0 });
-        let got: Vec<String> = std::thread::scope(|sc| {
-            let b = sc.spawn(|| s.post("/v1/completions", &blocker).json());
-            std::thread::sleep(std::time::Duration::from_millis(30));
-            let got = staggered(&s, &prompts, 0);
-            assert_eq!(b.join().unwrap()["usage"]["completion_tokens"], 1);
-            got
-        });
+        let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
+        let got: Vec<String> = s.post_burst("/v1/completions", &bodies(&prompts)).iter().map(text).collect();
         let st = s.stats();
         assert!(
             st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2,
@@ -131,8 +126,8 @@ fn batched_ngram_speculation_over_a_sliding_window_is_lossless() {
     let want = serial_texts(&m, &prompts);
     // --speculate-always: the cost rule depends on timing, and the counts
     // asserted below must not (a judged row may stop drafting).
-    let s = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram", "--speculate-always"]);
-    let got: Vec<Value> = s.post_staggered("/v1/completions", &bodies(&prompts), 7);
+    let s = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram", "--speculate-always", "--debug-endpoints"]);
+    let got: Vec<Value> = s.post_joining("/v1/completions", &bodies(&prompts), 3);
     assert!(s.stats()["max_batch_rows"].as_u64().unwrap() >= 2, "speculative rows never shared a step");
     let (mut drafted, mut accepted) = (0, 0);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {

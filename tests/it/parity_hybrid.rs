@@ -171,7 +171,7 @@ fn qwen3_5_a_partial_prefix_hit_does_not_change_the_output() {
     assert_eq!(text(&warm, &b), want);
 }
 
-/// `prompts` sent as a burst behind a long blocker on a `--batch 8` server
+/// `prompts` sent as a burst (queued while the engine is held) to a `--batch 8` server
 /// form a cohort (one left-padded prefill, `cohort_prefills` in /stats), and
 /// each greedy answer equals the same prompt's answer on a serial server.
 fn burst_prefills_as_a_cohort_and_matches_serial(name: &str, prompts: &[Vec<u32>]) {
@@ -182,25 +182,9 @@ fn burst_prefills_as_a_cohort_and_matches_serial(name: &str, prompts: &[Vec<u32>
         let s = Server::start(&m, &["--batch", "1"]);
         prompts.iter().map(|p| text(s.post("/v1/completions", &body(p)).json())).collect()
     };
-    let s = Server::start(&m, &["--batch", "8"]);
-    // Two prefill chunks of a 4000-token prompt keep the scheduler busy
-    // while the burst queues up behind it.
-    let blocker =
-        json!({ "prompt": (0..4000u32).map(|k| 5 + k % 3000).collect::<Vec<_>>(), "max_tokens": 1, "temperature": 0 });
-    let got: Vec<String> = std::thread::scope(|sc| {
-        let b = sc.spawn(|| s.post("/v1/completions", &blocker).json());
-        std::thread::sleep(std::time::Duration::from_millis(30));
-        let hs: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let s = &s;
-                sc.spawn(move || text(s.post("/v1/completions", &body(p)).json()))
-            })
-            .collect();
-        let out = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        assert_eq!(b.join().unwrap()["usage"]["completion_tokens"], 1);
-        out
-    });
+    let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
+    let bodies: Vec<Value> = prompts.iter().map(body).collect();
+    let got: Vec<String> = s.post_burst("/v1/completions", &bodies).into_iter().map(text).collect();
     let st = s.stats();
     assert!(
         st["cohort_prefills"].as_u64().unwrap() >= 1 && st["cohort_rows"].as_u64().unwrap() >= 2,
@@ -267,9 +251,9 @@ fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
     // --speculate-always: the cost rule depends on timing; the paths asserted below must not.
     let s = Server::start(
         &dir.0,
-        &["--batch", "8", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--speculate-always"],
+        &["--batch", "8", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--speculate-always", "--debug-endpoints"],
     );
-    let got = s.post_staggered("/v1/completions", &(0..prompts.len()).map(body).collect::<Vec<_>>(), 5);
+    let got = s.post_joining("/v1/completions", &(0..prompts.len()).map(body).collect::<Vec<_>>(), 3);
     let (mut drafted, mut accepted) = (0, 0);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let (lg, lw) = (&g["choices"][0]["logprobs"], &w["choices"][0]["logprobs"]);

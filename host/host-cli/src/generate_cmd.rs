@@ -32,8 +32,7 @@ pub fn prompt_ids(engine: &Engine, p: &Prompt) -> Result<Vec<u32>> {
     let chat = p.chat.as_ref().unwrap();
     let tmpl = text.template.as_ref().context("this model has no chat template: use --prompt")?;
     let rendered = tmpl
-        .render(&json!([{ "role": "user", "content": chat }]), true, &Default::default())
-        .map_err(anyhow::Error::msg)?;
+        .render(&json!([{ "role": "user", "content": chat }]), true, &Default::default())?;
     Ok(text.encode_rendered(&rendered)?)
 }
 

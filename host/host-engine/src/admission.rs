@@ -113,7 +113,7 @@ impl MemoryModel {
     pub fn max_tokens_that_fit(&self, budget: &Budget) -> u64 {
         let (mut lo, mut hi) = (0u64, 1u64 << 24);
         while lo < hi {
-            let mid = (lo + hi + 1) / 2;
+            let mid = (lo + hi).div_ceil(2);
             if self.refuse(budget, mid.min(self.prefill_step), mid).is_none() {
                 lo = mid;
             } else {

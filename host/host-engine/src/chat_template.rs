@@ -52,13 +52,22 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// Why a chat template could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("chat template does not parse: {0}")]
+    Parse(String),
+    #[error("chat template: {0}")]
+    Render(String),
+}
+
 impl ChatTemplate {
-    pub fn new(source: &str, bos: Option<String>, eos: Option<String>) -> Result<Self, String> {
+    pub fn new(source: &str, bos: Option<String>, eos: Option<String>) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned("chat", source.to_owned()).map_err(|e| format!("chat template does not parse: {e}"))?;
+        env.add_template_owned("chat", source.to_owned()).map_err(|e| TemplateError::Parse(e.to_string()))?;
         Ok(Self { env, bos, eos })
     }
 
@@ -69,8 +78,8 @@ impl ChatTemplate {
         messages: &serde_json::Value,
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<String, String> {
-        let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
+    ) -> Result<String, TemplateError> {
+        let tmpl = self.env.get_template("chat").map_err(|e| TemplateError::Render(e.to_string()))?;
         let base = context! {
             messages => Value::from_serialize(messages),
             add_generation_prompt => add_generation_prompt,
@@ -83,7 +92,7 @@ impl ChatTemplate {
             if let Some(d) = e.detail() {
                 msg = format!("{msg}: {d}");
             }
-            format!("chat template: {msg}")
+            TemplateError::Render(msg)
         })
     }
 }
@@ -116,7 +125,7 @@ mod tests {
             .unwrap();
         assert_eq!(out, "\"a\"4T");
         let err = t.render(&serde_json::json!([{"role":"bad","content":"x"}]), false, &Default::default()).unwrap_err();
-        assert!(err.contains("no bad roles"), "{err}");
+        assert!(err.to_string().contains("no bad roles"), "{err}");
     }
 
     #[test]

@@ -339,7 +339,7 @@ impl Engine {
         if req.prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
         }
-        req.params.validate().map_err(EngineError::InvalidRequest)?;
+        req.params.validate().map_err(|e| EngineError::InvalidRequest(e.message))?;
         let vocab = self.model.plan.vocab_size;
         if let Some(bad) = req.prompt.iter().find(|&&t| t >= vocab) {
             return Err(EngineError::InvalidRequest(format!(

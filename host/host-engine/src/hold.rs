@@ -79,6 +79,16 @@ impl Hold {
         s.parked = false;
     }
 
+    /// Called by the loop when it has nothing to step: a `release_for`
+    /// window ends there too (the steps it allowed cannot happen), so a
+    /// caller waiting for the loop to hold again is not left waiting.
+    pub(crate) fn idle(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.steps_left.take().is_some() {
+            s.held = true;
+        }
+    }
+
     /// Called by the loop after each decode step.
     pub(crate) fn stepped(&self) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -165,6 +165,9 @@ fn gpu_total_memory() -> Option<u64> {
 
 /// Path of the shared object that defines `addr`, as the dynamic linker sees
 /// it; used to prove which libmlx/libmlxc a symbol comes from.
+// dladdr only looks the address up among the mapped objects; it never reads
+// through it, so any address is safe to pass.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn object_of(addr: *const std::ffi::c_void) -> Option<String> {
     extern "C" {
         fn dladdr(addr: *const std::ffi::c_void, info: *mut DlInfo) -> i32;

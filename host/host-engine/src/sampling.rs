@@ -56,9 +56,11 @@ impl SamplingParams {
         self.temperature <= 0.0
     }
 
-    /// Range checks, as clear messages (the server maps them to 400s).
-    pub fn validate(&self) -> Result<(), String> {
-        let bad = |name: &str, v: f32, range: &str| Err(format!("`{name}` must be {range}, got {v}"));
+    /// Range checks, naming the parameter (the server maps them to 400s).
+    pub fn validate(&self) -> Result<(), ParamError> {
+        let bad = |param: &'static str, v: f32, range: &str| {
+            Err(ParamError { param, message: format!("`{param}` must be {range}, got {v}") })
+        };
         if !(0.0..=100.0).contains(&self.temperature) || self.temperature.is_nan() {
             return bad("temperature", self.temperature, "between 0 and 100");
         }
@@ -79,6 +81,14 @@ impl SamplingParams {
         }
         Ok(())
     }
+}
+
+/// A sampling parameter out of its range.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ParamError {
+    pub param: &'static str,
+    pub message: String,
 }
 
 /// One request's sampler: parameters plus its own PRNG key chain.

@@ -79,7 +79,7 @@ impl TextSide {
         let template = template_text(dir, &tc)
             .map(|t| ChatTemplate::new(&t, bos_token.clone(), eos_token.clone()))
             .transpose()
-            .map_err(TokenizerError::Load)?;
+            .map_err(|e| TokenizerError::Load(e.to_string()))?;
         let f = |k: &str| gc.get(k).and_then(Value::as_f64).map(|x| x as f32);
         let defaults = GenerationDefaults {
             temperature: f("temperature"),
@@ -178,6 +178,28 @@ impl Detokenizer {
     }
 }
 
+/// The chat template as transformers finds it: `chat_template.jinja` (what
+/// recent versions save, and mlx_lm.convert copies), else
+/// `chat_template.json`, else `tokenizer_config.json`'s `chat_template`
+/// (a string, or a list of named templates of which `default` is used).
+fn template_text(dir: &Path, tokenizer_config: &Value) -> Option<String> {
+    if let Ok(t) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
+        return Some(t);
+    }
+    let from = |v: Option<&Value>| -> Option<String> {
+        match v? {
+            Value::String(s) => Some(s.clone()),
+            Value::Array(named) => named
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+            _ => None,
+        }
+    };
+    let json = read_json(&dir.join("chat_template.json")).unwrap_or(Value::Null);
+    from(json.get("chat_template")).or_else(|| from(tokenizer_config.get("chat_template")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,26 +231,4 @@ mod tests {
             assert_eq!(out, t.decode(&ids), "{text}");
         }
     }
-}
-
-/// The chat template as transformers finds it: `chat_template.jinja` (what
-/// recent versions save, and mlx_lm.convert copies), else
-/// `chat_template.json`, else `tokenizer_config.json`'s `chat_template`
-/// (a string, or a list of named templates of which `default` is used).
-fn template_text(dir: &Path, tokenizer_config: &Value) -> Option<String> {
-    if let Ok(t) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
-        return Some(t);
-    }
-    let from = |v: Option<&Value>| -> Option<String> {
-        match v? {
-            Value::String(s) => Some(s.clone()),
-            Value::Array(named) => named
-                .iter()
-                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
-            _ => None,
-        }
-    };
-    let json = read_json(&dir.join("chat_template.json")).unwrap_or(Value::Null);
-    from(json.get("chat_template")).or_else(|| from(tokenizer_config.get("chat_template")))
 }

@@ -95,6 +95,8 @@ impl Drop for Worker {
 /// `--batch 1`: one job at a time, in arrival order.
 fn run_serially(engine: Engine, rx: Receiver<Job>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, hold: Arc<Hold>) {
     loop {
+        // Between jobs there is nothing to step.
+        hold.idle();
         hold.checkpoint();
         let mut job = match rx.try_recv() {
             Ok(job) => job,

@@ -113,7 +113,7 @@ fn claim_keys(p: &LoadedPlugin) -> Vec<(&'static str, String)> {
 type LoadError = (Option<String>, String);
 
 fn load_one(folder: &Path, host: &HostInfo) -> Result<LoadedPlugin, LoadError> {
-    let toml = TomlManifest::read(&folder.join("plugin.toml")).map_err(|e| (None, e))?;
+    let toml = TomlManifest::read(&folder.join("plugin.toml")).map_err(|e| (None, e.to_string()))?;
     let name = Some(toml.name.clone());
     let fail = |reason: String| (name.clone(), reason);
     if toml.abi_version != ABI_VERSION {

@@ -117,7 +117,7 @@ pub fn open_drafter(
             (score, p)
         })
         .collect();
-    candidates.sort_by(|a, b| b.0.cmp(&a.0));
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
     let Some((_, plugin)) = candidates.first() else {
         let kinds = registry.draft_kinds();
         let loaded = if kinds.is_empty() { "none".into() } else { kinds.join(", ") };

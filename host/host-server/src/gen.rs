@@ -86,10 +86,7 @@ pub fn request(
         seed,
         ..Default::default()
     };
-    params.validate().map_err(|m| {
-        let p = m.split('`').nth(1).unwrap_or("sampling").to_owned();
-        ApiError::param(&p, m)
-    })?;
+    params.validate().map_err(|e| ApiError::param(e.param, e.message))?;
     Ok(GenerateRequest { prompt, max_tokens, params, stop_on_eos: true, logprobs })
 }
 

@@ -147,25 +147,6 @@ impl Server {
         self.request("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
     }
 
-    /// POSTs every body to `path` from its own thread, body i sent
-    /// `gap_ms * i` ms after the first, so requests arrive while earlier ones
-    /// are running (joining a live batch); the answers, in body order.
-    pub fn post_staggered(&self, path: &str, bodies: &[serde_json::Value], gap_ms: u64) -> Vec<serde_json::Value> {
-        std::thread::scope(|sc| {
-            let hs: Vec<_> = bodies
-                .iter()
-                .enumerate()
-                .map(|(i, b)| {
-                    sc.spawn(move || {
-                        std::thread::sleep(std::time::Duration::from_millis(gap_ms * i as u64));
-                        self.post(path, b).json()
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
-
     pub fn stats(&self) -> serde_json::Value {
         self.request("GET", "/stats", &[], b"").json()
     }
@@ -277,4 +258,75 @@ pub fn run_serial(
 ) -> host_engine::GenerateResult {
     let plan = engine.plan(req, 1);
     host_engine::serial::generate(engine, req, &plan, on_token).expect("generation")
+}
+
+/// Deterministic concurrency through the engine's hold (`host serve
+/// --debug-endpoints`): tests wait for conditions the server reports in
+/// /stats, never for time to pass.
+impl Server {
+    /// Polls /stats until `ready` holds (fails after 120 s).
+    pub fn wait_for(&self, what: &str, ready: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let t = std::time::Instant::now();
+        loop {
+            let st = self.stats();
+            if ready(&st) {
+                return st;
+            }
+            assert!(t.elapsed().as_secs() < 120, "waited 120 s for {what}: {st}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    fn debug(&self, path: &str) {
+        let r = self.request("POST", path, &[], b"");
+        assert_eq!(r.status, 200, "{path}: {} (start the server with --debug-endpoints)", r.text());
+    }
+
+    /// Holds the engine's loop at its next checkpoint.
+    pub fn hold(&self) {
+        self.debug("/debug/hold");
+    }
+
+    /// Lets the engine's loop run freely.
+    pub fn release(&self) {
+        self.debug("/debug/release");
+    }
+
+    /// POSTs every body together: they are queued while the engine is held
+    /// and admitted in one iteration when it is released (a burst).
+    pub fn post_burst(&self, path: &str, bodies: &[serde_json::Value]) -> Vec<serde_json::Value> {
+        self.hold();
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = bodies.iter().map(|b| sc.spawn(move || self.post(path, b).json())).collect();
+            let n = bodies.len() as u64;
+            self.wait_for("the burst to be queued", |st| st["queued"].as_u64() == Some(n));
+            self.release();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// POSTs the bodies so that each joins a live batch: body i is queued
+    /// while the engine is held, then the engine runs `steps` decode steps
+    /// (admitting it) and holds again before body i + 1 is queued. The
+    /// earlier rows are still decoding when a later one joins as long as
+    /// their `max_tokens` exceed `steps` times the bodies after them.
+    pub fn post_joining(&self, path: &str, bodies: &[serde_json::Value], steps: u64) -> Vec<serde_json::Value> {
+        self.hold();
+        std::thread::scope(|sc| {
+            let mut hs = Vec::new();
+            for b in bodies {
+                hs.push(sc.spawn(move || self.post(path, b).json()));
+                self.wait_for("the request to be queued", |st| st["queued"].as_u64() == Some(1));
+                let r = self.request("POST", &format!("/debug/release?steps={steps}"), &[], b"");
+                assert_eq!(r.status, 200, "{}", r.text());
+                // The engine holds again after its steps, or as soon as it
+                // has nothing to step.
+                self.wait_for("the engine to run its steps and hold", |st| {
+                    st["hold"]["parked"] == true && st["hold"]["held"] == true && st["queued"] == 0
+                });
+            }
+            self.release();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
 }

@@ -35,6 +35,9 @@ impl Scheduler<'_> {
     pub fn run(mut self, rx: Receiver<Job>) {
         let mut open = true;
         loop {
+            if self.idle() {
+                self.hold.idle();
+            }
             self.hold.checkpoint();
             if self.idle() {
                 if !open {

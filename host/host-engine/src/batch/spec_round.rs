@@ -79,6 +79,9 @@ impl RowSpec {
     }
 }
 
+/// What one row's round emits (`t[..=n]`) and how many drafts it accepted (`n`).
+type Verdict = (Vec<u32>, usize);
+
 /// One row's drafts this step, with the drafter's probability rows q when
 /// the row samples and the drafter returned them (then the row is verified
 /// by rejection sampling; otherwise by exact match of the target's samples).
@@ -147,7 +150,7 @@ impl Scheduler<'_> {
             ids.push(r.pending);
             ids.extend_from_slice(d);
             let filler = *ids.last().unwrap();
-            ids.extend(std::iter::repeat(filler).take(k - d.len()));
+            ids.extend(std::iter::repeat_n(filler, k - d.len()));
         }
         self.stats.decode_steps.fetch_add(1, Ordering::Relaxed);
         self.stats.max_batch_rows.fetch_max(b as u64, Ordering::Relaxed);
@@ -248,7 +251,7 @@ impl Scheduler<'_> {
         for (row, &n) in ids.chunks(width).zip(keep) {
             replay.extend_from_slice(&row[..n as usize]);
             // Any token serves as filler: it is padding to the replay layouts.
-            replay.extend(std::iter::repeat(row[0]).take(most - n as usize));
+            replay.extend(std::iter::repeat_n(row[0], most - n as usize));
         }
         for c in batch.iter_mut() {
             c.spec_begin().into_result().map_err(model_err("spec_begin"))?;
@@ -267,7 +270,7 @@ impl Scheduler<'_> {
 
     /// Per row, the tokens to emit and how many drafts were accepted, and
     /// the logprobs the row's tokens were drawn from `[k+1, V]`. A row with
-    /// q rows is verified by rejection sampling (`speculative::rejection`),
+    /// q rows is verified by rejection sampling (`speculation::rejection`),
     /// any other by the target's own choice at each position (argmax or a
     /// sample) compared with its drafts. All rows' verdicts are evaluated
     /// together (one device sync).
@@ -275,7 +278,7 @@ impl Scheduler<'_> {
         &mut self,
         logits: &Array,
         drafts: &[RowDraft],
-    ) -> Result<(Vec<(Vec<u32>, usize)>, Vec<Array>), EngineError> {
+    ) -> Result<(Vec<Verdict>, Vec<Array>), EngineError> {
         let mut lps = Vec::with_capacity(self.rows.len());
         let mut picks = Vec::with_capacity(self.rows.len());
         for (i, (r, d)) in self.rows.iter_mut().zip(drafts).enumerate() {
@@ -296,7 +299,7 @@ impl Scheduler<'_> {
                     &mut r.sampler,
                 )?
             } else if r.sampler.params.is_greedy() {
-                mlx_rs::ops::indexing::argmax_axis(&lp.index(0..used), -1, None)?
+                mlx_rs::ops::indexing::argmax_axis(lp.index(0..used), -1, None)?
             } else {
                 let draws = (0..used).map(|j| r.sampler.sample(&lp.index(j..j + 1))).collect::<Result<Vec<_>, _>>()?;
                 mlx_rs::ops::concatenate(&draws, 0)?

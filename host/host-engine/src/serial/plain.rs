@@ -45,7 +45,7 @@ pub(crate) fn decode(
         if n + 1 == budget {
             break;
         }
-        if d.out.len() % CLEAR_CACHE_EVERY == 0 {
+        if d.out.len().is_multiple_of(CLEAR_CACHE_EVERY) {
             crate::runtime::clear_cache();
         }
         (y, lp) = match next {

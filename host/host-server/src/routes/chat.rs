@@ -66,7 +66,7 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         .as_ref()
         .ok_or_else(|| ApiError::invalid("this model has no chat template: use /v1/completions"))?;
     let rendered =
-        template.render(&Value::Array(normalized), true, &kwargs).map_err(|e| ApiError::param("messages", e))?;
+        template.render(&Value::Array(normalized), true, &kwargs).map_err(|e| ApiError::param("messages", e.to_string()))?;
     let prompt = text.encode_rendered(&rendered).map_err(|e| ApiError::invalid(e.to_string()))?;
     let req = gen::request(&st, &common, prompt, logprobs)?;
     let id = st.next_id("chatcmpl");
