@@ -1,6 +1,8 @@
 //! Discovery and checks. Every refusal is one line naming the plugin folder
 //! and, where versions are involved, both sides' versions. One plugin's
-//! failure never stops the others; loaded plugins are never unloaded.
+//! failure never stops the others. A library, once opened, stays mapped
+//! until the process ends, whether it was admitted or refused
+//! ([`map_for_process_lifetime`]).
 
 use crate::toml_manifest::TomlManifest;
 use abi_stable::library::{lib_header_from_path, LibraryError};
@@ -128,6 +130,7 @@ fn load_one(folder: &Path, host: &HostInfo) -> Result<LoadedPlugin, LoadError> {
             lib.display()
         )));
     }
+    map_for_process_lifetime(&lib).map_err(fail)?;
     let header = lib_header_from_path(&lib).map_err(|e| fail(describe(&e)))?;
     let root: PluginRoot_Ref = header.init_root_module().map_err(|e| fail(describe(&e)))?;
     if root.abi_version() != ABI_VERSION {
@@ -157,6 +160,31 @@ fn load_one(folder: &Path, host: &HostInfo) -> Result<LoadedPlugin, LoadError> {
     }
     (root.init())(host).into_result().map_err(|e| fail(format!("init failed: {e}")))?;
     Ok(LoadedPlugin { dir: folder.to_path_buf(), manifest, root })
+}
+
+/// Opens `lib` so that it is never unmapped, before any of its code runs.
+///
+/// Everything a plugin makes keeps pointers into its library: the vtables of
+/// the `RString`s and `RVec`s in its manifest and errors, of every trait
+/// object (graphs, caches, drafters), its thread-local destructors (run when
+/// a thread, or the process, ends) and the error handler its mlx-rs copy
+/// registers inside libmlxc on its first MLX call, which libmlxc keeps for
+/// the life of the process. Unmapping the library while any of them lives
+/// sends the next call into whatever is mapped there next. So the handle is
+/// leaked on purpose, and RTLD_NODELETE makes any later `dlclose` of the
+/// object a no-op, even one that drops the last handle: abi_stable closes
+/// its own handle when a library turns out not to be a plugin, after the
+/// library's initialisers (and whatever they registered) already ran. A
+/// refused plugin stays mapped too: its `manifest()` or `init()` may have
+/// run.
+fn map_for_process_lifetime(lib: &Path) -> Result<(), String> {
+    use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+    // SAFETY: opening runs the library's initialisers; a plugin folder is
+    // trusted code, as it is for abi_stable's own open below.
+    let handle = unsafe { Library::open(Some(lib), RTLD_NOW | RTLD_LOCAL | libc::RTLD_NODELETE) }
+        .map_err(|e| format!("cannot open {}: {e}", lib.display()))?;
+    std::mem::forget(handle);
+    Ok(())
 }
 
 /// One line for abi_stable's load errors.
