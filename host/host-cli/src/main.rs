@@ -314,21 +314,7 @@ struct MlxIdleAtExit;
 
 impl Drop for MlxIdleAtExit {
     fn drop(&mut self) {
-        use mlx_sys::*;
-        // SAFETY: plain mlx-c calls on handles made and freed here.
-        unsafe {
-            let mut streams = mlx_vector_stream_new();
-            if mlx_get_streams(&mut streams) == 0 {
-                for i in 0..mlx_vector_stream_size(streams) {
-                    let mut s = mlx_stream_new();
-                    if mlx_vector_stream_get(&mut s, streams, i) == 0 {
-                        mlx_synchronize(s);
-                    }
-                    mlx_stream_free(s);
-                }
-            }
-            mlx_vector_stream_free(streams);
-        }
+        host_engine::runtime::wait_for_streams();
     }
 }
 

@@ -130,6 +130,27 @@ pub fn map_large_buffers() {
 /// Allocations from this size up are mapped on their own (`map_large_buffers`).
 pub const LARGE_BUFFER: usize = 1 << 20;
 
+/// Waits until every MLX stream has run everything queued on it (work may
+/// still be running after the last result was read: a step queued ahead, a
+/// buffer freed on the stream thread). A process calls it before `exit`,
+/// which tears libmlx's statics down beside any work still running.
+pub fn wait_for_streams() {
+    // SAFETY: plain mlx-c calls on handles made and freed here.
+    unsafe {
+        let mut streams = mlx_sys::mlx_vector_stream_new();
+        if mlx_sys::mlx_get_streams(&mut streams) == 0 {
+            for i in 0..mlx_sys::mlx_vector_stream_size(streams) {
+                let mut s = mlx_sys::mlx_stream_new();
+                if mlx_sys::mlx_vector_stream_get(&mut s, streams, i) == 0 {
+                    mlx_sys::mlx_synchronize(s);
+                }
+                mlx_sys::mlx_stream_free(s);
+            }
+        }
+        mlx_sys::mlx_vector_stream_free(streams);
+    }
+}
+
 /// Memory of the default device: a GPU's own memory (MLX's device info,
 /// `total_memory`), else the machine's RAM (MemTotal).
 pub fn device_memory() -> u64 {

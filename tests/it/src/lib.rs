@@ -228,9 +228,21 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 /// graphs evaluated at once from several threads: an allocator assertion in
 /// one test saw another test's frees. Tests that only spawn `host` need no
 /// lock. A test that panicked while holding it does not poison the others.
-pub fn mlx_exclusive() -> std::sync::MutexGuard<'static, ()> {
+pub fn mlx_exclusive() -> MlxExclusive {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    MlxExclusive(LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+}
+
+/// The lock of [`mlx_exclusive`]. Released only once MLX has run what the
+/// test queued (a step queued ahead still runs on the stream thread after
+/// the last token is read), so neither the next test's counters nor the
+/// process's exit meet it.
+pub struct MlxExclusive(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+impl Drop for MlxExclusive {
+    fn drop(&mut self) {
+        host_engine::runtime::wait_for_streams();
+    }
 }
 
 /// The in-tree plugins, loaded into this test process.
