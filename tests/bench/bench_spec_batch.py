@@ -3,7 +3,9 @@ concurrent greedy requests with and without a drafter, one server per
 variant (interleaved over --reps), outputs compared with the plain run's.
 
 Usage: bench_spec_batch.py --host H --plugins P --model DIR [--concurrency 4]
-    [--gen 96] [--reps 3] [--variant "name=--draft-kind ngram ..."]...
+    [--gen 96] [--reps 3] [--extra="FLAGS"] [--variant "name=--draft-kind ngram ..."]...
+--extra flags go to every server (e.g. --extra="--model-option conv=mlx"),
+a variant's only to its own.
 Prompts are token ids on the 1000..1006 cycle of make_cycle.py folders, each
 seeding prompt lookup with a different wrong turn (as the batched test does).
 Prints per variant the median aggregate tok/s (generated tokens of all
@@ -35,7 +37,7 @@ def post(port, body):
 
 
 def serve(a, extra, port):
-    cmd = [a.host, "serve", "--plugins", a.plugins, "--model", a.model, "--port", str(port), "--batch", "8"] + extra
+    cmd = [a.host, "serve", "--plugins", a.plugins, "--model", a.model, "--port", str(port), "--batch", "8"] + a.extra.split() + extra
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
         try:
@@ -67,6 +69,7 @@ def main():
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--gen", type=int, default=96)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--extra", default="", help="flags for every host serve")
     ap.add_argument("--variant", action="append", default=[])
     a = ap.parse_args()
     variants = [("plain", [])] + [(v.split("=", 1)[0], v.split("=", 1)[1].split()) for v in a.variant]

@@ -126,7 +126,7 @@ mod tests {
             .unwrap()
             .max(None)
             .unwrap()
-            .item::<f32>()
+            .item_cast::<f32>()
     }
 
     /// The GPU formula is MLX's conv1d (groups = channels, no flip): equal

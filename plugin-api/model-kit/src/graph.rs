@@ -69,13 +69,15 @@ pub fn input_tokens(args: &ForwardArgs<'_>, given: usize, expected: usize) -> Re
 
 /// Builds the forward output from the final (normed) hidden state `h`
 /// `[B, L, H]`: logits at the last position or all of them, as asked (the
-/// head runs on the last position only for LAST), and the hidden state.
+/// head runs on the last position only for LAST), the hidden state, and the
+/// taps in the order asked.
 pub fn finish(
     args: &ForwardArgs<'_>,
     h: Array,
     head: impl Fn(&Array) -> Result<Array>,
-    taps: RVec<Tensor>,
+    taps: crate::taps::Taps<'_>,
 ) -> Result<ForwardOutput> {
+    let taps = taps.into_tensors()?;
     let logits = match args.logits {
         LogitsMode::ALL => ROption::RSome(into_tensor(head(&h)?)),
         LogitsMode::LAST => {
@@ -90,9 +92,11 @@ pub fn finish(
 }
 
 /// What a model family's graph provides. [`into_model`] wraps it as the
-/// ABI's `ModelGraph` (panic guards, tensor hand-over), so a family writes
-/// only its numerics. Implementors hold immutable MLX arrays after load.
-pub trait Family: Send + Sync + 'static {
+/// ABI's `ModelGraph` (panic guards, tensor hand-over, and the `Sync` the
+/// ABI asks for: the family sits behind a [`plugin_sdk::Locked`], so a
+/// family of MLX arrays, which are `Send` but not `Sync`, needs no
+/// `unsafe impl Sync`). A family writes only its numerics.
+pub trait Family: Send + 'static {
     /// The plan computed from config.json at load.
     fn plan(&self) -> &plugin_api::ModelPlan;
     /// One forward pass through the caches (one per layer that holds one).
@@ -105,13 +109,15 @@ pub trait Family: Send + Sync + 'static {
 }
 
 struct Graph<F> {
-    family: F,
+    /// Kept outside the lock: `ModelGraph::plan` cannot report an error.
+    plan: plugin_api::ModelPlan,
+    family: plugin_sdk::Locked<F>,
     routes: crate::routes::Routes,
 }
 
 impl<F: Family> plugin_api::ModelGraph for Graph<F> {
     fn plan(&self) -> plugin_api::ModelPlan {
-        self.family.plan().clone()
+        self.plan.clone()
     }
 
     fn forward(
@@ -119,28 +125,31 @@ impl<F: Family> plugin_api::ModelGraph for Graph<F> {
         args: ForwardArgs<'_>,
         mut caches: plugin_api::abi_stable::std_types::RSliceMut<'_, plugin_api::CacheBox>,
     ) -> plugin_api::PResult<ForwardOutput> {
-        crate::routes::with(self.routes, || plugin_sdk::guard_mlx(|| self.family.run(&args, caches.as_mut_slice())))
+        crate::routes::with(self.routes, || {
+            plugin_sdk::guard_mlx(|| self.family.lock().run(&args, caches.as_mut_slice()))
+        })
     }
 
     fn embed(&self, tokens: plugin_api::TensorRef<'_>) -> plugin_api::PResult<Tensor> {
-        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.family.embed_tokens(&plugin_sdk::view(tokens))?)))
+        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.family.lock().embed_tokens(&plugin_sdk::view(tokens))?)))
     }
 
     fn lm_head(&self, hidden: plugin_api::TensorRef<'_>) -> plugin_api::PResult<Tensor> {
-        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.family.head(&plugin_sdk::view(hidden))?)))
+        plugin_sdk::guard_mlx(|| Ok(into_tensor(self.family.lock().head(&plugin_sdk::view(hidden))?)))
     }
 }
 
 /// A family's graph behind the boundary, taking the kernel routes the
-/// host's options ask for (`routes`; an unknown option is refused here, at
-/// open).
+/// host's options ask for (`routes`). Every option must be one of
+/// model-kit's: a family with options of its own removes its keys from
+/// `args.options` before calling this, or the rest is refused here, at open.
 pub fn into_model<F: Family>(
     family: F,
     args: &plugin_api::ModelOpenArgs,
 ) -> std::result::Result<plugin_api::ModelBox, plugin_api::PluginError> {
     let routes = crate::routes::Routes::from_options(&args.options)
         .map_err(|e| plugin_api::PluginError::invalid_input(e.what()))?;
-    let graph = Graph { family, routes };
+    let graph = Graph { plan: family.plan().clone(), family: plugin_sdk::Locked::new(family), routes };
     Ok(plugin_api::ModelGraph_TO::from_value(graph, plugin_api::abi_stable::sabi_trait::TD_Opaque))
 }
 

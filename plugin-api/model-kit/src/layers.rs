@@ -1,7 +1,10 @@
 //! Layers, each computed exactly as MLX's Python `nn` layers compute them
-//! (mlx-lm builds on those), so that results match op for op.
+//! (mlx-lm builds on those), so that results match op for op. Each
+//! constructor takes the shape config.json implies and refuses a tensor of
+//! another shape, naming it (`shape::expect_shape`), before any graph runs.
 
 use crate::config::{QuantParams, Quantization};
+use crate::shape::expect_shape;
 use crate::weights::Weights;
 use crate::{error, Array, Dtype, Result};
 use mlx_rs::ops;
@@ -41,10 +44,34 @@ impl<'a> LoadCtx<'a> {
         }
     }
 
-    /// A float tensor by name, cast to the compute dtype.
-    pub fn tensor(&mut self, name: &str) -> Result<Array> {
+    /// A tensor by name as stored, refused unless its shape is `shape`.
+    pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Array> {
         let a = self.weights.take(name)?;
+        expect_shape(name, a.shape(), shape)?;
+        Ok(a)
+    }
+
+    /// A float tensor by name, refused unless its shape is `shape`, cast to
+    /// the compute dtype.
+    pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Array> {
+        let a = self.take(name, shape)?;
         self.cast(a)
+    }
+
+    /// `{path}.weight` of a layer whose weight is `shape` as config.json
+    /// implies it (unpacked, when the checkpoint stores it quantized), with
+    /// its scales and biases when quantized.
+    pub(crate) fn weight(&mut self, path: &str, shape: &[usize]) -> Result<(Array, Option<Quantized>)> {
+        let name = format!("{path}.weight");
+        let weight = self.weights.take(&name)?;
+        let quant = self.quantized(path, &weight)?;
+        match &quant {
+            None => expect_shape(&name, weight.shape(), shape)?,
+            Some(q) => expect_shape(&name, &q.unpacked_shape(&weight), shape).map_err(|e| {
+                error(format!("{} ({}-bit quantized, stored as {:?})", e.what(), q.params.bits, weight.shape()))
+            })?,
+        }
+        Ok((weight, quant))
     }
 
     /// The quantized parts of `path`, when the checkpoint has them.
@@ -97,6 +124,16 @@ pub(crate) struct Quantized {
 }
 
 impl Quantized {
+    /// The shape `w` has once unpacked (its last axis holds `32 / bits`
+    /// values per `uint32`).
+    pub(crate) fn unpacked_shape(&self, w: &Array) -> Vec<i32> {
+        let mut s = w.shape().to_vec();
+        if let Some(last) = s.last_mut() {
+            *last = *last * 32 / self.params.bits;
+        }
+        s
+    }
+
     pub(crate) fn dequantize(&self, w: &Array) -> Result<Array> {
         ops::dequantize(w, &self.scales, &self.biases, self.params.group_size, self.params.bits)
     }
@@ -110,10 +147,12 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn load(ctx: &mut LoadCtx, path: &str, bias: bool) -> Result<Self> {
-        let weight = ctx.weights.take(&format!("{path}.weight"))?;
-        let bias = if bias { Some(ctx.tensor(&format!("{path}.bias"))?) } else { None };
-        let layer = match ctx.quantized(path, &weight)? {
+    /// `{path}.weight` `[out, inp]` (and `{path}.bias` `[out]` with `bias`),
+    /// `out` and `inp` as config.json implies them.
+    pub fn load(ctx: &mut LoadCtx, path: &str, out: usize, inp: usize, bias: bool) -> Result<Self> {
+        let (weight, quant) = ctx.weight(path, &[out, inp])?;
+        let bias = if bias { Some(ctx.tensor(&format!("{path}.bias"), &[out])?) } else { None };
+        let layer = match quant {
             // A compute dtype was asked for: run dense (on CPU, f32 with
             // OpenBLAS beats MLX's quantized CPU kernels by far).
             Some(q) if ctx.dtype.is_some() => Self { weight: ctx.cast(q.dequantize(&weight)?)?, bias, quant: None },
@@ -169,9 +208,9 @@ impl Linear {
 pub struct LmHead(Option<Linear>);
 
 impl LmHead {
-    /// Loads `name` (e.g. `lm_head`) unless `tied`.
-    pub fn load(ctx: &mut LoadCtx, name: &str, tied: bool) -> Result<Self> {
-        Ok(Self(if tied { None } else { Some(Linear::load(ctx, name, false)?) }))
+    /// Loads `name` (e.g. `lm_head`, `[vocab, hidden]`) unless `tied`.
+    pub fn load(ctx: &mut LoadCtx, name: &str, vocab: usize, hidden: usize, tied: bool) -> Result<Self> {
+        Ok(Self(if tied { None } else { Some(Linear::load(ctx, name, vocab, hidden, false)?) }))
     }
 
     pub fn forward(&self, embed: &Embedding, h: &Array) -> Result<Array> {
@@ -189,9 +228,10 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    pub fn load(ctx: &mut LoadCtx, path: &str) -> Result<Self> {
-        let weight = ctx.weights.take(&format!("{path}.weight"))?;
-        let layer = match ctx.quantized(path, &weight)? {
+    /// `{path}.weight` `[vocab, dim]`.
+    pub fn load(ctx: &mut LoadCtx, path: &str, vocab: usize, dim: usize) -> Result<Self> {
+        let (weight, quant) = ctx.weight(path, &[vocab, dim])?;
+        let layer = match quant {
             Some(q) if ctx.dtype.is_some() => Self { weight: ctx.cast(q.dequantize(&weight)?)?, quant: None },
             Some(q) => Self { weight, quant: Some(q) },
             None => Self { weight: ctx.cast(weight)?, quant: None },
@@ -238,8 +278,9 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    pub fn load(ctx: &mut LoadCtx, path: &str, eps: f32) -> Result<Self> {
-        let weight = ctx.tensor(&format!("{path}.weight"))?;
+    /// `{path}.weight` `[dim]`.
+    pub fn load(ctx: &mut LoadCtx, path: &str, dim: usize, eps: f32) -> Result<Self> {
+        let weight = ctx.tensor(&format!("{path}.weight"), &[dim])?;
         ctx.keep(&weight);
         Ok(Self { weight, eps })
     }
@@ -257,11 +298,12 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(ctx: &mut LoadCtx, path: &str, bias: bool) -> Result<Self> {
+    /// `hidden` is the model width, `inter` the MLP's intermediate size.
+    pub fn load(ctx: &mut LoadCtx, path: &str, hidden: usize, inter: usize, bias: bool) -> Result<Self> {
         Ok(Self {
-            gate: Linear::load(ctx, &format!("{path}.gate_proj"), bias)?,
-            up: Linear::load(ctx, &format!("{path}.up_proj"), bias)?,
-            down: Linear::load(ctx, &format!("{path}.down_proj"), bias)?,
+            gate: Linear::load(ctx, &format!("{path}.gate_proj"), inter, hidden, bias)?,
+            up: Linear::load(ctx, &format!("{path}.up_proj"), inter, hidden, bias)?,
+            down: Linear::load(ctx, &format!("{path}.down_proj"), hidden, inter, bias)?,
         })
     }
 

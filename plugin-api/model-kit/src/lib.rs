@@ -2,9 +2,11 @@
 //! one small file in the shape of mlx-lm's `models/<family>.py`.
 //!
 //! Owns: reading config values and model folders (safetensors, sharded or
-//! not, MLX affine-quantized checkpoints), the layers (linear, embedding,
-//! RMSNorm, RoPE variants, SwiGLU MLP), attention through a cache-layout
-//! plugin, and the few raw MLX ops mlx-rs does not expose. Numerics follow
+//! not, MLX affine-quantized checkpoints), every tensor's shape checked
+//! against the one config.json implies before a graph is built (`shape`),
+//! the layers (linear, embedding, RMSNorm, RoPE variants, SwiGLU MLP),
+//! attention through a cache-layout plugin, hidden taps, and the few raw
+//! MLX ops mlx-rs does not expose. Numerics follow
 //! mlx-lm op for op (same kernels, same order), because greedy parity with
 //! mlx-lm is a tested promise.
 
@@ -19,7 +21,9 @@ pub mod moe;
 pub mod ops;
 pub mod rope;
 pub mod routes;
+pub mod shape;
 pub mod short_attention;
+pub mod taps;
 pub mod weights;
 
 pub use mlx_rs::error::Exception;

@@ -46,14 +46,13 @@ impl SwitchLinear {
     /// Loads `{path}.weight` (+ `.scales`/`.biases` when quantized) and checks
     /// it holds `experts` matrices of `[out, inp]`.
     pub fn load(ctx: &mut LoadCtx, path: &str, experts: usize, out: usize, inp: usize) -> Result<Self> {
-        let weight = ctx.weights.take(&format!("{path}.weight"))?;
-        let layer = match ctx.quantized(path, &weight)? {
+        let (weight, quant) = ctx.weight(path, &[experts, out, inp])?;
+        let layer = match quant {
             // A compute dtype was asked for: run dense, as `Linear` does.
             Some(q) if ctx.dtype.is_some() => Self { weight: ctx.cast(q.dequantize(&weight)?)?, quant: None },
             Some(q) => Self { weight, quant: Some(q) },
             None => Self { weight: ctx.cast(weight)?, quant: None },
         };
-        layer.check(path, experts, out, inp)?;
         layer.record(ctx);
         Ok(layer)
     }
@@ -74,22 +73,8 @@ impl SwitchLinear {
         Ok(layer)
     }
 
-    /// `[experts, out, in]` as the layer computes it (in = scales' groups ×
-    /// group size when quantized).
-    fn dims(&self) -> Vec<i32> {
-        let w = self.weight.shape();
-        match &self.quant {
-            Some(q) => vec![w[0], w[1], q.scales.shape()[2] * q.params.group_size],
-            None => w.to_vec(),
-        }
-    }
-
     fn check(&self, what: &str, experts: usize, out: usize, inp: usize) -> Result<()> {
-        let want = [experts as i32, out as i32, inp as i32];
-        if self.weight.ndim() != 3 || self.dims() != want {
-            return Err(error(format!("{what}: expert weights are {:?}, config.json implies {want:?}", self.dims())));
-        }
-        Ok(())
+        crate::shape::expect_shape(&format!("{what}.weight"), self.weight.shape(), &[experts, out, inp])
     }
 
     fn record(&self, ctx: &mut LoadCtx) {
@@ -159,12 +144,8 @@ impl SwitchGlu {
                 return SwitchLinear::load(ctx, &stacked, experts, out, inp);
             }
             let parts = (0..experts)
-                .map(|e| ctx.weights.take(&format!("{mlp}.experts.{e}.{name}.weight")))
+                .map(|e| ctx.take(&format!("{mlp}.experts.{e}.{name}.weight"), &[out, inp]))
                 .collect::<Result<Vec<_>>>()?;
-            let shapes_agree = parts.iter().all(|p| p.ndim() == 2 && p.shape() == parts[0].shape());
-            if !shapes_agree {
-                return Err(error(format!("{mlp}.experts.*.{name}.weight: experts differ in shape")));
-            }
             SwitchLinear::from_weight(ctx, &stacked, ops::stack(&parts, 0)?, experts, out, inp)
         };
         Ok(Self::new(
@@ -220,9 +201,9 @@ pub struct Router {
 }
 
 impl Router {
-    /// Loads `{path}` (Qwen: `{mlp}.gate`) and checks that it maps `hidden`
-    /// inputs to one logit per expert (an index past the experts would
-    /// reach a gather); `top_k` must not exceed `experts`.
+    /// Loads `{path}` (Qwen: `{mlp}.gate`), which must map `hidden` inputs
+    /// to one logit per expert (an index past the experts would reach a
+    /// gather); `top_k` must not exceed `experts`.
     pub fn load(
         ctx: &mut LoadCtx,
         path: &str,
@@ -234,15 +215,7 @@ impl Router {
         if top_k > experts {
             return Err(error(format!("num_experts_per_tok {top_k} exceeds num_experts {experts}")));
         }
-        let gate = Linear::load(ctx, path, false)?;
-        // Shape inference only: this lazy graph is never evaluated.
-        let probe = gate.forward(&crate::ops::zeros(&[1, hidden as i32], mlx_rs::Dtype::Float32)?)?;
-        if probe.shape() != [1, experts as i32] {
-            return Err(error(format!(
-                "{path}: router gives {:?} logits per token, config.json says num_experts {experts}",
-                &probe.shape()[1..]
-            )));
-        }
+        let gate = Linear::load(ctx, path, experts, hidden, false)?;
         Ok(Self { gate, top_k: top_k as i32, norm_topk_prob })
     }
 
@@ -342,7 +315,7 @@ mod tests {
         let (t, j) = (17, 1);
         let e = Array::from_int(ids[t * 2 + j] as i32);
         let w = |l: &SwitchLinear| l.weight.take_axis(&e, 0).unwrap();
-        let xt = crate::ops::slice(&x, &[0, t as i32, 0], &[1, t as i32 + 1, 8]).unwrap().reshape(&[1, 8]).unwrap();
+        let xt = crate::ops::slice(x, &[0, t as i32, 0], &[1, t as i32 + 1, 8]).unwrap().reshape(&[1, 8]).unwrap();
         let g = xt.matmul(w(&glu.gate).transpose_axes(&[1, 0]).unwrap()).unwrap();
         let u = xt.matmul(w(&glu.up).transpose_axes(&[1, 0]).unwrap()).unwrap();
         let h = act(&g, &u).unwrap();

@@ -12,10 +12,21 @@
 //! On the CPU every choice runs MLX's own kernels. `graph::into_model`
 //! parses the options once and puts them in force, for this model only,
 //! around each of its forward passes (a target and a draft model of the
-//! same family may differ).
+//! same family may differ). It refuses any other key, so a family with
+//! options of its own takes them out first ([`take_options`]).
 
-use plugin_api::abi_stable::std_types::{RString, Tuple2};
+use plugin_api::abi_stable::std_types::{RString, RVec, Tuple2};
 use std::cell::Cell;
+
+/// Removes the options whose key is one of `keys` (a family's own) from
+/// `options` and returns them, in order, leaving model-kit's for
+/// `graph::into_model`.
+pub fn take_options(options: &mut RVec<Tuple2<RString, RString>>, keys: &[&str]) -> Vec<(String, String)> {
+    let (mine, rest): (Vec<_>, Vec<_>) =
+        std::mem::take(options).into_iter().partition(|Tuple2(k, _)| keys.contains(&k.as_str()));
+    *options = rest.into_iter().collect();
+    mine.into_iter().map(|Tuple2(k, v)| (k.into_string(), v.into_string())).collect()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Routes {
@@ -111,6 +122,14 @@ mod tests {
             .unwrap_err()
             .what()
             .contains("unknown model option `colour`"));
+    }
+
+    #[test]
+    fn a_family_takes_its_own_options_out_and_leaves_model_kits() {
+        let mut o: RVec<_> = opts(&[("attention", "mlx"), ("my-scale", "2"), ("conv", "mlx")]).into_iter().collect();
+        assert_eq!(take_options(&mut o, &["my-scale"]), [("my-scale".to_owned(), "2".to_owned())]);
+        assert!(!Routes::from_options(&o).unwrap().fused_conv);
+        assert_eq!(o.len(), 2);
     }
 
     #[test]

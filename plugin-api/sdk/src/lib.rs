@@ -3,8 +3,12 @@
 //! Owns: [`export_plugin!`] (the root module and its guarded `extern "C"`
 //! entries), [`guard`] and [`quietly`] (no panic crosses the boundary), conversions between
 //! boundary [`Tensor`]s and mlx-rs [`Array`]s that respect the ownership
-//! rules, and manifest helpers. Never depends on a host crate.
+//! rules, [`Locked`] (a graph holding MLX arrays made `Sync` without
+//! `unsafe`), and manifest helpers. Never depends on a host crate.
 
+mod locked;
+
+pub use locked::Locked;
 pub use mlx_rs;
 pub use plugin_api;
 

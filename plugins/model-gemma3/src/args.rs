@@ -10,6 +10,8 @@ pub const MODEL_TYPES: &[&str] = &["gemma3_text"];
 
 pub struct Args {
     pub hidden: usize,
+    /// The MLP's intermediate size.
+    pub intermediate: usize,
     pub layers: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -50,7 +52,7 @@ impl Args {
                 "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )));
         }
-        usize_or("intermediate_size", 6912)?;
+        let intermediate = usize_or("intermediate_size", 6912)?;
         let pattern = usize_or("sliding_window_pattern", 6)?;
         if pattern == 0 {
             return Err(error("config.json: `sliding_window_pattern` must be >= 1"));
@@ -68,6 +70,7 @@ impl Args {
         }
         Ok(Self {
             hidden,
+            intermediate,
             layers,
             heads,
             kv_heads,

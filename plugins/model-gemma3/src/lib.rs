@@ -19,10 +19,10 @@ use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, Linear, LmHead, LoadCtx};
 use model_kit::ops::scalar;
 use model_kit::rope::Rope;
-use model_kit::{error, Array, Dtype, Result};
-use plugin_api::abi_stable::std_types::RVec;
+use model_kit::taps::Taps;
+use model_kit::{Array, Dtype, Result};
 use plugin_api::*;
-use plugin_sdk::{into_tensor, rstrings};
+use plugin_sdk::rstrings;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -68,8 +68,8 @@ struct GemmaRmsNorm {
 }
 
 impl GemmaRmsNorm {
-    fn load(ctx: &mut LoadCtx, path: &str, eps: f32) -> Result<Self> {
-        let w = ctx.tensor(&format!("{path}.weight"))?;
+    fn load(ctx: &mut LoadCtx, path: &str, dim: usize, eps: f32) -> Result<Self> {
+        let w = ctx.tensor(&format!("{path}.weight"), &[dim])?;
         let weight = scalar(1.0, w.dtype())?.add(&w)?;
         ctx.loaded.push(weight.clone());
         Ok(Self { weight, eps })
@@ -88,11 +88,11 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn load(ctx: &mut LoadCtx, p: &str) -> Result<Self> {
+    fn load(ctx: &mut LoadCtx, p: &str, hidden: usize, inter: usize) -> Result<Self> {
         Ok(Self {
-            gate: Linear::load(ctx, &format!("{p}.gate_proj"), false)?,
-            down: Linear::load(ctx, &format!("{p}.down_proj"), false)?,
-            up: Linear::load(ctx, &format!("{p}.up_proj"), false)?,
+            gate: Linear::load(ctx, &format!("{p}.gate_proj"), inter, hidden, false)?,
+            down: Linear::load(ctx, &format!("{p}.down_proj"), hidden, inter, false)?,
+            up: Linear::load(ctx, &format!("{p}.up_proj"), inter, hidden, false)?,
         })
     }
 
@@ -135,13 +135,14 @@ impl Attention {
         } else {
             Rope::new(a.head_dim as i32, a.rope_theta, false, a.rope_scaling.as_ref())?
         };
+        let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
         Ok(Self {
-            q: Linear::load(ctx, &format!("{p}.q_proj"), false)?,
-            k: Linear::load(ctx, &format!("{p}.k_proj"), false)?,
-            v: Linear::load(ctx, &format!("{p}.v_proj"), false)?,
-            o: Linear::load(ctx, &format!("{p}.o_proj"), false)?,
-            q_norm: GemmaRmsNorm::load(ctx, &format!("{p}.q_norm"), a.rms_norm_eps)?,
-            k_norm: GemmaRmsNorm::load(ctx, &format!("{p}.k_norm"), a.rms_norm_eps)?,
+            q: Linear::load(ctx, &format!("{p}.q_proj"), q_width, a.hidden, false)?,
+            k: Linear::load(ctx, &format!("{p}.k_proj"), kv_width, a.hidden, false)?,
+            v: Linear::load(ctx, &format!("{p}.v_proj"), kv_width, a.hidden, false)?,
+            o: Linear::load(ctx, &format!("{p}.o_proj"), a.hidden, q_width, false)?,
+            q_norm: GemmaRmsNorm::load(ctx, &format!("{p}.q_norm"), a.head_dim, a.rms_norm_eps)?,
+            k_norm: GemmaRmsNorm::load(ctx, &format!("{p}.k_norm"), a.head_dim, a.rms_norm_eps)?,
             rope,
             heads: a.heads as i32,
             kv_heads: a.kv_heads as i32,
@@ -195,36 +196,26 @@ struct Model {
     lm_head: LmHead,
 }
 
-// The weights are immutable MLX arrays (atomically reference-counted), read
-// but never mutated after load, so sharing the graph across threads is sound.
-unsafe impl Sync for Model {}
-
 impl Model {
     fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config, tied: bool) -> Result<Self> {
-        let embed = Embedding::load(ctx, "model.embed_tokens")?;
+        let (hidden, eps) = (args.hidden, args.rms_norm_eps);
+        let embed = Embedding::load(ctx, "model.embed_tokens", args.vocab_size, hidden)?;
         let mut layers = Vec::with_capacity(args.layers);
         for i in 0..args.layers {
             let p = format!("model.layers.{i}");
-            let eps = args.rms_norm_eps;
+            let norm = |ctx: &mut LoadCtx, name: &str| GemmaRmsNorm::load(ctx, &format!("{p}.{name}"), hidden, eps);
             layers.push(Block {
                 attn: Attention::load(ctx, &format!("{p}.self_attn"), &args, args.sliding[i])?,
-                mlp: Mlp::load(ctx, &format!("{p}.mlp"))?,
-                input_norm: GemmaRmsNorm::load(ctx, &format!("{p}.input_layernorm"), eps)?,
-                post_attn_norm: GemmaRmsNorm::load(ctx, &format!("{p}.post_attention_layernorm"), eps)?,
-                pre_ff_norm: GemmaRmsNorm::load(ctx, &format!("{p}.pre_feedforward_layernorm"), eps)?,
-                post_ff_norm: GemmaRmsNorm::load(ctx, &format!("{p}.post_feedforward_layernorm"), eps)?,
+                mlp: Mlp::load(ctx, &format!("{p}.mlp"), hidden, args.intermediate)?,
+                input_norm: norm(ctx, "input_layernorm")?,
+                post_attn_norm: norm(ctx, "post_attention_layernorm")?,
+                pre_ff_norm: norm(ctx, "pre_feedforward_layernorm")?,
+                post_ff_norm: norm(ctx, "post_feedforward_layernorm")?,
                 sliding: args.sliding[i],
             });
         }
-        let norm = GemmaRmsNorm::load(ctx, "model.norm", args.rms_norm_eps)?;
-        let lm_head = LmHead::load(ctx, "lm_head", tied)?;
-        if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!(
-                "embed_tokens has {} rows, config.json says vocab_size {}",
-                embed.vocab_size(),
-                args.vocab_size
-            )));
-        }
+        let norm = GemmaRmsNorm::load(ctx, "model.norm", hidden, eps)?;
+        let lm_head = LmHead::load(ctx, "lm_head", args.vocab_size, hidden, tied)?;
         let embed_scale = Array::from_f32((args.hidden as f64).sqrt() as f32).as_dtype(Dtype::Bfloat16)?;
         ctx.loaded.push(embed_scale.clone());
         let plan = args.plan(cfg);
@@ -254,13 +245,11 @@ impl Family for Model {
         // (mlx-lm: cache[sliding_window_pattern - 1] and cache[0]), asked
         // before any cache is updated.
         let masks = masks_by_kind(caches, |i| self.layers[i].sliding, l)?;
-        let mut taps = RVec::new();
+        let mut taps = Taps::new(args, self.layers.len())?;
         for (i, (block, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             let mask = masks[usize::from(block.sliding)].as_ref().expect("a mask of this kind");
             h = block.forward(&h, mask, cache)?;
-            if args.taps.contains(&(i as u32)) {
-                taps.push(into_tensor(h.clone()));
-            }
+            taps.offer(i, &h);
         }
         let h = self.norm.forward(&h)?;
         model_kit::graph::finish(args, h, |x| self.head(x), taps)

@@ -31,6 +31,10 @@ pub struct Kind {
 
 pub struct Args {
     pub hidden: usize,
+    /// The dense MLP's intermediate size (twice that on KV-shared layers
+    /// with `use_double_wide_mlp`: [`Args::mlp_width`]).
+    pub intermediate: usize,
+    pub double_wide_mlp: bool,
     pub layers: usize,
     pub heads: usize,
     pub rms_norm_eps: f32,
@@ -122,7 +126,7 @@ impl Args {
         let heads = usize_or("num_attention_heads", 8)?;
         let head_dim = usize_or("head_dim", 256)?;
         let kv_heads = usize_or("num_key_value_heads", 1)?;
-        usize_or("intermediate_size", 6144)?;
+        let intermediate = usize_or("intermediate_size", 6144)?;
         let moe = if cfg.bool_or("enable_moe_block", false)? {
             let need = |k: &str| {
                 cfg.opt_usize(k)?.ok_or_else(|| error(format!("config.json: `enable_moe_block` needs `{k}`")))
@@ -213,6 +217,8 @@ impl Args {
         };
         Ok(Self {
             hidden,
+            intermediate,
+            double_wide_mlp: cfg.bool_or("use_double_wide_mlp", true)?,
             layers,
             heads,
             rms_norm_eps: cfg.f32_or("rms_norm_eps", 1e-6)?,
@@ -234,6 +240,16 @@ impl Args {
 
     pub fn kind(&self, layer: usize) -> &Kind {
         &self.kinds[usize::from(self.sliding[layer])]
+    }
+
+    /// The dense MLP's width in `layer`: doubled on KV-shared layers with
+    /// `use_double_wide_mlp` (mlx-lm's `MLP`).
+    pub fn mlp_width(&self, layer: usize) -> usize {
+        if self.double_wide_mlp && layer >= self.cached {
+            2 * self.intermediate
+        } else {
+            self.intermediate
+        }
     }
 
     /// One cache need per CACHED layer (shared layers hold none), each with

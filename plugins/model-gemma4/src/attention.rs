@@ -58,11 +58,15 @@ impl Attention {
     pub fn load(ctx: &mut LoadCtx, p: &str, a: &Args, layer: usize) -> Result<Self> {
         let kind = a.kind(layer);
         let eps = a.rms_norm_eps;
+        let (q_width, kv_width) = (a.heads * kind.head_dim, kind.kv_heads * kind.head_dim);
+        let proj = |ctx: &mut LoadCtx, name: &str, out: usize, inp: usize| {
+            Linear::load(ctx, &format!("{p}.{name}"), out, inp, false)
+        };
         let kv = if layer < a.cached {
             Some(KvProj {
-                k: Linear::load(ctx, &format!("{p}.k_proj"), false)?,
-                v: if kind.k_eq_v { None } else { Some(Linear::load(ctx, &format!("{p}.v_proj"), false)?) },
-                k_norm: RmsNorm::load(ctx, &format!("{p}.k_norm"), eps)?,
+                k: proj(ctx, "k_proj", kv_width, a.hidden)?,
+                v: if kind.k_eq_v { None } else { Some(proj(ctx, "v_proj", kv_width, a.hidden)?) },
+                k_norm: RmsNorm::load(ctx, &format!("{p}.k_norm"), kind.head_dim, eps)?,
             })
         } else {
             None
@@ -72,9 +76,9 @@ impl Attention {
             ctx.loaded.push(f.clone());
         }
         Ok(Self {
-            q: Linear::load(ctx, &format!("{p}.q_proj"), false)?,
-            o: Linear::load(ctx, &format!("{p}.o_proj"), false)?,
-            q_norm: RmsNorm::load(ctx, &format!("{p}.q_norm"), eps)?,
+            q: proj(ctx, "q_proj", q_width, a.hidden)?,
+            o: proj(ctx, "o_proj", a.hidden, q_width)?,
+            q_norm: RmsNorm::load(ctx, &format!("{p}.q_norm"), kind.head_dim, eps)?,
             kv,
             rope,
             heads: a.heads as i32,

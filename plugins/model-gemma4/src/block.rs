@@ -13,7 +13,7 @@ use model_kit::layers::{Linear, LoadCtx, RmsNorm};
 use model_kit::{Array, Result};
 
 /// `down(gelu_approx(gate(x)) * up(x))`; the KV-shared layers' MLPs are
-/// twice as wide with `use_double_wide_mlp`, which the weights' shapes carry.
+/// twice as wide with `use_double_wide_mlp` (`Args::mlp_width`).
 struct Mlp {
     gate: Linear,
     up: Linear,
@@ -21,11 +21,11 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn load(ctx: &mut LoadCtx, p: &str) -> Result<Self> {
+    fn load(ctx: &mut LoadCtx, p: &str, hidden: usize, inter: usize) -> Result<Self> {
         Ok(Self {
-            gate: Linear::load(ctx, &format!("{p}.gate_proj"), false)?,
-            up: Linear::load(ctx, &format!("{p}.up_proj"), false)?,
-            down: Linear::load(ctx, &format!("{p}.down_proj"), false)?,
+            gate: Linear::load(ctx, &format!("{p}.gate_proj"), inter, hidden, false)?,
+            up: Linear::load(ctx, &format!("{p}.up_proj"), inter, hidden, false)?,
+            down: Linear::load(ctx, &format!("{p}.down_proj"), hidden, inter, false)?,
         })
     }
 
@@ -64,22 +64,22 @@ pub struct Block {
 
 impl Block {
     pub fn load(ctx: &mut LoadCtx, p: &str, a: &Args, layer: usize) -> Result<Self> {
-        let eps = a.rms_norm_eps;
-        let norm = |ctx: &mut LoadCtx, name: &str| RmsNorm::load(ctx, &format!("{p}.{name}"), eps);
-        let per_layer = if a.per_layer_hidden > 0 {
+        let (hidden, eps, plh) = (a.hidden, a.rms_norm_eps, a.per_layer_hidden);
+        let norm = |ctx: &mut LoadCtx, name: &str| RmsNorm::load(ctx, &format!("{p}.{name}"), hidden, eps);
+        let per_layer = if plh > 0 {
             Some(PerLayerGate {
-                gate: Linear::load(ctx, &format!("{p}.per_layer_input_gate"), false)?,
-                proj: Linear::load(ctx, &format!("{p}.per_layer_projection"), false)?,
+                gate: Linear::load(ctx, &format!("{p}.per_layer_input_gate"), plh, hidden, false)?,
+                proj: Linear::load(ctx, &format!("{p}.per_layer_projection"), hidden, plh, false)?,
                 norm: norm(ctx, "post_per_layer_input_norm")?,
             })
         } else {
             None
         };
-        let layer_scalar = ctx.tensor(&format!("{p}.layer_scalar"))?;
+        let layer_scalar = ctx.tensor(&format!("{p}.layer_scalar"), &[1])?;
         ctx.loaded.push(layer_scalar.clone());
         Ok(Self {
             attn: Attention::load(ctx, &format!("{p}.self_attn"), a, layer)?,
-            mlp: Mlp::load(ctx, &format!("{p}.mlp"))?,
+            mlp: Mlp::load(ctx, &format!("{p}.mlp"), hidden, a.mlp_width(layer))?,
             moe: a.moe.as_ref().map(|m| MoeBranch::load(ctx, p, a.hidden, m, eps)).transpose()?,
             input_norm: norm(ctx, "input_layernorm")?,
             post_attn_norm: norm(ctx, "post_attention_layernorm")?,

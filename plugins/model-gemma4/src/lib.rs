@@ -27,12 +27,12 @@ use model_kit::config::Config;
 use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, LmHead, LoadCtx, RmsNorm};
 use model_kit::ops::scalar;
+use model_kit::taps::Taps;
 use model_kit::weights::Weights;
-use model_kit::{error, Array, Result};
+use model_kit::{Array, Result};
 use per_layer::PerLayerInputs;
-use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
-use plugin_sdk::{into_tensor, rstrings};
+use plugin_sdk::rstrings;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -122,28 +122,17 @@ struct Model {
     kv_source: Vec<usize>,
 }
 
-// The weights are immutable MLX arrays (atomically reference-counted), read
-// but never mutated after load, so sharing the graph across threads is sound.
-unsafe impl Sync for Model {}
-
 impl Model {
     fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config, names: &Names) -> Result<Self> {
         let root = names.root;
-        let embed = Embedding::load(ctx, &format!("{root}embed_tokens"))?;
-        if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!(
-                "embed_tokens has {} rows, config.json says vocab_size {}",
-                embed.vocab_size(),
-                args.vocab_size
-            )));
-        }
+        let embed = Embedding::load(ctx, &format!("{root}embed_tokens"), args.vocab_size, args.hidden)?;
         let per_layer = if args.per_layer_hidden > 0 { Some(PerLayerInputs::load(ctx, root, &args)?) } else { None };
         let layers = (0..args.layers)
             .map(|i| Block::load(ctx, &format!("{root}layers.{i}"), &args, i))
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm::load(ctx, &format!("{root}norm"), args.rms_norm_eps)?;
+        let norm = RmsNorm::load(ctx, &format!("{root}norm"), args.hidden, args.rms_norm_eps)?;
         // gemma4_text ties by config (default true), not by the checkpoint.
-        let lm_head = LmHead::load(ctx, names.lm_head, args.tie_word_embeddings)?;
+        let lm_head = LmHead::load(ctx, names.lm_head, args.vocab_size, args.hidden, args.tie_word_embeddings)?;
         Ok(Self {
             plan: args.plan(cfg),
             embed,
@@ -189,7 +178,7 @@ impl Family for Model {
         // kind's mask, as mlx-lm's `_make_masks`.
         let masks = masks_by_kind(caches, |i| self.layers[i].sliding, l)?;
         let mut shared: Vec<Option<SharedKv>> = (0..self.cached).map(|_| None).collect();
-        let mut taps = RVec::new();
+        let mut taps = Taps::new(args, self.layers.len())?;
         for (i, block) in self.layers.iter().enumerate() {
             let mask = masks[usize::from(block.sliding)].as_ref().expect("a mask of this kind");
             let input = per_layer.as_ref().map(|all| PerLayerInputs::layer(all, i)).transpose()?;
@@ -202,9 +191,7 @@ impl Family for Model {
             if i < self.cached && self.kv_source[self.cached..].contains(&i) {
                 shared[i] = kv;
             }
-            if args.taps.contains(&(i as u32)) {
-                taps.push(into_tensor(h.clone()));
-            }
+            taps.offer(i, &h);
         }
         let h = self.norm.forward(&h)?;
         model_kit::graph::finish(args, h, |x| self.head(x), taps)

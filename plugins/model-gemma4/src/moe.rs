@@ -32,27 +32,11 @@ struct Router {
 
 impl Router {
     fn load(ctx: &mut LoadCtx, p: &str, hidden: usize, m: &MoeArgs, eps: f32) -> Result<Self> {
-        let proj = Linear::load(ctx, &format!("{p}.proj"), false)?;
-        let scale = ctx.tensor(&format!("{p}.scale"))?;
-        let per_expert_scale = ctx.tensor(&format!("{p}.per_expert_scale"))?;
-        if scale.shape() != [hidden as i32] || per_expert_scale.shape() != [m.experts as i32] {
-            return Err(error(format!(
-                "{p}: scale {:?} / per_expert_scale {:?} do not match hidden {hidden} / num_experts {}",
-                scale.shape(),
-                per_expert_scale.shape(),
-                m.experts
-            )));
-        }
-        // An expert index past the stacked weights would read out of bounds:
-        // check the router's width before any gather runs.
-        let probe = proj.forward(&kit_ops::zeros(&[1, hidden as i32], mlx_rs::Dtype::Float32)?)?;
-        if probe.shape() != [1, m.experts as i32] {
-            return Err(error(format!(
-                "{p}.proj gives {:?} scores per token, config.json says num_experts {}",
-                &probe.shape()[1..],
-                m.experts
-            )));
-        }
+        // One score per expert: an expert index past the stacked weights
+        // would read out of bounds in a gather.
+        let proj = Linear::load(ctx, &format!("{p}.proj"), m.experts, hidden, false)?;
+        let scale = ctx.tensor(&format!("{p}.scale"), &[hidden])?;
+        let per_expert_scale = ctx.tensor(&format!("{p}.per_expert_scale"), &[m.experts])?;
         let norm_weight = scale.multiply(scalar((hidden as f64).powf(-0.5), scale.dtype())?)?;
         ctx.loaded.push(norm_weight.clone());
         ctx.loaded.push(per_expert_scale.clone());
@@ -92,7 +76,8 @@ fn load_experts(ctx: &mut LoadCtx, p: &str, hidden: usize, m: &MoeArgs) -> Resul
             )
         }
         Some(fused) => {
-            let down = ctx.weights.take(&format!("{p}.down_proj"))?;
+            model_kit::shape::expect_shape(&format!("{p}.gate_up_proj"), fused.shape(), &[e, 2 * i, hidden])?;
+            let down = ctx.take(&format!("{p}.down_proj"), &[e, hidden, i])?;
             let halves = fused.split_equal(2, -2)?;
             let [gate, up] =
                 <[Array; 2]>::try_from(halves).map_err(|_| error(format!("{p}.gate_up_proj: cannot split in two")))?;
@@ -123,9 +108,9 @@ impl MoeBranch {
         Ok(Self {
             router: Router::load(ctx, &format!("{p}.router"), hidden, m, eps)?,
             experts: load_experts(ctx, &format!("{p}.experts"), hidden, m)?,
-            dense_norm: RmsNorm::load(ctx, &format!("{p}.post_feedforward_layernorm_1"), eps)?,
-            pre_norm: RmsNorm::load(ctx, &format!("{p}.pre_feedforward_layernorm_2"), eps)?,
-            post_norm: RmsNorm::load(ctx, &format!("{p}.post_feedforward_layernorm_2"), eps)?,
+            dense_norm: RmsNorm::load(ctx, &format!("{p}.post_feedforward_layernorm_1"), hidden, eps)?,
+            pre_norm: RmsNorm::load(ctx, &format!("{p}.pre_feedforward_layernorm_2"), hidden, eps)?,
+            post_norm: RmsNorm::load(ctx, &format!("{p}.post_feedforward_layernorm_2"), hidden, eps)?,
         })
     }
 

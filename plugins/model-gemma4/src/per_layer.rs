@@ -7,7 +7,7 @@ use crate::args::Args;
 use mlx_rs::ops;
 use model_kit::layers::{Embedding, Linear, LoadCtx, RmsNorm};
 use model_kit::ops::scalar;
-use model_kit::{error, ops as kit_ops, Array, Result};
+use model_kit::{ops as kit_ops, Array, Result};
 
 pub struct PerLayerInputs {
     embed: Embedding,
@@ -23,18 +23,11 @@ pub struct PerLayerInputs {
 
 impl PerLayerInputs {
     pub fn load(ctx: &mut LoadCtx, root: &str, a: &Args) -> Result<Self> {
-        let embed = Embedding::load(ctx, &format!("{root}embed_tokens_per_layer"))?;
-        if embed.vocab_size() as usize != a.vocab_size_per_layer {
-            return Err(error(format!(
-                "embed_tokens_per_layer has {} rows, config.json says vocab_size_per_layer_input {}",
-                embed.vocab_size(),
-                a.vocab_size_per_layer
-            )));
-        }
+        let all = a.layers * a.per_layer_hidden;
         Ok(Self {
-            embed,
-            projection: Linear::load(ctx, &format!("{root}per_layer_model_projection"), false)?,
-            norm: RmsNorm::load(ctx, &format!("{root}per_layer_projection_norm"), a.rms_norm_eps)?,
+            embed: Embedding::load(ctx, &format!("{root}embed_tokens_per_layer"), a.vocab_size_per_layer, all)?,
+            projection: Linear::load(ctx, &format!("{root}per_layer_model_projection"), all, a.hidden, false)?,
+            norm: RmsNorm::load(ctx, &format!("{root}per_layer_projection_norm"), a.per_layer_hidden, a.rms_norm_eps)?,
             layers: a.layers as i32,
             width: a.per_layer_hidden as i32,
             embed_scale: (a.per_layer_hidden as f64).sqrt(),

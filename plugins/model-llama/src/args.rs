@@ -10,6 +10,8 @@ pub const MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "smollm
 
 pub struct Args {
     pub hidden: usize,
+    /// The MLP's intermediate size.
+    pub intermediate: usize,
     pub layers: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -47,7 +49,7 @@ impl Args {
                 "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )));
         }
-        cfg.usize("intermediate_size")?;
+        let intermediate = cfg.usize("intermediate_size")?;
         let qwen3 = model_type == "qwen3";
         let qwen2 = model_type == "qwen2";
         // qwen2 always derives head_dim; qwen3 requires it; llama reads it if present.
@@ -115,6 +117,7 @@ impl Args {
         let sliding_window = if sliding.contains(&true) { cfg.usize("sliding_window")? } else { 0 };
         Ok(Self {
             hidden,
+            intermediate,
             layers,
             heads,
             kv_heads,

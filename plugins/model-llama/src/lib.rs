@@ -14,10 +14,10 @@ use model_kit::config::Config;
 use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, Linear, LmHead, LoadCtx, Mlp, RmsNorm};
 use model_kit::rope::Rope;
-use model_kit::{error, Array, Result};
-use plugin_api::abi_stable::std_types::RVec;
+use model_kit::taps::Taps;
+use model_kit::{Array, Result};
 use plugin_api::*;
-use plugin_sdk::{into_tensor, rstrings};
+use plugin_sdk::rstrings;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -81,16 +81,17 @@ impl Attention {
     fn load(ctx: &mut LoadCtx, p: &str, a: &Args, use_rope: bool) -> Result<Self> {
         let norm = |ctx: &mut LoadCtx, n: &str| -> Result<Option<RmsNorm>> {
             if a.qk_norm {
-                Ok(Some(RmsNorm::load(ctx, &format!("{p}.{n}"), a.rms_norm_eps)?))
+                Ok(Some(RmsNorm::load(ctx, &format!("{p}.{n}"), a.head_dim, a.rms_norm_eps)?))
             } else {
                 Ok(None)
             }
         };
+        let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
         Ok(Self {
-            q: Linear::load(ctx, &format!("{p}.q_proj"), a.qkv_bias)?,
-            k: Linear::load(ctx, &format!("{p}.k_proj"), a.qkv_bias)?,
-            v: Linear::load(ctx, &format!("{p}.v_proj"), a.qkv_bias)?,
-            o: Linear::load(ctx, &format!("{p}.o_proj"), a.o_bias)?,
+            q: Linear::load(ctx, &format!("{p}.q_proj"), q_width, a.hidden, a.qkv_bias)?,
+            k: Linear::load(ctx, &format!("{p}.k_proj"), kv_width, a.hidden, a.qkv_bias)?,
+            v: Linear::load(ctx, &format!("{p}.v_proj"), kv_width, a.hidden, a.qkv_bias)?,
+            o: Linear::load(ctx, &format!("{p}.o_proj"), a.hidden, q_width, a.o_bias)?,
             q_norm: norm(ctx, "q_norm")?,
             k_norm: norm(ctx, "k_norm")?,
             rope: if use_rope {
@@ -144,33 +145,23 @@ struct Model {
     lm_head: LmHead,
 }
 
-// The weights are immutable MLX arrays (atomically reference-counted), read
-// but never mutated after load, so sharing the graph across threads is sound.
-unsafe impl Sync for Model {}
-
 impl Model {
     fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config) -> Result<Self> {
-        let embed = Embedding::load(ctx, "model.embed_tokens")?;
+        let (hidden, eps) = (args.hidden, args.rms_norm_eps);
+        let embed = Embedding::load(ctx, "model.embed_tokens", args.vocab_size, hidden)?;
         let mut layers = Vec::with_capacity(args.layers);
         for i in 0..args.layers {
             let p = format!("model.layers.{i}");
             layers.push(Block {
                 attn: Attention::load(ctx, &format!("{p}.self_attn"), &args, args.use_rope[i])?,
-                mlp: Mlp::load(ctx, &format!("{p}.mlp"), args.mlp_bias)?,
-                input_norm: RmsNorm::load(ctx, &format!("{p}.input_layernorm"), args.rms_norm_eps)?,
-                post_norm: RmsNorm::load(ctx, &format!("{p}.post_attention_layernorm"), args.rms_norm_eps)?,
+                mlp: Mlp::load(ctx, &format!("{p}.mlp"), hidden, args.intermediate, args.mlp_bias)?,
+                input_norm: RmsNorm::load(ctx, &format!("{p}.input_layernorm"), hidden, eps)?,
+                post_norm: RmsNorm::load(ctx, &format!("{p}.post_attention_layernorm"), hidden, eps)?,
                 sliding: args.sliding[i],
             });
         }
-        let norm = RmsNorm::load(ctx, "model.norm", args.rms_norm_eps)?;
-        let lm_head = LmHead::load(ctx, "lm_head", args.tie_word_embeddings)?;
-        if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!(
-                "embed_tokens has {} rows, config.json says vocab_size {}",
-                embed.vocab_size(),
-                args.vocab_size
-            )));
-        }
+        let norm = RmsNorm::load(ctx, "model.norm", hidden, eps)?;
+        let lm_head = LmHead::load(ctx, "lm_head", args.vocab_size, hidden, args.tie_word_embeddings)?;
         let plan = args.plan(cfg);
         Ok(Self { plan, embed, layers, norm, lm_head })
     }
@@ -195,16 +186,14 @@ impl Family for Model {
         let mut h = self.embed.forward(&tokens)?;
         // One mask per attention kind, from the first layer of that kind (as mlx-lm).
         let masks = masks_by_kind(caches, |i| self.layers[i].sliding, l)?;
-        let mut taps = RVec::new();
+        let mut taps = Taps::new(args, self.layers.len())?;
         for (i, (block, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             let mask = masks[usize::from(block.sliding)].as_ref().expect("a mask of this kind");
             let r = block.attn.forward(&block.input_norm.forward(&h)?, mask, cache)?;
             let hh = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
             h = hh.add(&r)?;
-            if args.taps.contains(&(i as u32)) {
-                taps.push(into_tensor(h.clone()));
-            }
+            taps.offer(i, &h);
         }
         let h = self.norm.forward(&h)?;
         model_kit::graph::finish(args, h, |x| self.head(x), taps)

@@ -19,6 +19,8 @@ pub struct Moe {
     pub top_k: usize,
     /// Each expert's intermediate size (`moe_intermediate_size`).
     pub inter: usize,
+    /// The shared expert's (`shared_expert_intermediate_size`).
+    pub shared_inter: usize,
     pub norm_topk_prob: bool,
 }
 
@@ -49,6 +51,8 @@ impl Linear {
 
 pub struct Args {
     pub hidden: usize,
+    /// The dense MLP's intermediate size.
+    pub intermediate: usize,
     pub layers: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -129,7 +133,7 @@ impl Args {
             v_dim: usize_or("linear_value_head_dim", 128)?,
             conv_kernel: usize_or("linear_conv_kernel_dim", 4)?,
         };
-        if linear.v_heads % linear.k_heads != 0 {
+        if !linear.v_heads.is_multiple_of(linear.k_heads) {
             return Err(error(format!(
                 "linear_num_value_heads {} must be divisible by linear_num_key_heads {}",
                 linear.v_heads, linear.k_heads
@@ -174,7 +178,7 @@ impl Args {
             ),
         };
         let rope_dims = (head_dim as f64 * factor) as usize;
-        if is_linear.contains(&false) && (rope_dims == 0 || rope_dims % 2 != 0 || rope_dims > head_dim) {
+        if is_linear.contains(&false) && (rope_dims == 0 || !rope_dims.is_multiple_of(2) || rope_dims > head_dim) {
             return Err(error(format!("partial_rotary_factor {factor} gives {rope_dims} rotary dims of head_dim {head_dim} (need an even count > 0)")));
         }
         let moe = match count_or(cfg, "num_experts", 0)? {
@@ -183,6 +187,7 @@ impl Args {
                 experts,
                 top_k: cfg.usize("num_experts_per_tok")?,
                 inter: cfg.usize("moe_intermediate_size")?,
+                shared_inter: cfg.usize("shared_expert_intermediate_size")?,
                 norm_topk_prob: cfg.bool_or("norm_topk_prob", true)?,
             }),
         };
@@ -194,6 +199,7 @@ impl Args {
             .unwrap_or(Dtype::FLOAT32);
         Ok(Self {
             hidden,
+            intermediate: usize_or("intermediate_size", 14336)?,
             layers,
             heads,
             kv_heads,

@@ -29,13 +29,21 @@ pub struct Attention {
 impl Attention {
     pub fn load(ctx: &mut LoadCtx, p: &str, a: &Args, shift_norms: bool) -> Result<Self> {
         let bias = a.attention_bias;
+        let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+        let proj = |ctx: &mut LoadCtx, name: &str, out: usize, inp: usize| {
+            Linear::load(ctx, &format!("{p}.{name}"), out, inp, bias)
+        };
+        let norm = |ctx: &mut LoadCtx, name: &str| {
+            Norm::load(ctx, &format!("{p}.{name}"), a.head_dim, a.rms_norm_eps, shift_norms)
+        };
         Ok(Self {
-            q: Linear::load(ctx, &format!("{p}.q_proj"), bias)?,
-            k: Linear::load(ctx, &format!("{p}.k_proj"), bias)?,
-            v: Linear::load(ctx, &format!("{p}.v_proj"), bias)?,
-            o: Linear::load(ctx, &format!("{p}.o_proj"), bias)?,
-            q_norm: Norm::load(ctx, &format!("{p}.q_norm"), a.rms_norm_eps, shift_norms)?,
-            k_norm: Norm::load(ctx, &format!("{p}.k_norm"), a.rms_norm_eps, shift_norms)?,
+            // The queries and their gate, side by side per head.
+            q: proj(ctx, "q_proj", 2 * q_width, a.hidden)?,
+            k: proj(ctx, "k_proj", kv_width, a.hidden)?,
+            v: proj(ctx, "v_proj", kv_width, a.hidden)?,
+            o: proj(ctx, "o_proj", a.hidden, q_width)?,
+            q_norm: norm(ctx, "q_norm")?,
+            k_norm: norm(ctx, "k_norm")?,
             rope: Rope::new(a.rope_dims as i32, a.rope_theta, false, a.rope_scaling.as_ref())?,
             heads: a.heads as i32,
             kv_heads: a.kv_heads as i32,

@@ -14,6 +14,7 @@ use model_kit::compiled::{self, silu, Compiled};
 use model_kit::depthwise_conv::DepthwiseConv;
 use model_kit::layers::{Linear, LoadCtx};
 use model_kit::ops::{scalar, slice, zeros};
+use model_kit::shape::expect_shape;
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::ROption;
 use plugin_api::{CacheBox, MaskMode};
@@ -45,36 +46,30 @@ fn boundary<T>(r: plugin_api::PResult<T>) -> Result<T> {
 }
 
 impl DeltaNet {
-    /// `conv` is the layer's conv1d weight, already in MLX's layout.
-    pub fn load(ctx: &mut LoadCtx, p: &str, g: Geometry, eps: f32, conv: Array) -> Result<Self> {
-        let want = [g.conv_dim() as i32, g.conv_kernel as i32, 1];
-        if conv.shape() != want {
-            return Err(error(format!("{p}.conv1d.weight is {:?}, config.json implies {want:?}", conv.shape())));
-        }
+    /// `conv` is the layer's conv1d weight, already in MLX's layout;
+    /// `hidden` the model width.
+    pub fn load(ctx: &mut LoadCtx, p: &str, g: Geometry, hidden: usize, eps: f32, conv: Array) -> Result<Self> {
+        expect_shape(&format!("{p}.conv1d.weight"), conv.shape(), &[g.conv_dim(), g.conv_kernel, 1])?;
         let conv = DepthwiseConv::new(ctx.cast(conv)?)?;
-        let a_log = ctx.weights.take(&format!("{p}.A_log"))?;
-        let dt_bias = ctx.tensor(&format!("{p}.dt_bias"))?;
-        let norm = ctx.tensor(&format!("{p}.norm.weight"))?;
-        for (name, a, n) in
-            [("A_log", &a_log, g.v_heads), ("dt_bias", &dt_bias, g.v_heads), ("norm.weight", &norm, g.v_dim)]
-        {
-            if a.shape() != [n as i32] {
-                return Err(error(format!("{p}.{name} is {:?}, config.json implies [{n}]", a.shape())));
-            }
-        }
+        let a_log = ctx.take(&format!("{p}.A_log"), &[g.v_heads])?;
+        let dt_bias = ctx.tensor(&format!("{p}.dt_bias"), &[g.v_heads])?;
+        let norm = ctx.tensor(&format!("{p}.norm.weight"), &[g.v_dim])?;
         ctx.loaded.extend(conv.params());
         ctx.loaded.extend([a_log.clone(), dt_bias.clone(), norm.clone()]);
+        let proj = |ctx: &mut LoadCtx, name: &str, out: usize, inp: usize| {
+            Linear::load(ctx, &format!("{p}.{name}"), out, inp, false)
+        };
         Ok(Self {
-            in_qkv: Linear::load(ctx, &format!("{p}.in_proj_qkv"), false)?,
-            in_z: Linear::load(ctx, &format!("{p}.in_proj_z"), false)?,
-            in_b: Linear::load(ctx, &format!("{p}.in_proj_b"), false)?,
-            in_a: Linear::load(ctx, &format!("{p}.in_proj_a"), false)?,
+            in_qkv: proj(ctx, "in_proj_qkv", g.conv_dim(), hidden)?,
+            in_z: proj(ctx, "in_proj_z", g.value_dim(), hidden)?,
+            in_b: proj(ctx, "in_proj_b", g.v_heads, hidden)?,
+            in_a: proj(ctx, "in_proj_a", g.v_heads, hidden)?,
             conv,
             dt_bias,
             a_log,
             norm,
             eps,
-            out: Linear::load(ctx, &format!("{p}.out_proj"), false)?,
+            out: proj(ctx, "out_proj", hidden, g.value_dim())?,
             g,
         })
     }

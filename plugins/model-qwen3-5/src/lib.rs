@@ -26,13 +26,13 @@ use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
 use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, LmHead, LoadCtx, Mlp};
+use model_kit::taps::Taps;
 use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
 use moe::SparseMoeBlock;
 use norm::Norm;
-use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
-use plugin_sdk::{into_tensor, rstrings};
+use plugin_sdk::rstrings;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -109,7 +109,7 @@ enum Mixer {
 
 enum Ffn {
     Dense(Mlp),
-    Sparse(SparseMoeBlock),
+    Sparse(Box<SparseMoeBlock>),
 }
 
 struct Block {
@@ -148,10 +148,6 @@ struct Model {
     first_attention: Option<usize>,
 }
 
-// The weights are immutable MLX arrays (atomically reference-counted), read
-// but never mutated after load, so sharing the graph across threads is sound.
-unsafe impl Sync for Model {}
-
 impl Model {
     fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config, names: &Names) -> Result<Self> {
         let body = &names.body;
@@ -164,36 +160,29 @@ impl Model {
         }
         let raw_hf = convs.iter().any(|c| c.shape().last() != Some(&1));
         let mut convs = convs.into_iter().map(|c| if c.shape().last() != Some(&1) { c.swap_axes(1, 2) } else { Ok(c) });
-        let embed = Embedding::load(ctx, &format!("{body}.embed_tokens"))?;
-        let eps = args.rms_norm_eps;
+        let (hidden, eps) = (args.hidden, args.rms_norm_eps);
+        let embed = Embedding::load(ctx, &format!("{body}.embed_tokens"), args.vocab_size, hidden)?;
         let mut layers = Vec::with_capacity(args.layers);
         for i in 0..args.layers {
             let p = format!("{body}.layers.{i}");
             let mixer = if args.is_linear[i] {
                 let conv = convs.next().ok_or_else(|| error("conv1d weights out of step"))??;
-                Mixer::Delta(DeltaNet::load(ctx, &format!("{p}.linear_attn"), args.linear, eps, conv)?)
+                Mixer::Delta(DeltaNet::load(ctx, &format!("{p}.linear_attn"), args.linear, hidden, eps, conv)?)
             } else {
                 Mixer::Attention(Attention::load(ctx, &format!("{p}.self_attn"), &args, raw_hf)?)
             };
             layers.push(Block {
                 mixer,
                 mlp: match &args.moe {
-                    Some(m) => Ffn::Sparse(SparseMoeBlock::load(ctx, &format!("{p}.mlp"), m, args.hidden)?),
-                    None => Ffn::Dense(Mlp::load(ctx, &format!("{p}.mlp"), false)?),
+                    Some(m) => Ffn::Sparse(Box::new(SparseMoeBlock::load(ctx, &format!("{p}.mlp"), m, hidden)?)),
+                    None => Ffn::Dense(Mlp::load(ctx, &format!("{p}.mlp"), hidden, args.intermediate, false)?),
                 },
-                input_norm: Norm::load(ctx, &format!("{p}.input_layernorm"), eps, raw_hf)?,
-                post_norm: Norm::load(ctx, &format!("{p}.post_attention_layernorm"), eps, raw_hf)?,
+                input_norm: Norm::load(ctx, &format!("{p}.input_layernorm"), hidden, eps, raw_hf)?,
+                post_norm: Norm::load(ctx, &format!("{p}.post_attention_layernorm"), hidden, eps, raw_hf)?,
             });
         }
-        let norm = Norm::load(ctx, &format!("{body}.norm"), eps, raw_hf)?;
-        let lm_head = LmHead::load(ctx, &names.head, args.tie_word_embeddings)?;
-        if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!(
-                "embed_tokens has {} rows, config.json says vocab_size {}",
-                embed.vocab_size(),
-                args.vocab_size
-            )));
-        }
+        let norm = Norm::load(ctx, &format!("{body}.norm"), hidden, eps, raw_hf)?;
+        let lm_head = LmHead::load(ctx, &names.head, args.vocab_size, hidden, args.tie_word_embeddings)?;
         let first_attention = args.is_linear.iter().position(|&l| !l);
         Ok(Self { plan: args.plan(cfg), embed, layers, norm, lm_head, first_attention })
     }
@@ -221,12 +210,10 @@ impl Family for Model {
             Some(i) => Some(Mask::for_cache(&caches[i], tokens.shape()[1])?),
             None => None,
         };
-        let mut taps = RVec::new();
+        let mut taps = Taps::new(args, self.layers.len())?;
         for (i, (block, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             h = block.forward(&h, mask.as_ref(), cache)?;
-            if args.taps.contains(&(i as u32)) {
-                taps.push(into_tensor(h.clone()));
-            }
+            taps.offer(i, &h);
         }
         let h = self.norm.forward(&h)?;
         model_kit::graph::finish(args, h, |x| self.head(x), taps)

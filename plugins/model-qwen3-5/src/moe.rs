@@ -6,7 +6,7 @@ use crate::args::Moe;
 use model_kit::layers::{Linear, LoadCtx, Mlp};
 use model_kit::moe::{Router, SparseMoe, SwitchGlu, SwitchLinear};
 use model_kit::ops::slice;
-use model_kit::{error, Array, Result};
+use model_kit::{Array, Result};
 use plugin_sdk::mlx_rs::ops;
 
 pub struct SparseMoeBlock {
@@ -26,8 +26,8 @@ impl SparseMoeBlock {
         };
         Ok(Self {
             moe: SparseMoe { router, experts },
-            shared: Mlp::load(ctx, &format!("{p}.shared_expert"), false)?,
-            shared_gate: Linear::load(ctx, &format!("{p}.shared_expert_gate"), false)?,
+            shared: Mlp::load(ctx, &format!("{p}.shared_expert"), hidden, m.shared_inter, false)?,
+            shared_gate: Linear::load(ctx, &format!("{p}.shared_expert_gate"), 1, hidden, false)?,
         })
     }
 
@@ -42,16 +42,13 @@ impl SparseMoeBlock {
 /// `experts.gate_up_proj` `[E, 2I, D]` split in half along its rows into
 /// gate and up, and `experts.down_proj` `[E, D, I]`.
 fn fused_experts(ctx: &mut LoadCtx, p: &str, m: &Moe, hidden: usize) -> Result<SwitchGlu> {
-    let gate_up = ctx.weights.take(&format!("{p}.experts.gate_up_proj"))?;
-    let down = ctx.weights.take(&format!("{p}.experts.down_proj"))?;
+    let (e, i) = (m.experts, m.inter);
+    let gate_up = ctx.take(&format!("{p}.experts.gate_up_proj"), &[e, 2 * i, hidden])?;
+    let down = ctx.take(&format!("{p}.experts.down_proj"), &[e, hidden, i])?;
     let s = gate_up.shape().to_vec();
-    if s.len() != 3 {
-        return Err(error(format!("{p}.experts.gate_up_proj is {s:?}, expected [experts, 2 x intermediate, hidden]")));
-    }
     let mid = s[1] / 2;
     let gate = slice(&gate_up, &[0, 0, 0], &[s[0], mid, s[2]])?;
     let up = slice(&gate_up, &[0, mid, 0], &[s[0], s[1], s[2]])?;
-    let (e, i) = (m.experts, m.inter);
     Ok(SwitchGlu::new(
         SwitchLinear::from_weight(ctx, &format!("{p}.switch_mlp.gate_proj"), gate, e, i, hidden)?,
         SwitchLinear::from_weight(ctx, &format!("{p}.switch_mlp.up_proj"), up, e, i, hidden)?,

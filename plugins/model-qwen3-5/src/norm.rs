@@ -13,11 +13,12 @@ pub struct Norm {
 }
 
 impl Norm {
-    /// `shift`: add 1 to the stored weight, in its stored dtype and before
-    /// any cast, as mlx-lm's sanitize does for unsanitized checkpoints.
-    pub fn load(ctx: &mut LoadCtx, path: &str, eps: f32, shift: bool) -> Result<Self> {
-        let w = ctx.weights.take(&format!("{path}.weight"))?;
-        let w = if shift && w.ndim() == 1 { w.add(scalar(1.0, w.dtype())?)? } else { w };
+    /// `{path}.weight` `[dim]`. `shift`: add 1 to the stored weight, in its
+    /// stored dtype and before any cast, as mlx-lm's sanitize does for
+    /// unsanitized checkpoints.
+    pub fn load(ctx: &mut LoadCtx, path: &str, dim: usize, eps: f32, shift: bool) -> Result<Self> {
+        let w = ctx.take(&format!("{path}.weight"), &[dim])?;
+        let w = if shift { w.add(scalar(1.0, w.dtype())?)? } else { w };
         let weight = ctx.cast(w)?;
         ctx.loaded.push(weight.clone());
         Ok(Self { weight, eps })

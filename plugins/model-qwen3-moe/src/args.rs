@@ -10,6 +10,8 @@ pub const MODEL_TYPE: &str = "qwen3_moe";
 
 pub struct Args {
     pub hidden: usize,
+    /// The dense layers' MLP width.
+    pub intermediate: usize,
     pub layers: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -47,7 +49,7 @@ impl Args {
             return Err(error(format!("num_experts_per_tok {top_k} exceeds num_experts {num_experts}")));
         }
         // The dense layers' MLP width: required, as mlx-lm requires it.
-        cfg.usize("intermediate_size")?;
+        let intermediate = cfg.usize("intermediate_size")?;
         let step = cfg.usize("decoder_sparse_step")?;
         let mlp_only = match cfg.get("mlp_only_layers") {
             Some(Value::Array(v)) => v
@@ -73,6 +75,7 @@ impl Args {
             .ok_or_else(|| error("config.json: `rms_norm_eps` is required (a number)"))?;
         Ok(Self {
             hidden: cfg.usize("hidden_size")?,
+            intermediate,
             layers,
             heads,
             kv_heads,

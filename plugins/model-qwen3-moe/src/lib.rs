@@ -17,10 +17,10 @@ use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, Linear, LmHead, LoadCtx, Mlp, RmsNorm};
 use model_kit::moe::{Router, SparseMoe, SwitchGlu};
 use model_kit::rope::Rope;
-use model_kit::{error, Array, Result};
-use plugin_api::abi_stable::std_types::RVec;
+use model_kit::taps::Taps;
+use model_kit::{Array, Result};
 use plugin_api::*;
-use plugin_sdk::{into_tensor, rstrings};
+use plugin_sdk::rstrings;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -74,13 +74,14 @@ struct Attention {
 
 impl Attention {
     fn load(ctx: &mut LoadCtx, p: &str, a: &Args) -> Result<Self> {
+        let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
         Ok(Self {
-            q: Linear::load(ctx, &format!("{p}.q_proj"), false)?,
-            k: Linear::load(ctx, &format!("{p}.k_proj"), false)?,
-            v: Linear::load(ctx, &format!("{p}.v_proj"), false)?,
-            o: Linear::load(ctx, &format!("{p}.o_proj"), false)?,
-            q_norm: RmsNorm::load(ctx, &format!("{p}.q_norm"), a.rms_norm_eps)?,
-            k_norm: RmsNorm::load(ctx, &format!("{p}.k_norm"), a.rms_norm_eps)?,
+            q: Linear::load(ctx, &format!("{p}.q_proj"), q_width, a.hidden, false)?,
+            k: Linear::load(ctx, &format!("{p}.k_proj"), kv_width, a.hidden, false)?,
+            v: Linear::load(ctx, &format!("{p}.v_proj"), kv_width, a.hidden, false)?,
+            o: Linear::load(ctx, &format!("{p}.o_proj"), a.hidden, q_width, false)?,
+            q_norm: RmsNorm::load(ctx, &format!("{p}.q_norm"), a.head_dim, a.rms_norm_eps)?,
+            k_norm: RmsNorm::load(ctx, &format!("{p}.k_norm"), a.head_dim, a.rms_norm_eps)?,
             // qwen3_moe.py builds nn.RoPE from rope_theta alone: no scaling.
             rope: Rope::new(a.head_dim as i32, a.rope_theta, false, None)?,
             heads: a.heads as i32,
@@ -111,7 +112,7 @@ enum Ffn {
 impl Ffn {
     fn load(ctx: &mut LoadCtx, p: &str, a: &Args, sparse: bool) -> Result<Self> {
         if !sparse {
-            return Ok(Self::Dense(Mlp::load(ctx, p, false)?));
+            return Ok(Self::Dense(Mlp::load(ctx, p, a.hidden, a.intermediate, false)?));
         }
         Ok(Self::Sparse(SparseMoe {
             router: Router::load(ctx, &format!("{p}.gate"), a.hidden, a.num_experts, a.top_k, a.norm_topk_prob)?,
@@ -142,32 +143,22 @@ struct Model {
     lm_head: LmHead,
 }
 
-// The weights are immutable MLX arrays (atomically reference-counted), read
-// but never mutated after load, so sharing the graph across threads is sound.
-unsafe impl Sync for Model {}
-
 impl Model {
     fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config) -> Result<Self> {
-        let embed = Embedding::load(ctx, "model.embed_tokens")?;
-        if embed.vocab_size() as usize != args.vocab_size {
-            return Err(error(format!(
-                "embed_tokens has {} rows, config.json says vocab_size {}",
-                embed.vocab_size(),
-                args.vocab_size
-            )));
-        }
+        let (hidden, eps) = (args.hidden, args.rms_norm_eps);
+        let embed = Embedding::load(ctx, "model.embed_tokens", args.vocab_size, hidden)?;
         let mut layers = Vec::with_capacity(args.layers);
         for i in 0..args.layers {
             let p = format!("model.layers.{i}");
             layers.push(Block {
                 attn: Attention::load(ctx, &format!("{p}.self_attn"), &args)?,
                 mlp: Ffn::load(ctx, &format!("{p}.mlp"), &args, args.sparse[i])?,
-                input_norm: RmsNorm::load(ctx, &format!("{p}.input_layernorm"), args.rms_norm_eps)?,
-                post_norm: RmsNorm::load(ctx, &format!("{p}.post_attention_layernorm"), args.rms_norm_eps)?,
+                input_norm: RmsNorm::load(ctx, &format!("{p}.input_layernorm"), hidden, eps)?,
+                post_norm: RmsNorm::load(ctx, &format!("{p}.post_attention_layernorm"), hidden, eps)?,
             });
         }
-        let norm = RmsNorm::load(ctx, "model.norm", args.rms_norm_eps)?;
-        let lm_head = LmHead::load(ctx, "lm_head", args.tie_word_embeddings)?;
+        let norm = RmsNorm::load(ctx, "model.norm", hidden, eps)?;
+        let lm_head = LmHead::load(ctx, "lm_head", args.vocab_size, hidden, args.tie_word_embeddings)?;
         let plan = args.plan(cfg);
         Ok(Self { plan, embed, layers, norm, lm_head })
     }
@@ -193,15 +184,13 @@ impl Family for Model {
         // Every layer attends fully: one mask, asked of the first cache (as mlx-lm).
         let [mask, _] = masks_by_kind(caches, |_| false, l)?;
         let mask = mask.expect("a full-attention mask");
-        let mut taps = RVec::new();
+        let mut taps = Taps::new(args, self.layers.len())?;
         for (i, (block, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             let r = block.attn.forward(&block.input_norm.forward(&h)?, &mask, cache)?;
             let hh = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
             h = hh.add(&r)?;
-            if args.taps.contains(&(i as u32)) {
-                taps.push(into_tensor(h.clone()));
-            }
+            taps.offer(i, &h);
         }
         let h = self.norm.forward(&h)?;
         model_kit::graph::finish(args, h, |x| self.head(x), taps)

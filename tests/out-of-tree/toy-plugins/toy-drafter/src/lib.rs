@@ -36,10 +36,13 @@ fn model_type(config_json: &str) -> Option<String> {
     v.get("model_type")?.as_str().map(str::to_owned)
 }
 
-/// 0 = not mine. The SDK wraps this entry in `catch_unwind` (a panic reads as 0).
+/// How sure this is toy-repeat's artifact, on the `plugin_api::detect`
+/// scale; 0 = not mine. The SDK wraps this entry in `catch_unwind` (a panic
+/// reads as 0).
 fn detect_draft(_dir: &str, config_json: &str) -> u32 {
     match model_type(config_json) {
-        Some(t) if t == ARTIFACT_MODEL_TYPE => 100,
+        // A model type only this kind uses.
+        Some(t) if t == ARTIFACT_MODEL_TYPE => detect::MODEL_TYPE,
         _ => 0,
     }
 }
@@ -57,6 +60,11 @@ fn open_drafter(args: &DrafterOpenArgs, _host: HostServicesBox) -> Result<Drafte
                 )))
             }
         }
+    }
+    // Options come from `--draft-option key=value` as they were typed: refuse
+    // what is not yours rather than ignore a typo.
+    if let Some(kv) = args.options.first() {
+        return Err(PluginError::invalid_input(format!("toy-repeat takes no options, got `{}`", kv.0)));
     }
     if args.max_depth == 0 {
         return Err(PluginError::invalid_input("max_depth must be at least 1"));

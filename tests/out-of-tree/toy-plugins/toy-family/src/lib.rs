@@ -11,12 +11,13 @@
 
 use model_kit::config::Config;
 use model_kit::ops::{dtype_from_raw, slice};
+use model_kit::shape::expect_shape;
 use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSliceMut, RVec};
 use plugin_api::*;
-use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_error, rstrings, view};
+use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_error, rstrings, view, Locked};
 use std::path::Path;
 
 /// The plugin's name (the `twin` variant claims the same strings under another name).
@@ -134,16 +135,12 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
         ROption::RNone => None,
     };
     let mut w = Weights::load(Path::new(a.dir.as_str())).map_err(|e| PluginError::io(e.what()))?;
+    // Every tensor against the shape config.json implies, before any graph
+    // is built: a lying config fails here, naming the tensor.
     let mut take = |name: &str| -> std::result::Result<Array, PluginError> {
-        let t = w.take(name).map_err(|e| PluginError::invalid_config(e.what()))?;
-        if t.shape() != [args.vocab, args.hidden] {
-            return Err(PluginError::invalid_config(format!(
-                "{name} has shape {:?}, config.json says [vocab_size, hidden_size] = [{}, {}]",
-                t.shape(),
-                args.vocab,
-                args.hidden
-            )));
-        }
+        let bad = |e: model_kit::Exception| PluginError::invalid_config(e.what());
+        let t = w.take(name).map_err(bad)?;
+        expect_shape(name, t.shape(), &[args.vocab as usize, args.hidden as usize]).map_err(bad)?;
         match compute {
             Some(dt) if t.dtype() != dt => t.as_dtype(dt).map_err(mlx_error),
             _ => Ok(t),
@@ -157,20 +154,24 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
     }
     // Read (and cast) the weights now: a bad file fails at load, not in the first request.
     mlx_rs::transforms::eval([&embed, &head]).map_err(mlx_error)?;
-    Ok(ModelGraph_TO::from_value(Bigram { plan: args.plan(), embed, head }, TD_Opaque))
+    let graph = Bigram { plan: args.plan(), tables: Locked::new(Tables { embed, head }) };
+    Ok(ModelGraph_TO::from_value(graph, TD_Opaque))
 }
 
 struct Bigram {
     plan: ModelPlan,
+    /// `ModelGraph` must be `Sync`; mlx-rs arrays are only `Send`.
+    /// `Locked` makes them shareable without `unsafe` (its docs say why a
+    /// lock, never contended by the host, is the sound way).
+    tables: Locked<Tables>,
+}
+
+struct Tables {
     embed: Array,
     head: Array,
 }
 
-// The weights are immutable MLX arrays (atomically reference-counted), never
-// mutated after load: sharing the graph between threads is sound.
-unsafe impl Sync for Bigram {}
-
-impl Bigram {
+impl Tables {
     fn embed(&self, ids: &Array) -> Result<Array> {
         self.embed.take_axis(ids, 0)
     }
@@ -178,7 +179,9 @@ impl Bigram {
     fn head(&self, h: &Array) -> Result<Array> {
         h.matmul(self.head.transpose_axes(&[1, 0])?)
     }
+}
 
+impl Bigram {
     /// Refuses what this graph cannot do, with the error code that says why.
     fn check(&self, args: &ForwardArgs<'_>, caches: usize) -> std::result::Result<(), PluginError> {
         if !args.taps.is_empty() {
@@ -202,10 +205,11 @@ impl Bigram {
     }
 
     fn run(&self, args: &ForwardArgs<'_>, cache: &mut CacheBox) -> Result<ForwardOutput> {
+        let tables = self.tables.lock();
         // Borrowed for the call: `view` never frees the host's handle.
         let tokens = view(args.tokens);
         let (b, l, hd) = (tokens.shape()[0], tokens.shape()[1], self.plan.hidden_size as i32);
-        let x = self.embed(&tokens)?; // [B, L, H]
+        let x = tables.embed(&tokens)?; // [B, L, H]
 
         // The cache-layout protocol, in order: positions, the mask for the
         // L new queries (before the update), then update_and_fetch.
@@ -237,8 +241,8 @@ impl Bigram {
         let h = slice(&keys, &[0, 0, total - l, 0], &[b, 1, total, hd])?.reshape(&[b, l, hd])?;
 
         let logits = match args.logits {
-            LogitsMode::LAST => ROption::RSome(into_tensor(self.head(&slice(&h, &[0, l - 1, 0], &[b, l, hd])?)?)),
-            LogitsMode::ALL => ROption::RSome(into_tensor(self.head(&h)?)),
+            LogitsMode::LAST => ROption::RSome(into_tensor(tables.head(&slice(&h, &[0, l - 1, 0], &[b, l, hd])?)?)),
+            LogitsMode::ALL => ROption::RSome(into_tensor(tables.head(&h)?)),
             _ => ROption::RNone, // NONE (check() refused the rest)
         };
         let hidden = if args.want_hidden { ROption::RSome(into_tensor(h)) } else { ROption::RNone };
@@ -270,11 +274,11 @@ impl ModelGraph for Bigram {
     }
 
     fn embed(&self, tokens: TensorRef<'_>) -> PResult<Tensor> {
-        guard_mlx(|| Ok(into_tensor(Bigram::embed(self, &view(tokens))?)))
+        guard_mlx(|| Ok(into_tensor(self.tables.lock().embed(&view(tokens))?)))
     }
 
     fn lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
-        guard_mlx(|| Ok(into_tensor(self.head(&view(hidden))?)))
+        guard_mlx(|| Ok(into_tensor(self.tables.lock().head(&view(hidden))?)))
     }
 }
 

@@ -3,7 +3,7 @@
 # greedy output falls into repeating cycles (as random models do), so n-gram
 # drafts are often right. Same set-up as device_run.sh (second device call).
 set -euo pipefail
-source tests/bench/device_env.sh
+source tests/bench/gpu/device_env.sh
 qwen06b
 IDS=$(python3 -c "import random; r=random.Random(1); print(','.join(str(r.randrange(100,49000)) for _ in range(32)))")
 for extra in "" "--draft-kind ngram --num-draft-tokens 4" "--draft-kind ngram --num-draft-tokens 8"; do

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Lays out .device/ for the GPU machine (which has no Rust): the stripped
 # host binary, every plugin folder (plugin.toml + stripped library), libmlxc
-# and the default model's tokenizer files. Run after `cargo xtask build`.
+# and the default model's tokenizer files; and .devpack/device.tar.xz, the
+# same compressed (what a device call carries; device_env.sh unpacks it).
+# Run on the build machine after `cargo xtask build`.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-rm -rf .device && mkdir -p .device/lib .device/plugins .device/tok
+cd "$(dirname "$0")/../../.."
+rm -rf .device .devpack && mkdir -p .device/lib .device/plugins .device/tok .devpack
 strip -o .device/host target/release/host
 cp -L .mlx/lib/libmlxc.so .device/lib/ && strip .device/lib/libmlxc.so
 for d in plugins/*/; do
@@ -15,4 +17,5 @@ done
 for f in tokenizer.json tokenizer_config.json special_tokens_map.json generation_config.json; do
   cp models/smollm2-135m-instruct/$f .device/tok/ 2>/dev/null || true
 done
-du -sh .device
+tar -cJf .devpack/device.tar.xz .device
+du -sh .device .devpack/device.tar.xz

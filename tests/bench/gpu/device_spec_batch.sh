@@ -3,7 +3,7 @@
 # (qwen3_5-small: recurrent state, padded replay) and a KV-only family
 # (Qwen3-0.6B shape), both turned into cycling folders by make_cycle.py.
 set -euo pipefail
-source tests/bench/device_env.sh
+source tests/bench/gpu/device_env.sh
 qwen06b; family_shapes
 for src in /tmp/f/qwen3_5-small /tmp/m/qwen3-0.6b; do
   dst=$src-cycle

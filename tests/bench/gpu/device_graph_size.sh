@@ -4,11 +4,11 @@
 # chains off (MLX_DISABLE_COMPILE=1) once more; then ours vs mlx-lm where
 # both time a prompt length new to the process (bench_generate.py).
 set -euo pipefail
-source tests/bench/device_env.sh
+source tests/bench/gpu/device_env.sh
 qwen06b
 family_shapes
 for m in /tmp/m/qwen3-0.6b /tmp/f/gemma4-small; do
-  echo "## $m"; python3 tests/bench/bench_ahead.py --host $H --plugins $P --gen 128 --reps 5 --model $m --prompt-ids $IDS \
+  echo "## $m"; python3 tests/bench/bench_variants.py --host $H --plugins $P --gen 128 --reps 5 --model $m --prompt-ids $IDS \
     --variant "20 per graph (MLX default)=" --variant "60 per graph=env:MLX_MAX_OPS_PER_BUFFER=60" --variant "120 per graph=env:MLX_MAX_OPS_PER_BUFFER=120" \
     --variant "not fused=env:MLX_DISABLE_COMPILE=1" | tee -a $OUT/graph_size.md
 done

@@ -1,6 +1,7 @@
-# Sourced by the device scripts: unpacks .device, joins and installs the CUDA
-# MLX wheels carried in two halves, and points the loader at them (see
-# docs/benchmarks.md).
+# Sourced by every script in tests/bench/gpu (run from the repository root on
+# the GPU machine): unpacks .device (pack_device.sh), joins and installs the
+# CUDA MLX wheel carried in two halves plus the mlx and mlx-lm wheels in
+# .gpu_b, and points the loader at them (tests/bench/README.md, "GPU runs").
 [ -d .device ] || tar -xJf .devpack/device.tar.xz   # .device travels compressed (size limit per call)
 cat /tmp/mlxparts/part_aa .gpu_b/part_ab > /tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
 python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/mlx_cuda_13-*.whl .gpu_b/*.whl
@@ -17,3 +18,6 @@ IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randra
 # shape (/tmp/m/qwen3-0.6b) and the families at a small shape (/tmp/f/*).
 qwen06b() { [ -d /tmp/m/qwen3-0.6b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok > /dev/null; }
 family_shapes() { [ -d /tmp/f/qwen3_5-small ] || python3 tests/bench/make_family_shape.py --out /tmp/f --tokenizer-from .device/tok > /dev/null; }
+# The real default model, 4-bit (pack_smollm2_q4.sh), from its two halves
+# copied to /tmp/mlxparts by earlier calls: /tmp/smollm2-q4.
+smollm2_q4() { [ -d /tmp/smollm2-q4 ] || cat /tmp/mlxparts/smq4_aa /tmp/mlxparts/smq4_ab | tar -C /tmp -xf -; }

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# H200, the families and n-gram run (last of four device calls; see
-# docs/benchmarks.md): expects /tmp/mlxparts/{part_aa,smq4_aa,smq4_ab} from the
-# earlier calls (the CUDA wheel's first half and the 4-bit default model in two
-# halves), .gpu_b and .devpack/device.tar.xz (tests/bench/pack_device.sh's .device, compressed).
+# H200: the families against mlx-lm at a small shape, n-gram with the real
+# default model (4-bit), and HTTP against mlx_lm.server on the Qwen3-0.6B
+# shape. Last of four device calls: expects /tmp/mlxparts/{part_aa,smq4_aa,
+# smq4_ab} from the earlier calls (the CUDA wheel's first half, and the 4-bit
+# default model in two halves from pack_smollm2_q4.sh), .gpu_b and .devpack
+# (pack_device.sh).
 set -euo pipefail
-source tests/bench/device_env.sh
-cat /tmp/mlxparts/smq4_aa /tmp/mlxparts/smq4_ab | tar -C /tmp -xf -
+source tests/bench/gpu/device_env.sh
+smollm2_q4
 $H plugins --plugins $P | head -12
 echo "## families"; family_shapes
 python3 tests/bench/bench_generate.py --host $H --plugins $P --model /tmp/f/qwen3_5-small --model /tmp/f/qwen3_moe-small \

@@ -5,7 +5,7 @@
 # and off, each printing MLX's active/cache bytes and the prefix cache's
 # counted bytes every 10 s (tests/bench/soak_memory.py).
 set -euo pipefail
-source tests/bench/device_env.sh
+source tests/bench/gpu/device_env.sh
 qwen06b
 for extra in "" "--prompt-cache 0"; do
   echo "## 64 clients x 60 s, host serve ${extra:-(defaults)}"

@@ -6,14 +6,15 @@
 # Two calls (each under the device's 10 minutes): `device_launch.sh ab`, then
 # `device_launch.sh vs`.
 set -euo pipefail
-source tests/bench/device_env.sh
+case "${1:-}" in ab|vs) ;; *) echo "usage: device_launch.sh ab|vs" >&2; exit 2 ;; esac
+source tests/bench/gpu/device_env.sh
 qwen06b
 family_shapes
 ab() {  # model, then variants
   local m=$1; shift
-  python3 tests/bench/bench_ahead.py --host $H --plugins $P --gen 128 --reps 3 --model $m --prompt-ids $IDS "$@"
+  python3 tests/bench/bench_variants.py --host $H --plugins $P --gen 128 --reps 3 --model $m --prompt-ids $IDS "$@"
 }
-if [ "$1" = ab ]; then
+if [ "${1:-}" = ab ]; then
 echo "## qwen3-0.6b shape"; ab /tmp/m/qwen3-0.6b --variant "fused=" --variant "not fused=env:MLX_DISABLE_COMPILE=1" \
   --variant "fused, 40 per graph=env:MLX_MAX_OPS_PER_BUFFER=40" --variant "fused, 80 per graph=env:MLX_MAX_OPS_PER_BUFFER=80" \
   --variant "fused, 160 per graph=env:MLX_MAX_OPS_PER_BUFFER=160" --variant "fused, 250 per graph=env:MLX_MAX_OPS_PER_BUFFER=250" | tee $OUT/qwen3.md
@@ -22,11 +23,12 @@ for f in gemma4-small gemma3-small; do
     --variant "fused, 160 per graph=env:MLX_MAX_OPS_PER_BUFFER=160" | tee $OUT/$f.md
 done
 for n in 20 80 160; do
-  echo "## step trace, $n per graph"; MLX_MAX_OPS_PER_BUFFER=$n HOST_STEP_TRACE=1 $H generate --plugins $P --model /tmp/m/qwen3-0.6b --prompt-ids $IDS --max-tokens 64 --ignore-eos --json --warmup 2>$OUT/steps-$n.txt >/dev/null
-  grep step-trace $OUT/steps-$n.txt | tail -50 | awk '{split($2,a,"=");split($3,b,"="); g+=a[2]; l+=b[2]; n++} END {printf "graph %.2f ms, launch %.2f ms (mean of %d steps)\n", g/n, l/n, n}'
+  echo "## step trace, $n per graph"
+  MLX_MAX_OPS_PER_BUFFER=$n RUST_LOG=host_engine=trace $H generate --plugins $P --model /tmp/m/qwen3-0.6b --prompt-ids $IDS --max-tokens 64 --ignore-eos --json --warmup 2>$OUT/steps-$n.txt >/dev/null
+  python3 tests/bench/traces.py $OUT/steps-$n.txt --target host_engine::step --event "plain step" --last 50 --stat mean --fields graph_ms,launch_ms
 done
 fi
-if [ "$1" = vs ]; then
+if [ "${1:-}" = vs ]; then
 echo "## qwen3_moe-small"; ab /tmp/f/qwen3_moe-small --variant "fused=" --variant "not fused=env:MLX_DISABLE_COMPILE=1" --variant "fused, 160 per graph=env:MLX_MAX_OPS_PER_BUFFER=160" | tee $OUT/qwen3_moe.md
 echo "## families vs mlx-lm (defaults)"; python3 tests/bench/bench_generate.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --model /tmp/f/gemma4-small \
   --model /tmp/f/gemma3-small --model /tmp/f/qwen3_moe-small --model /tmp/f/qwen3_5-small --prompt-len 512 --gen 128 --reps 2 | tee $OUT/families.md

@@ -4,11 +4,11 @@
 # every attention falls back to MLX's matmul formula), our default attention
 # route and MLX's sdpa route (`--gpu-attention mlx`).
 set -euo pipefail
-source tests/bench/device_env.sh
+source tests/bench/gpu/device_env.sh
 qwen06b; family_shapes
-for route in default mlx; do
+for route in fast mlx; do
   echo "--- route: $route"
-  if [ $route = mlx ]; then export MLX_ENGINE_PER_QUERY_MAX=0 MLX_ENGINE_UNFUSED_MAX=0; fi
-  bash tests/bench/device_bf16_parity.sh /tmp/m qwen3-0.6b
-  bash tests/bench/device_bf16_parity.sh /tmp/f gemma3-small gemma4-small qwen3_5-small
+  export OURS_ARGS="--gpu-attention $route"
+  bash tests/bench/gpu/device_bf16_parity.sh /tmp/m qwen3-0.6b
+  bash tests/bench/gpu/device_bf16_parity.sh /tmp/f gemma3-small gemma4-small qwen3_5-small
 done 2>&1 | grep -v "already exists" | tee $OUT/parity_shapes.md

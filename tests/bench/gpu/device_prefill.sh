@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# H200: prefill of prompt lengths new to the process (host generate --warmup
+# warms up on a longer prompt), with the unfused short-query attention
+# limited to 16 query tokens (longer prompts go to MLX's sdpa, i.e. cuDNN)
+# vs 2048 (the default): `--model-option attention-unfused-max=N`; 3 runs each.
+set -euo pipefail
+source tests/bench/gpu/device_env.sh
+qwen06b
+echo "| prompt tokens | unfused up to | prefill tok/s, 3 runs |"
+echo "|---|---|---|"
+for L in 100 500 1000 2000 4000; do
+  IDS=$(python3 -c "import random; r=random.Random($L); print(','.join(str(r.randrange(100,49000)) for _ in range($L)))")
+  for lim in 16 2048; do
+    rs=""
+    for rep in 1 2 3; do
+      rs="$rs $($H generate --plugins $P --model /tmp/m/qwen3-0.6b --prompt-ids $IDS --max-tokens 2 --ignore-eos --json --warmup \
+        --model-option attention-unfused-max=$lim | python3 -c "import json,sys; print(round(json.load(sys.stdin)['prefill_tokens_per_s']))")"
+    done
+    echo "| $L | $lim |$rs |"
+  done
+done | tee $OUT/prefill.md
