@@ -1,0 +1,26 @@
+//! OpenAI tool calling, with no model in sight: what the HTTP server needs
+//! to read a request's tools (`request`), know how the model writes calls
+//! (`syntax`), find calls in its text as it streams (`parse`), force calls
+//! with a grammar (`grammar`) and hand the conversation to a chat template
+//! (`messages`). Pure functions over text and JSON; no MLX, no tokenizer.
+
+mod call_id;
+mod decode;
+mod error;
+mod gemma_call;
+mod grammar;
+mod grammar_args;
+mod json_scan;
+mod messages;
+mod parse;
+mod request;
+mod syntax;
+mod xml_call;
+
+pub use call_id::new_call_id;
+pub use error::ToolError;
+pub use grammar::{calls_grammar, tool_choice_grammar};
+pub use messages::template_messages;
+pub use parse::{parse_complete, Call, ParsedEvent, ToolCallParser};
+pub use request::{parse_parallel_tool_calls, parse_tool_choice, parse_tools, Tool, ToolChoice, ToolRequest};
+pub use syntax::ToolSyntax;
