@@ -23,8 +23,6 @@ pub const QUANTIZED_KV_BATCH: &str = "quantized-kv-batch";
 pub const CHECKPOINTS: &str = "checkpoints";
 /// A compiled decode step is available.
 pub const COMPILED_DECODE: &str = "compiled-decode";
-/// Grammar-constrained rows can share a batch.
-pub const GRAMMAR_BATCH: &str = "grammar-batch";
 /// Continuous (grouped) rows can be checkpointed, not only serial runs.
 pub const SHARED_CHECKPOINTS: &str = "shared-checkpoints";
 

@@ -82,9 +82,9 @@ check(len(clp.choices[0].logprobs.token_logprobs) == clp.usage.completion_tokens
 
 # Errors surface as the SDK's typed exceptions.
 try:
-    client.chat.completions.create(model=model, messages=MSG, n=2)
-    raise AssertionError("n=2 accepted")
+    client.chat.completions.create(model=model, messages=MSG, n=0)
+    raise AssertionError("n=0 accepted")
 except openai.BadRequestError as e:
-    check(e.status_code == 400 and "n=1" in str(e), "n=2 is a 400 BadRequestError")
+    check(e.status_code == 400 and e.body.get("param") == "n", "n=0 is a 400 BadRequestError naming n")
 
 print("ALL OK")

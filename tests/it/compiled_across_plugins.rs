@@ -20,6 +20,7 @@ fn request() -> GenerateRequest {
         params: SamplingParams::default(),
         stop_on_eos: false,
         logprobs: None,
+        constraint: None,
     }
 }
 

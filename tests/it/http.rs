@@ -30,7 +30,9 @@ fn forty_bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let j = |v: Value| v.to_string().into_bytes();
     let c = "/v1/chat/completions";
     let p = "/v1/completions";
-    let cases: Vec<(&str, &str, &str, Vec<u8>, u16, &str)> = vec![
+    // (what, method, path, body, status, a phrase the message must hold)
+    type Case<'a> = (&'a str, &'a str, &'a str, Vec<u8>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         ("malformed json", "POST", c, b"{\"messages\": [".to_vec(), 400, "malformed JSON"),
         ("not json", "POST", c, b"hello".to_vec(), 400, "malformed JSON"),
         ("empty body", "POST", c, Vec::new(), 400, "empty"),
@@ -42,7 +44,15 @@ fn forty_bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         ("empty messages", "POST", c, j(json!({"messages": []})), 400, "must not be empty"),
         ("message without role", "POST", c, j(json!({"messages": [{"content": "x"}]})), 400, "role"),
         ("unknown role", "POST", c, j(json!({"messages": [{"role": "wizard", "content": "x"}]})), 400, "unknown role"),
-        ("tool role", "POST", c, j(json!({"messages": [{"role": "tool", "content": "x"}]})), 400, "not supported"),
+        (
+            "tool message without its call id",
+            "POST",
+            c,
+            j(json!({"messages": [{"role": "tool", "content": "x"}]})),
+            400,
+            "tool_call_id",
+        ),
+        ("user message without content", "POST", c, j(json!({"messages": [{"role": "user"}]})), 400, "content"),
         ("content wrong type", "POST", c, j(json!({"messages": [{"role": "user", "content": 5}]})), 400, "content"),
         (
             "image part",
@@ -98,7 +108,7 @@ fn forty_bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         ("stop wrong type", "POST", c, j(chat("x", json!({"stop": 7}))), 400, "stop"),
         ("too many stops", "POST", c, j(chat("x", json!({"stop": ["a", "b", "c", "d", "e"]}))), 400, "at most 4"),
         ("empty stop", "POST", c, j(chat("x", json!({"stop": [""]}))), 400, "empty"),
-        ("n two", "POST", c, j(chat("x", json!({"n": 2}))), 400, "n=1"),
+        ("n zero", "POST", c, j(chat("x", json!({"n": 0}))), 400, "between 1"),
         ("stream not bool", "POST", c, j(chat("x", json!({"stream": "yes"}))), 400, "stream"),
         (
             "stream_options wrong",
@@ -123,17 +133,19 @@ fn forty_bad_requests_get_openai_errors_and_the_server_keeps_serving() {
             c,
             j(chat("x", json!({"response_format": {"type": "json_schema"}}))),
             400,
-            "not supported",
+            "json_schema",
         ),
         (
             "tools",
             "POST",
             c,
-            j(chat("x", json!({"tools": [{"type": "function", "function": {"name": "f"}}]}))),
+            j(chat("x", json!({"tools": [{"type": "function", "function": {"description": "f"}}]}))),
             400,
-            "not supported",
+            "name",
         ),
-        ("logit_bias", "POST", c, j(chat("x", json!({"logit_bias": {"5": 10}}))), 400, "not supported"),
+        ("logit_bias key", "POST", c, j(chat("x", json!({"logit_bias": {"five": 10}}))), 400, "token id"),
+        ("logit_bias range", "POST", c, j(chat("x", json!({"logit_bias": {"5": 101}}))), 400, "-100 to 100"),
+        ("bad regex", "POST", c, j(chat("x", json!({"guided_regex": "(x"}))), 400, "grammar"),
         (
             "chat_template_kwargs wrong",
             "POST",
@@ -290,8 +302,14 @@ fn sigterm_cancels_in_flight_generation_and_exits_cleanly() {
     let body = chat("Keep going", json!({"max_tokens": 3000, "stream": true})).to_string();
     let mut sock = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut buf = [0u8; 2048];
-    assert!(sock.read(&mut buf).unwrap() > 0, "the stream started");
+    // Read until generation is under way (a content delta came).
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"content\":\"") || count_deltas(&seen) < 2 {
+        let n = sock.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before generating: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
     let pid = s.child.id() as i32;
     extern "C" {
         fn kill(pid: i32, sig: i32) -> i32;
@@ -306,9 +324,19 @@ fn sigterm_cancels_in_flight_generation_and_exits_cleanly() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert!(status.success(), "exit status {status}");
-    // The in-flight stream ended (cancelled, then closed) instead of running 3000 tokens.
-    let mut rest = Vec::new();
-    let _ = sock.read_to_end(&mut rest);
+    // The in-flight stream was ended properly (a last chunk with its
+    // finish_reason, then [DONE]) well before its 3000 tokens.
+    let _ = sock.read_to_end(&mut seen);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("\"finish_reason\":\"stop\""), "no finishing chunk: {text}");
+    let last = text.rfind("data: ").map(|i| &text[i..]).unwrap_or("");
+    assert!(last.starts_with("data: [DONE]"), "the stream did not end with [DONE]: {text}");
+    assert!(count_deltas(&seen) < 3000, "the generation was not cancelled");
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert!(log.contains("shutting down"), "{log}");
+}
+
+/// Content deltas in a chat SSE stream read so far.
+fn count_deltas(stream: &[u8]) -> usize {
+    String::from_utf8_lossy(stream).matches("\"delta\":{\"content\":").count()
 }

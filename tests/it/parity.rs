@@ -4,10 +4,13 @@
 //! default model.
 //!
 //! Tolerances for `prompt_last_logits` (the oracle's full forward; ours
-//! computes the LM head on the last position only, a different matmul shape):
-//! f32 |a-b| <= 1e-4 + 1e-4|b| (accumulation order only); bf16 and
-//! quantized models (bf16 activations) |a-b| <= 0.05 + 0.02|b|, i.e. a few
-//! bf16 ulps (2^-8 relative) of an output rounded through 8-bit mantissas.
+//! computes the LM head on the last position only, a different matmul shape)
+//! and for every decode step's log-probabilities (the chosen token's and the
+//! top 5, against what mlx-lm's sampler argmaxed at that step): f32
+//! |a-b| <= 1e-4 + 1e-4|b| (accumulation order only); bf16 and quantized
+//! models (bf16 activations) |a-b| <= 0.05 + 0.02|b|, i.e. a few bf16 ulps
+//! (2^-8 relative) of an output rounded through 8-bit mantissas. A NaN or an
+//! infinity on either side is a failure, never a pass.
 
 use it::{host_bin, model, python, run_ok, Scratch};
 use serde_json::Value;
@@ -70,6 +73,8 @@ pub(crate) fn check_prompt(name: &str, prompt: &str) {
         "--ignore-eos",
         "--dtype",
         "native",
+        "--logprobs",
+        "5",
         "--json",
     ]);
     let (want, got) = (ids(&r["tokens"]), ids(&ours["tokens"]));
@@ -83,14 +88,54 @@ pub(crate) fn check_prompt(name: &str, prompt: &str) {
             r["step_logits_top"][i]
         );
     }
+    let low_precision = !name.ends_with("-f32");
+    let tol = if low_precision { (0.05, 0.02) } else { (1e-4, 1e-4) };
     let logits = host_json(&["logits", "--model", d, "--prompt-ids", prompt, "--dtype", "native"]);
     let (a, b) = (floats(&logits["logits"]), floats(&r["prompt_last_logits"]));
     assert_eq!(a.len(), b.len(), "{name}: vocab sizes differ");
-    let low_precision = !name.ends_with("-f32");
-    let (atol, rtol) = if low_precision { (0.05, 0.02) } else { (1e-4, 1e-4) };
-    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs() - (atol + rtol * y.abs())).fold(f64::MIN, f64::max);
-    let max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-    assert!(worst <= 0.0, "{name}: logits differ from mlx-lm by up to {max_diff} (tolerance {atol} + {rtol}|b|)");
+    assert_close(&a, &b, tol, &format!("{name}: last prompt position's logits"));
+    // Every decode step: the chosen token's log-probability and the top 5
+    // (values; ids may swap where two are within the tolerance).
+    let steps = ours["logprobs"].as_array().expect("generate --logprobs gives logprobs");
+    let want_steps = r["step_logprobs_top"].as_array().unwrap();
+    assert_eq!(steps.len(), want_steps.len(), "{name}: one logprob entry per step");
+    for (i, (s, w)) in steps.iter().zip(want_steps).enumerate() {
+        let want_top = floats(&w["logprobs"]);
+        let top: Vec<f64> = s["top"].as_array().unwrap().iter().map(|p| p[1].as_f64().unwrap_or(f64::NAN)).collect();
+        let chosen = s["logprob"].as_f64().unwrap_or(f64::NAN);
+        assert_close(&top, &want_top, tol, &format!("{name}: step {i}'s top-5 log-probabilities"));
+        assert_close(&[chosen], &want_top[..1], tol, &format!("{name}: step {i}'s chosen token's log-probability"));
+    }
+}
+
+/// Every `a[i]` within `atol + rtol|b[i]|` of `b[i]`; a NaN or an infinity
+/// anywhere fails (a comparison with NaN is false, so a max over
+/// differences would silently drop it).
+fn assert_close(a: &[f64], b: &[f64], (atol, rtol): (f64, f64), what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    assert!(!a.is_empty(), "{what}: nothing to compare");
+    if let Some(i) = a.iter().chain(b).position(|x| !x.is_finite()) {
+        panic!("{what}: a value is not finite (index {i} of ours then mlx-lm's)");
+    }
+    let bad = a.iter().zip(b).position(|(x, y)| !((x - y).abs() <= atol + rtol * y.abs()));
+    if let Some(i) = bad {
+        let max_diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        panic!(
+            "{what}: differs from mlx-lm at {i} ({} vs {}; up to {max_diff}, tolerance {atol} + {rtol}|b|)",
+            a[i], b[i]
+        );
+    }
+}
+
+#[test]
+fn the_comparison_fails_on_nan_and_on_a_difference() {
+    let tol = (1e-4, 1e-4);
+    assert_close(&[1.0, -2.0], &[1.00005, -2.0001], tol, "close");
+    for (a, b) in [(vec![f64::NAN, 1.0], vec![0.0, 1.0]), (vec![0.0], vec![f64::NAN]), (vec![0.0, 1.0], vec![0.0, 1.1])]
+    {
+        let r = std::panic::catch_unwind(|| assert_close(&a, &b, tol, "bad"));
+        assert!(r.is_err(), "{a:?} vs {b:?} passed");
+    }
 }
 
 macro_rules! parity {
@@ -238,4 +283,46 @@ fn gpu_attention_is_a_checked_choice() {
         Command::new(host_bin()).current_dir(it::repo_root()).args(["serve", "--config"]).arg(&cfg).output().unwrap();
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && err.contains("fast or mlx"), "{err}");
+}
+
+/// Raw text tokenized as mlx_lm.stream_generate does (the tokenizer's
+/// special tokens, BOS unless the text starts with it), including text that
+/// spells a special token and non-ASCII text, then the same greedy tokens.
+#[test]
+fn raw_text_prompts_tokenize_and_continue_like_mlx_lm() {
+    let dir = model("smollm2-135m-instruct");
+    let d = dir.to_str().unwrap();
+    for text in [
+        "Once upon a time, in a land far away,",
+        "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n",
+        "Ünïcödé — 日本語のテキスト and emoji 🦀: ",
+        "def fib(n):\n    if n < 2:\n        return n\n   ",
+    ] {
+        let r = oracle(&dir, &["--prompt", text, "--max-tokens", "12"]);
+        let ours = host_json(&[
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            text,
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--dtype",
+            "native",
+            "--json",
+        ]);
+        assert_eq!(ids(&ours["prompt_tokens"]), ids(&r["prompt_ids"]), "{text:?}: tokenization differs from mlx-lm");
+        assert_eq!(ids(&ours["tokens"]), ids(&r["tokens"]), "{text:?}: greedy continuation differs from mlx-lm");
+    }
+}
+
+/// A prompt longer than one prefill chunk (2048 tokens): prefilled in two
+/// chunks as mlx-lm's generate_step does, then the same greedy tokens and
+/// per-step log-probabilities.
+#[test]
+fn prompts_longer_than_a_prefill_chunk_match_mlx_lm() {
+    let prompt: Vec<String> = (0..2300u64).map(|i| ((i * 7919 + 13) % 49000 + 10).to_string()).collect();
+    check_prompt("tiny-llama-f32", &prompt.join(","));
+    check_prompt("tiny-qwen3-bf16", &prompt.join(","));
 }

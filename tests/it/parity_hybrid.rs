@@ -159,16 +159,21 @@ fn qwen3_5_a_partial_prefix_hit_does_not_change_the_output() {
     let m = model("tiny/tiny-qwen3_5-f32");
     let a: Vec<u32> = (1..=20).collect();
     let b: Vec<u32> = (1..=10).chain([99, 98, 97, 96, 95]).collect();
-    let text = |s: &Server, p: &[u32]| {
-        s.post("/v1/completions", &json!({ "prompt": p, "max_tokens": 16, "temperature": 0 })).json()["choices"][0]
-            ["text"]
-            .clone()
+    let ask = |s: &Server, p: &[u32]| -> (Value, u64) {
+        let r = s.post("/v1/completions", &json!({ "prompt": p, "max_tokens": 16, "temperature": 0 })).json();
+        (r["choices"][0]["text"].clone(), r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
     };
     let cold = Server::start(&m, &["--prompt-cache", "0", "--batch", "1"]);
-    let want = text(&cold, &b);
+    let (want, _) = ask(&cold, &b);
     let warm = Server::start(&m, &["--prompt-cache", "0.5", "--batch", "1"]);
-    text(&warm, &a);
-    assert_eq!(text(&warm, &b), want);
+    ask(&warm, &a);
+    let (got, cached) = ask(&warm, &b);
+    assert_eq!(cached, 0, "a recurrent state was trimmed to a partial prefix");
+    assert_eq!(got, want);
+    // The entry is there and serves what it can: `a` continued reuses it.
+    let longer: Vec<u32> = a.iter().copied().chain([50, 51]).collect();
+    let (_, cached) = ask(&warm, &longer);
+    assert!(cached >= a.len() as u64 - 1, "the cached entry of `a` was not reused ({cached} tokens)");
 }
 
 /// `prompts` sent as a burst (queued while the engine is held) to a `--batch 8` server
@@ -251,7 +256,16 @@ fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
     // --speculate-always: the cost rule depends on timing; the paths asserted below must not.
     let s = Server::start(
         &dir.0,
-        &["--batch", "8", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--speculate-always", "--debug-endpoints"],
+        &[
+            "--batch",
+            "8",
+            "--draft-kind",
+            "ngram",
+            "--num-draft-tokens",
+            "4",
+            "--speculate-always",
+            "--debug-endpoints",
+        ],
     );
     let got = s.post_joining("/v1/completions", &(0..prompts.len()).map(body).collect::<Vec<_>>(), 3);
     let (mut drafted, mut accepted) = (0, 0);

@@ -181,7 +181,7 @@ fn chain(prompt: &[u32], n: usize) -> Vec<u32> {
 /// `e_t . e_s` is exactly 1 (s = t), -1 (s = -t) or 0: no near ties.
 fn embedding_row(t: usize) -> Vec<f32> {
     let sign = if t < H { 1.0 } else { -1.0 };
-    (0..H).map(|j| sign * if ((t % H) & j).count_ones() % 2 == 0 { 0.25 } else { -0.25 }).collect()
+    (0..H).map(|j| sign * if ((t % H) & j).count_ones().is_multiple_of(2) { 0.25 } else { -0.25 }).collect()
 }
 
 /// safetensors by hand: u64 header length, JSON header, little-endian data.
@@ -195,7 +195,7 @@ fn write_safetensors(path: &Path, tensors: &[(&str, [usize; 2], Vec<f32>)]) {
         header.insert(name.to_string(), json!({ "dtype": "F32", "shape": shape, "data_offsets": [start, data.len()] }));
     }
     let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
@@ -559,11 +559,17 @@ fn a_plugin_built_for_another_abi_version_is_refused_naming_both() {
     for folder in ["toy-family", "toy-family-lying"] {
         let (name, reason) = refusal(&r, folder);
         assert_eq!(name.as_deref(), Some("toy-family"));
-        assert!(reason.contains(&format!("v{}", ABI_VERSION + 1)) && reason.contains(&format!("v{ABI_VERSION}")), "{folder}: {reason}");
+        assert!(
+            reason.contains(&format!("v{}", ABI_VERSION + 1)) && reason.contains(&format!("v{ABI_VERSION}")),
+            "{folder}: {reason}"
+        );
     }
     let (theirs, ours) = (ABI_VERSION + 1, ABI_VERSION);
     assert_eq!(refusal(&r, "toy-family").1, format!("built for plugin ABI v{theirs}; this host speaks v{ours}"));
-    assert_eq!(refusal(&r, "toy-family-lying").1, format!("manifest declares plugin ABI v{theirs}; this host speaks v{ours}"));
+    assert_eq!(
+        refusal(&r, "toy-family-lying").1,
+        format!("manifest declares plugin ABI v{theirs}; this host speaks v{ours}")
+    );
 }
 
 #[test]

@@ -33,15 +33,19 @@ fn greedy_output_is_identical_with_every_drafter() {
         assert!(plain.get("speculation").is_none());
         let self_dir = model(target).to_string_lossy().into_owned();
         let other = model("tiny/tiny-mistral-f32").to_string_lossy().into_owned();
+        // --speculate-always: the counts below must not depend on timing.
         for drafter in [
-            vec!["--draft-kind", "ngram"],
-            vec!["--draft-model", &self_dir],
-            vec!["--draft-model", &other, "--num-draft-tokens", "4"],
+            vec!["--draft-kind", "ngram", "--speculate-always"],
+            vec!["--draft-model", &self_dir, "--speculate-always"],
+            vec!["--draft-model", &other, "--num-draft-tokens", "4", "--speculate-always"],
         ] {
             let spec = gen(target, IDS, &drafter);
             assert_eq!(tokens(&spec), tokens(&plain), "{target} with {drafter:?} changed the greedy output");
             let sp = &spec["speculation"];
-            assert!(sp["rounds"].as_u64().is_some() && sp["drafted"].as_u64().is_some(), "{target} {drafter:?}: {sp}");
+            assert!(
+                sp["rounds"].as_u64().unwrap() > 0 && sp["drafted"].as_u64().unwrap() > 0,
+                "{target} {drafter:?}: {sp}"
+            );
             assert!(spec["execution"]["plan"].as_str().unwrap().starts_with("speculative"), "{}", spec["execution"]);
         }
     }
@@ -75,7 +79,7 @@ const COPY: &str = "The rules of the house:\n1. Shoes stay at the door.\n2. Dish
 fn ngram_on_a_copy_prompt_accepts_more_than_half_and_changes_nothing() {
     let p = ["--prompt", COPY, "--max-tokens", "40"];
     let plain = gen("smollm2-135m-instruct", &p, &[]);
-    let spec = gen("smollm2-135m-instruct", &p, &["--draft-kind", "ngram"]);
+    let spec = gen("smollm2-135m-instruct", &p, &["--draft-kind", "ngram", "--speculate-always"]);
     assert_eq!(tokens(&spec), tokens(&plain));
     let sp = &spec["speculation"];
     let (a, d) = (sp["accepted"].as_f64().unwrap(), sp["drafted"].as_f64().unwrap());
@@ -237,7 +241,7 @@ fn chi2_two_sample(cells: &[[f64; 2]]) -> (f64, f64) {
 fn http_usage_reports_speculation_and_output_is_unchanged() {
     let m = model("smollm2-135m-instruct");
     let plain = Server::start(&m, &["--batch", "1"]);
-    let spec = Server::start(&m, &["--draft-kind", "ngram"]);
+    let spec = Server::start(&m, &["--draft-kind", "ngram", "--speculate-always"]);
     let body = json!({ "prompt": COPY, "max_tokens": 30, "temperature": 0 });
     let a = plain.post("/v1/completions", &body).json();
     let b = spec.post("/v1/completions", &body).json();
@@ -246,6 +250,7 @@ fn http_usage_reports_speculation_and_output_is_unchanged() {
     for k in ["drafted", "accepted", "rounds", "accepted_by_position"] {
         assert!(!sp[k].is_null(), "usage.speculation lacks {k}: {sp}");
     }
+    assert!(sp["drafted"].as_u64().unwrap() > 0, "nothing was drafted: {sp}");
     assert!(a["usage"].get("speculation").is_none());
 }
 
@@ -292,10 +297,8 @@ fn the_plan_decides_whether_a_request_speculates() {
 fn a_stop_string_inside_a_speculative_round_ends_the_text_where_plain_decoding_does() {
     let m = model("smollm2-135m-instruct");
     let plain = Server::start(&m, &["--batch", "1"]);
-    let spec = Server::start(
-        &m,
-        &["--batch", "1", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--speculate-always"],
-    );
+    let spec =
+        Server::start(&m, &["--batch", "1", "--draft-kind", "ngram", "--num-draft-tokens", "4", "--speculate-always"]);
     let body = json!({ "prompt": COPY, "max_tokens": 40, "temperature": 0, "stop": ["Guests"] });
     let want = plain.post("/v1/completions", &body).json();
     assert_eq!(want["choices"][0]["finish_reason"], "stop", "{want}");

@@ -43,7 +43,8 @@ fn batched_ngram_speculation_is_lossless_with_staggered_rows() {
         };
         // --speculate-always: the cost rule depends on timing, and the counts
         // asserted below must not (a judged row may stop drafting).
-        let s = Server::start(&m, &["--batch", "8", "--draft-kind", "ngram", "--speculate-always", "--debug-endpoints"]);
+        let s =
+            Server::start(&m, &["--batch", "8", "--draft-kind", "ngram", "--speculate-always", "--debug-endpoints"]);
         let got: Vec<Value> = s.post_joining("/v1/completions", &bodies(&ps), 3);
         let st = s.stats();
         assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{name}: speculative rows never shared a step: {st}");
@@ -86,7 +87,16 @@ fn batched_two_model_speculation_is_lossless_with_per_row_drafters() {
         // --speculate-always: the cost rule depends on timing; the counts below must not.
         let s = Server::start(
             &m,
-            &["--batch", "8", "--draft-model", &dir, "--num-draft-tokens", "3", "--speculate-always", "--debug-endpoints"],
+            &[
+                "--batch",
+                "8",
+                "--draft-model",
+                &dir,
+                "--num-draft-tokens",
+                "3",
+                "--speculate-always",
+                "--debug-endpoints",
+            ],
         );
         let got: Vec<Value> = s.post_joining("/v1/completions", &bodies(&ps), 3);
         let st = s.stats();

@@ -29,7 +29,7 @@ impl Drafter for Script {
         let from = args.history.len();
         let mut out: Vec<u32> = self.want.iter().skip(from).take(args.max_tokens as usize).copied().collect();
         self.proposals += 1;
-        if self.wrong_every > 0 && self.proposals % self.wrong_every == 0 && !out.is_empty() {
+        if self.wrong_every > 0 && self.proposals.is_multiple_of(self.wrong_every) && !out.is_empty() {
             let j = out.len() / 2;
             out[j] ^= 1;
         }
@@ -51,6 +51,7 @@ fn request(prompt: &[u32], max_tokens: usize) -> GenerateRequest {
         params: SamplingParams::default(),
         stop_on_eos: false,
         logprobs: None,
+        constraint: None,
     }
 }
 
@@ -66,7 +67,10 @@ fn scripted(target: &str, want: &[u32], wrong_every: usize, prefix_cache: usize)
         depth: Some(4),
         always: true,
     };
-    it::engine(target, EngineConfig { prefix_cache_bytes: prefix_cache, speculation: Some(speculation), ..Default::default() })
+    it::engine(
+        target,
+        EngineConfig { prefix_cache_bytes: prefix_cache, speculation: Some(speculation), ..Default::default() },
+    )
 }
 
 /// Plain greedy tokens of `target`: what a scripted drafter must reproduce.

@@ -49,7 +49,11 @@ pub fn serve(root: &Path, extra: &[String]) -> Result<()> {
 
 /// Builds everything, prepares the oracle environment and runs the suite.
 pub fn test(root: &Path, extra: &[String]) -> Result<()> {
+    step("checking formatting (cargo fmt --check)");
+    run(Command::new("cargo").args(["fmt", "--all", "--check"]))?;
     default_model(root)?;
+    // (After the build: clippy's build scripts need the MLX runtime set up.)
+    lint()?;
     tiny_models(root)?;
     step("running the test suite");
     let c =
@@ -63,6 +67,13 @@ pub fn test(root: &Path, extra: &[String]) -> Result<()> {
         anyhow::bail!("the test suite did not pass ({} passed, {} failed, {} ignored)", c.passed, c.failed, c.ignored);
     }
     Ok(())
+}
+
+/// Clippy over every target, before the tests run: a lint fails the suite
+/// in a minute rather than after it.
+fn lint() -> Result<()> {
+    step("linting (cargo clippy, warnings are errors)");
+    run(Command::new("cargo").args(["clippy", "--release", "--workspace", "--all-targets", "--", "-D", "warnings"]))
 }
 
 /// What cargo's `test result:` lines add up to.

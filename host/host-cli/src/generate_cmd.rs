@@ -31,8 +31,7 @@ pub fn prompt_ids(engine: &Engine, p: &Prompt) -> Result<Vec<u32>> {
     }
     let chat = p.chat.as_ref().unwrap();
     let tmpl = text.template.as_ref().context("this model has no chat template: use --prompt")?;
-    let rendered = tmpl
-        .render(&json!([{ "role": "user", "content": chat }]), true, &Default::default())?;
+    let rendered = tmpl.render(&json!([{ "role": "user", "content": chat }]), true, &Default::default())?;
     Ok(text.encode_rendered(&rendered)?)
 }
 
@@ -45,7 +44,14 @@ pub fn generate(
     logprobs: Option<usize>,
     as_json: bool,
 ) -> Result<()> {
-    let req = GenerateRequest { prompt: prompt.clone(), max_tokens, params, stop_on_eos: !ignore_eos, logprobs };
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens,
+        params,
+        stop_on_eos: !ignore_eos,
+        logprobs,
+        constraint: None,
+    };
     // One request from the command line: serial, no prompt cache. The plan
     // is what runs (a fallback from speculation decodes plainly).
     let plan = engine.plan(&req, 1);

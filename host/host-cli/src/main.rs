@@ -165,7 +165,7 @@ fn host_info() -> plugin_api::HostInfo {
 }
 
 pub(crate) fn registry(dir: &Path) -> Result<std::sync::Arc<Registry>> {
-    Registry::discover(dir, &host_info()).map(std::sync::Arc::new).map_err(anyhow::Error::msg)
+    Registry::discover(dir, &host_info()).map(std::sync::Arc::new).map_err(anyhow::Error::from)
 }
 
 /// The engine `generate`, `fit` and `logits` run: no prefix cache.
@@ -242,6 +242,7 @@ fn main() -> Result<ExitCode> {
                     params: params.clone(),
                     stop_on_eos: !ignore_eos,
                     logprobs,
+                    constraint: None,
                 };
                 let plan = engine.plan(&req, 1);
                 host_engine::serial::generate(&engine, &req, &plan, |_| host_engine::Flow::Continue)?;

@@ -195,6 +195,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         params: SamplingParams::default(),
         stop_on_eos: false,
         logprobs: None,
+        constraint: None,
     };
     let mut plain = engine.plan(&warm, 1);
     plain.method = host_engine::plan::Method::Autoregressive;

@@ -6,6 +6,7 @@ use minijinja::{context, Environment, Error, ErrorKind, Value};
 
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos: Option<String>,
     eos: Option<String>,
 }
@@ -67,8 +68,14 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", crate::template_json::tojson);
         env.add_template_owned("chat", source.to_owned()).map_err(|e| TemplateError::Parse(e.to_string()))?;
-        Ok(Self { env, bos, eos })
+        Ok(Self { env, source: source.to_owned(), bos, eos })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders `messages` (OpenAI-shaped JSON values). `extra` holds

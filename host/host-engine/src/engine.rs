@@ -36,6 +36,8 @@ pub enum EngineError {
     Model(String),
     #[error("mlx: {0}")]
     Mlx(String),
+    #[error(transparent)]
+    Grammar(#[from] crate::constraint::GrammarError),
 }
 
 impl From<mlx_rs::error::ConversionError> for EngineError {
@@ -98,7 +100,10 @@ impl Engine {
             None => model.plan.weights_dtype.name().to_owned(),
         };
         let text = if dir.join("tokenizer.json").exists() {
-            Some(Arc::new(TextSide::load(dir, &model.config).map_err(|e| EngineError::Tokenizer(e.to_string()))?))
+            Some(Arc::new(
+                TextSide::load(dir, &model.config, model.plan.vocab_size as usize)
+                    .map_err(|e| EngineError::Tokenizer(e.to_string()))?,
+            ))
         } else {
             None
         };

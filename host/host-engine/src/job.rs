@@ -11,6 +11,7 @@ use crate::plan::ResolvedExecution;
 use crate::sampling::SamplingParams;
 use crate::speculation::SpecStats;
 
+#[derive(Debug, Clone, Default)]
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
@@ -19,6 +20,8 @@ pub struct GenerateRequest {
     pub stop_on_eos: bool,
     /// Report the chosen token's logprob and this many alternatives.
     pub logprobs: Option<usize>,
+    /// The grammar the output must follow (structured output, tool calls).
+    pub constraint: Option<crate::constraint::Constraint>,
 }
 
 /// One generated token as the caller sees it.

@@ -15,6 +15,7 @@ pub mod admission;
 pub mod batch;
 pub mod chat_template;
 pub mod config;
+pub mod constraint;
 pub mod drafting;
 pub mod engine;
 pub mod histogram;
@@ -29,6 +30,7 @@ pub mod sampling;
 pub mod serial;
 pub mod speculation;
 pub mod stats;
+mod template_json;
 pub mod tokenizer;
 pub mod worker;
 

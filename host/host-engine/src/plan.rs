@@ -30,7 +30,7 @@
 use plugin_api::caps;
 use std::fmt;
 
-use caps::{GRAMMAR_BATCH, SHARED_CHECKPOINTS};
+use caps::SHARED_CHECKPOINTS;
 
 /// What one request asks for; everything the plan depends on, nothing more.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,7 +60,6 @@ pub struct Capabilities {
     /// Method ids that may run inside a batch group.
     pub grouped_methods: Vec<String>,
     pub quantized_batch: bool,
-    pub grammar_batch: bool,
     /// Every layout can export/import its state (prefix cache).
     pub state_io: bool,
     pub checkpoints: bool,
@@ -121,7 +120,6 @@ impl Capabilities {
             continuous_blocker,
             grouped_methods,
             quantized_batch: has(model, caps::QUANTIZED_KV_BATCH),
-            grammar_batch: has(model, GRAMMAR_BATCH),
             state_io,
             // A checkpoint is exported layout state, so it needs `state-io`.
             checkpoints: has(model, caps::CHECKPOINTS) && state_io,
@@ -224,6 +222,7 @@ impl Planner {
             draft_kind: self.draft_kind.clone(),
             wants_logprobs: req.logprobs.is_some(),
             has_penalties: req.params.has_penalties(),
+            has_grammar: req.constraint.is_some(),
             ..Default::default()
         }
     }
@@ -302,10 +301,6 @@ pub fn resolve_execution(req: &RequestFacts, cap: &Capabilities, srv: &ServerFea
         (
             req.kv_quant.is_some() && !cap.quantized_batch,
             format!("serial: KV scheme `{kv}` cannot batch (no `{}`)", caps::QUANTIZED_KV_BATCH),
-        ),
-        (
-            req.has_grammar && !cap.grammar_batch,
-            format!("serial: grammar-constrained rows cannot batch (no `{GRAMMAR_BATCH}`)"),
         ),
     ];
     reasons.extend(exclusions.into_iter().filter(|(on, _)| *on).map(|(_, why)| why));
@@ -444,20 +439,7 @@ mod tests {
                 "ar serial pc ck cd",
                 "KV scheme `affine4` cannot batch",
             ),
-            (
-                RequestFacts { has_grammar: true, ..r() },
-                full(),
-                srv(),
-                "ar serial pc cd",
-                "serial: grammar-constrained rows",
-            ),
-            (
-                RequestFacts { has_grammar: true, ..r() },
-                Capabilities { grammar_batch: true, ..full() },
-                srv(),
-                "ar cont pc cd",
-                "no checkpoint: grammar",
-            ),
+            (RequestFacts { has_grammar: true, ..r() }, full(), srv(), "ar cont pc cd", "no checkpoint: grammar"),
             (r(), full(), ServerFeatures { batch_limit: 1, ..srv() }, "ar serial pc ck cd", "(`--batch 1`)"),
             (draft(), full(), ServerFeatures { batch_limit: 0, ..srv() }, "spec serial pc ck", "one request at a time"),
             (
@@ -549,7 +531,6 @@ mod tests {
             without("shared-checkpoints"),
             Capabilities::default(),
             Capabilities::from_tags(LLAMA, &[PLAIN, ROTATING], Some(&[])),
-            Capabilities { grammar_batch: true, ..full() },
         ];
         let servers = [
             srv(),

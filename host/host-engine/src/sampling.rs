@@ -29,6 +29,9 @@ pub struct SamplingParams {
     pub penalty_context: usize,
     /// Reproducible draws: the same seed gives the same tokens.
     pub seed: Option<u64>,
+    /// Added to these tokens' logits before anything else (OpenAI's
+    /// `logit_bias`; -100 bans a token, +100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -43,6 +46,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             penalty_context: 20,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -79,6 +83,9 @@ impl SamplingParams {
         if !(-2.0..=2.0).contains(&self.frequency_penalty) || self.frequency_penalty.is_nan() {
             return bad("frequency_penalty", self.frequency_penalty, "between -2 and 2");
         }
+        if let Some(&(_, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return bad("logit_bias", b, "between -100 and 100 for every token");
+        }
         Ok(())
     }
 }
@@ -110,8 +117,14 @@ impl Sampler {
         Ok(Self { params, key: Some(random::key(seed)?), seed })
     }
 
-    /// Applies the penalties to `[1, V]` logits given the token history.
+    /// Applies the logit bias, then the penalties, to `[1, V]` logits
+    /// given the token history (mlx-lm's logits processors, in its order).
     pub fn process(&self, logits: Array, history: &[u32]) -> R<Array> {
+        self.penalize(self.bias(logits)?, history)
+    }
+
+    /// Applies the penalties to `[1, V]` logits given the token history.
+    pub fn penalize(&self, logits: Array, history: &[u32]) -> R<Array> {
         let p = &self.params;
         if !p.has_penalties() || history.is_empty() {
             return Ok(logits);
@@ -147,6 +160,29 @@ impl Sampler {
             logits = ops::indexing::put_along_axis(&logits, &i, &sel.subtract(&sub)?, -1)?;
         }
         Ok(logits)
+    }
+
+    /// `logits` with the request's logit bias added (each row alike).
+    pub fn bias(&self, logits: Array) -> R<Array> {
+        let bias = &self.params.logit_bias;
+        if bias.is_empty() {
+            return Ok(logits);
+        }
+        let v = logits.shape()[logits.ndim() - 1];
+        let mut dense = vec![0f32; v as usize];
+        for &(id, b) in bias {
+            if let Some(slot) = dense.get_mut(id as usize) {
+                *slot += b;
+            }
+        }
+        logits.add(Array::from_slice(&dense, &[v]).as_dtype(logits.dtype())?)
+    }
+
+    /// `logits` with every token `mask` (boolean, broadcast over rows)
+    /// rules out set to -inf: a grammar's allowed tokens.
+    pub fn constrain(logits: &Array, mask: &Array) -> R<Array> {
+        let low = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
+        ops::select(mask, logits, &low)
     }
 
     /// `logits - logsumexp(logits)` in the logits' dtype (as mlx-lm).

@@ -3,6 +3,7 @@
 //! add_bos_token) and `generation_config.json` (EOS ids, sampling defaults).
 
 use crate::chat_template::ChatTemplate;
+use crate::constraint::{GrammarCompiler, GrammarError, MaskClock};
 use serde_json::Value;
 use std::path::Path;
 use tokenizers::Tokenizer;
@@ -32,6 +33,14 @@ pub struct TextSide {
     pub bos_token: Option<String>,
     pub add_bos: bool,
     pub defaults: GenerationDefaults,
+    /// The model's logits width (a grammar's mask covers every id).
+    pub vocab: usize,
+    tokenizer_path: std::path::PathBuf,
+    /// Built on the first constrained request (the token trie takes a
+    /// moment) and shared by every request after it.
+    grammar: std::sync::OnceLock<Result<GrammarCompiler, GrammarError>>,
+    /// What every constrained row's masks cost.
+    pub mask_clock: std::sync::Arc<MaskClock>,
 }
 
 fn read_json(path: &Path) -> Option<Value> {
@@ -56,8 +65,9 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
 }
 
 impl TextSide {
-    /// Loads the text side of `dir`; `config` is its config.json.
-    pub fn load(dir: &Path, config: &Value) -> Result<Self, TokenizerError> {
+    /// Loads the text side of `dir`; `config` is its config.json and
+    /// `vocab` the model's logits width.
+    pub fn load(dir: &Path, config: &Value, vocab: usize) -> Result<Self, TokenizerError> {
         let path = dir.join("tokenizer.json");
         let tokenizer =
             Tokenizer::from_file(&path).map_err(|e| TokenizerError::Load(format!("{}: {e}", path.display())))?;
@@ -95,7 +105,36 @@ impl TextSide {
             add_bos: tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false),
             bos_token,
             defaults,
+            vocab,
+            tokenizer_path: path,
+            grammar: std::sync::OnceLock::new(),
+            mask_clock: Default::default(),
         })
+    }
+
+    /// The chat template's source text (what tool-call syntax detection reads).
+    pub fn template_source(&self) -> Option<&str> {
+        self.template.as_ref().map(|t| t.source())
+    }
+
+    /// The tokenizer's added tokens by id: their text and whether each is
+    /// special.
+    pub fn added_tokens(&self) -> Vec<(u32, String, bool)> {
+        let mut v: Vec<(u32, String, bool)> =
+            self.tokenizer.get_added_tokens_decoder().into_iter().map(|(id, t)| (id, t.content, t.special)).collect();
+        v.sort();
+        v
+    }
+
+    /// Compiles grammars against this tokenizer (structured output, tool
+    /// calls), or why this tokenizer cannot be constrained.
+    pub fn grammar(&self) -> Result<&GrammarCompiler, GrammarError> {
+        self.grammar
+            .get_or_init(|| {
+                GrammarCompiler::new(&self.tokenizer_path, self.vocab, &self.eos_ids, self.mask_clock.clone())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Encodes raw text the way mlx_lm.generate does for a plain prompt:
@@ -140,17 +179,25 @@ pub struct Detokenizer {
     ids: Vec<u32>,
     /// Start of the decoding window (keeps context for merges and spaces).
     prefix: usize,
+    /// Leave special tokens out of the text (the usual); tool calls keep
+    /// them, since a model's tool-call markers may be special tokens.
+    skip_special: bool,
     /// Tokens whose text has been emitted.
     read: usize,
 }
 
 impl Detokenizer {
     pub fn new(text: std::sync::Arc<TextSide>) -> Self {
-        Self { text, ids: Vec::new(), prefix: 0, read: 0 }
+        Self { text, ids: Vec::new(), prefix: 0, read: 0, skip_special: true }
+    }
+
+    /// A detokenizer that writes special tokens out as their text.
+    pub fn keeping_special(text: std::sync::Arc<TextSide>) -> Self {
+        Self { skip_special: false, ..Self::new(text) }
     }
 
     fn decode(&self, ids: &[u32]) -> String {
-        self.text.tokenizer.decode(ids, true).unwrap_or_default()
+        self.text.tokenizer.decode(ids, self.skip_special).unwrap_or_default()
     }
 
     /// Adds a token; returns the new text it completes (possibly empty).
@@ -208,7 +255,7 @@ mod tests {
     fn side() -> Option<Arc<TextSide>> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/smollm2-135m-instruct");
         let config = serde_json::json!({});
-        TextSide::load(&dir, &config).ok().map(Arc::new)
+        TextSide::load(&dir, &config, 49152).ok().map(Arc::new)
     }
 
     #[test]

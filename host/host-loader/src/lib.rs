@@ -14,4 +14,4 @@ pub mod services;
 pub mod toml_manifest;
 
 pub use compose::{ComposeError, ComposedModel};
-pub use registry::{LoadedPlugin, Refusal, Registry};
+pub use registry::{DiscoverError, LoadedPlugin, Refusal, Registry};

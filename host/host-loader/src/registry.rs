@@ -43,11 +43,20 @@ pub struct Registry {
     pub refused: Vec<Refusal>,
 }
 
+/// The plugins folder itself could not be read (a plugin that cannot be
+/// loaded is a [`Refusal`], not an error).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read plugins folder {}: {source}", dir.display())]
+pub struct DiscoverError {
+    pub dir: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
 impl Registry {
     /// Scans `dir` for sub-folders holding a `plugin.toml`, in name order.
-    pub fn discover(dir: &Path, host: &HostInfo) -> Result<Self, String> {
-        let entries =
-            std::fs::read_dir(dir).map_err(|e| format!("cannot read plugins folder {}: {e}", dir.display()))?;
+    pub fn discover(dir: &Path, host: &HostInfo) -> Result<Self, DiscoverError> {
+        let entries = std::fs::read_dir(dir).map_err(|source| DiscoverError { dir: dir.to_path_buf(), source })?;
         let mut folders: Vec<PathBuf> =
             entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("plugin.toml").exists()).collect();
         folders.sort();
@@ -176,7 +185,7 @@ fn load_one(folder: &Path, host: &HostInfo) -> Result<LoadedPlugin, LoadError> {
 /// its own handle when a library turns out not to be a plugin, after the
 /// library's initialisers (and whatever they registered) already ran. A
 /// refused plugin stays mapped too: its `manifest()` or `init()` may have
-/// run.
+/// run. Its error is a refusal's reason.
 fn map_for_process_lifetime(lib: &Path) -> Result<(), String> {
     use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
     // SAFETY: opening runs the library's initialisers; a plugin folder is

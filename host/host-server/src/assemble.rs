@@ -17,8 +17,18 @@ pub struct Assembler {
 
 impl Assembler {
     pub fn new(text: Arc<TextSide>, stops: Vec<String>) -> Self {
+        Self::over(Detokenizer::new(text), stops)
+    }
+
+    /// An assembler whose text keeps special tokens (a tool-call syntax
+    /// may mark calls with them).
+    pub fn keeping_special(text: Arc<TextSide>, stops: Vec<String>) -> Self {
+        Self::over(Detokenizer::keeping_special(text), stops)
+    }
+
+    fn over(detok: Detokenizer, stops: Vec<String>) -> Self {
         let hold = stops.iter().map(String::len).max().unwrap_or(0);
-        Self { detok: Detokenizer::new(text), stops, held: String::new(), hold, stopped: false }
+        Self { detok, stops, held: String::new(), hold, stopped: false }
     }
 
     /// Adds one token; returns the text that can be released now. After a

@@ -4,6 +4,7 @@
 
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::structured::{self, Requested};
 use crate::wire::Common;
 use host_engine::worker::SubmitError;
 use host_engine::{Event, Job};
@@ -20,13 +21,39 @@ pub struct Running {
     pub started: std::time::Instant,
 }
 
-/// Validates the request's numbers against the model and builds the engine request.
-pub fn request(
+/// Validates the request against the model and builds one engine request
+/// per choice (`n`), each under its own matcher of `grammar` when one is
+/// asked for. Seeded choices draw from `seed`, `seed + 1`, ...
+pub fn requests(
     st: &AppState,
     c: &Common,
     prompt: Vec<u32>,
     logprobs: Option<usize>,
-) -> Result<GenerateRequest, ApiError> {
+    grammar: Option<&Requested>,
+) -> Result<Vec<GenerateRequest>, ApiError> {
+    let first = request(st, c, prompt, logprobs)?;
+    let mut out = Vec::with_capacity(c.n);
+    for i in 0..c.n {
+        let mut params = first.params.clone();
+        params.seed = first.params.seed.map(|s| s.wrapping_add(i as u64));
+        let constraint = match grammar {
+            Some(g) => Some(structured::compile(st.text.as_deref(), g)?),
+            None => None,
+        };
+        out.push(GenerateRequest {
+            prompt: first.prompt.clone(),
+            max_tokens: first.max_tokens,
+            params,
+            stop_on_eos: first.stop_on_eos,
+            logprobs: first.logprobs,
+            constraint,
+        });
+    }
+    Ok(out)
+}
+
+/// Validates the request's numbers against the model and builds the engine request.
+fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usize>) -> Result<GenerateRequest, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::param("prompt", "the prompt is empty"));
     }
@@ -84,10 +111,17 @@ pub fn request(
         presence_penalty: c.presence_penalty.unwrap_or(0.0) as f32,
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0) as f32,
         seed,
+        logit_bias: c.logit_bias.clone(),
         ..Default::default()
     };
+    if let Some((bad, _)) = c.logit_bias.iter().find(|(id, _)| *id >= st.info.vocab_size) {
+        return Err(ApiError::param(
+            "logit_bias",
+            format!("token id {bad} is outside the vocabulary (size {})", st.info.vocab_size),
+        ));
+    }
     params.validate().map_err(|e| ApiError::param(e.param, e.message))?;
-    Ok(GenerateRequest { prompt, max_tokens, params, stop_on_eos: true, logprobs })
+    Ok(GenerateRequest { prompt, max_tokens, params, stop_on_eos: true, logprobs, constraint: None })
 }
 
 /// Queues the request; the job stops when `stop` is set or the receiver is gone.

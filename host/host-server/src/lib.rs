@@ -7,11 +7,13 @@
 //! worker only.
 
 mod assemble;
+mod choice;
 pub mod error;
 mod gen;
 mod respond;
 mod routes;
 pub mod state;
+mod structured;
 mod wire;
 
 use crate::error::ApiError;
@@ -96,12 +98,24 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let worker = Arc::new(worker);
+    let tools = Arc::new(state::ToolSupport::detect(text.as_deref()));
+    tracing::info!(syntax = tools.syntax.name(), "tool calls");
+    if let Some(t) = text.clone() {
+        // The token trie behind every grammar, built before the first
+        // constrained request needs it.
+        std::thread::spawn(move || {
+            if let Err(e) = t.grammar() {
+                tracing::warn!(error = %e, "constrained decoding is unavailable");
+            }
+        });
+    }
     let st = AppState {
         planner: Arc::new(planner),
         memory,
         budget,
         worker: worker.clone(),
         text,
+        tools,
         info,
         cfg: Arc::new(cfg),
         stats: Arc::new(ServerStats::default()),

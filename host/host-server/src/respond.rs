@@ -1,8 +1,9 @@
-//! Turning a running job into the OpenAI response: one JSON body, or an
-//! SSE stream of chunks ending in `data: [DONE]`. Both share the assembler
-//! (detokenizing, stop strings) and the usage and logprobs formats.
+//! Turning running jobs (one per choice) into the OpenAI response: one
+//! JSON body, or an SSE stream of chunks ending in `data: [DONE]`. Both
+//! share the per-choice output (detokenizing, stop strings, tool calls) and
+//! the usage and logprobs formats.
 
-use crate::assemble::Assembler;
+use crate::choice::{Call, ChoiceOut, Piece};
 use crate::error::ApiError;
 use crate::gen::Running;
 use crate::state::{AppState, ServerStats};
@@ -32,14 +33,18 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn usage(&self, prompt: usize, r: &host_engine::GenerateResult) -> Value {
+    /// Usage over every choice: the prompt once, the completions summed;
+    /// the first choice's cached tokens and speculation report.
+    fn usage(&self, prompt: usize, results: &[&host_engine::GenerateResult]) -> Value {
+        let completion: usize = results.iter().map(|r| r.tokens.len()).sum();
+        let first = results.first();
         let mut u = json!({
             "prompt_tokens": prompt,
-            "completion_tokens": r.tokens.len(),
-            "total_tokens": prompt + r.tokens.len(),
-            "prompt_tokens_details": { "cached_tokens": r.cached_tokens },
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": { "cached_tokens": first.map_or(0, |r| r.cached_tokens) },
         });
-        if let Some(sp) = &r.speculation {
+        if let Some(sp) = first.and_then(|r| r.speculation.as_ref()) {
             u["speculation"] = sp.report();
         }
         u
@@ -102,11 +107,12 @@ impl Ctx {
     }
 }
 
-fn finish_reason(stopped_by_string: bool, finish: Finish) -> &'static str {
-    if stopped_by_string {
+fn finish_reason(c: &ChoiceOut, finish: Finish) -> &'static str {
+    if c.stopped() {
         return "stop";
     }
     match finish {
+        Finish::Stop if !c.calls.is_empty() => "tool_calls",
         Finish::Stop => "stop",
         Finish::Length => "length",
     }
@@ -120,48 +126,71 @@ fn log_done(ctx: &Ctx, run: &Running, completion: usize, first_token_ms: Option<
     tracing::info!(id = %ctx.id, prompt_tokens = run.prompt_tokens, completion_tokens = completion, ttft_ms = first_token_ms.unwrap_or(0) as u64, tokens_per_s = format!("{tps:.1}"), finish, "request done");
 }
 
-/// Waits for the whole generation and returns one JSON body.
-pub async fn complete(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut toks: Vec<TokenOut> = Vec::new();
-    let mut first_ms = None;
-    let result = loop {
-        match run.events.recv().await {
-            Some(Event::Token(t)) => {
-                first_ms.get_or_insert_with(|| run.started.elapsed().as_millis());
-                text.push_str(&asm.push(t.id));
-                if asm.stopped {
-                    ServerStats::bump(&ctx.st.stats.stop_string_hits);
-                    run.stop.store(true, Ordering::SeqCst);
-                }
-                if !asm.stopped {
-                    toks.push(t);
+/// A tool call as a message's `tool_calls` entry.
+fn call_json(c: &Call) -> Value {
+    json!({ "id": c.id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } })
+}
+
+/// Waits for every choice and returns one JSON body.
+pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Response, ApiError> {
+    let prompt_tokens = runs.first().map_or(0, |(r, _)| r.prompt_tokens);
+    let mut choices = Vec::with_capacity(runs.len());
+    let mut results = Vec::with_capacity(runs.len());
+    for (mut run, mut c) in runs {
+        let mut text = String::new();
+        let mut first_ms = None;
+        let take = |pieces: Vec<Piece>, text: &mut String| {
+            for p in pieces {
+                if let Piece::Text(s) = p {
+                    text.push_str(&s);
                 }
             }
-            Some(Event::Done(r)) => break r,
-            Some(Event::Failed(e)) => return Err(ApiError::internal(format!("generation failed: {e}"))),
-            None => return Err(ApiError::internal("the engine dropped the request")),
-        }
-    };
-    text.push_str(&asm.finish());
-    let finish = finish_reason(asm.stopped, result.finish);
-    let completion = result.tokens.len();
-    log_done(&ctx, &run, completion, first_ms, finish);
-    let mut offset = 0;
-    let logprobs = ctx.logprobs_value(&toks, &mut offset);
-    let choice = match ctx.api {
-        Api::Chat => {
-            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": logprobs, "finish_reason": finish })
-        }
-        Api::Completion => json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish }),
-    };
+        };
+        let result = loop {
+            match run.events.recv().await {
+                Some(Event::Token(t)) => {
+                    first_ms.get_or_insert_with(|| run.started.elapsed().as_millis());
+                    let pieces = c.push(&t);
+                    take(pieces, &mut text);
+                    if c.stopped() {
+                        ServerStats::bump(&ctx.st.stats.stop_string_hits);
+                        run.stop.store(true, Ordering::SeqCst);
+                    }
+                }
+                Some(Event::Done(r)) => break r,
+                Some(Event::Failed(e)) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+                None => return Err(ApiError::internal("the engine dropped the request")),
+            }
+        };
+        let pieces = c.finish();
+        take(pieces, &mut text);
+        let finish = finish_reason(&c, result.finish);
+        log_done(&ctx, &run, result.tokens.len(), first_ms, finish);
+        let mut offset = 0;
+        let toks = std::mem::take(&mut c.toks);
+        let logprobs = ctx.logprobs_value(&toks, &mut offset);
+        choices.push(match ctx.api {
+            Api::Chat => {
+                let mut message = json!({ "role": "assistant", "content": text });
+                if !c.calls.is_empty() {
+                    if text.trim().is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = c.calls.iter().map(call_json).collect();
+                }
+                json!({ "index": c.index, "message": message, "logprobs": logprobs, "finish_reason": finish })
+            }
+            Api::Completion => json!({ "index": c.index, "text": text, "logprobs": logprobs, "finish_reason": finish }),
+        });
+        results.push(result);
+    }
     let body = json!({
         "id": ctx.id,
         "object": ctx.object(false),
         "created": ctx.created,
         "model": ctx.st.cfg.model_id,
-        "choices": [choice],
-        "usage": ctx.usage(run.prompt_tokens, &result),
+        "choices": choices,
+        "usage": ctx.usage(prompt_tokens, &results.iter().collect::<Vec<_>>()),
     });
     Ok(axum::Json(body).into_response())
 }
@@ -170,84 +199,124 @@ fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {}\n\n", serde_json::to_string(v).unwrap_or_default()))
 }
 
-/// Streams chunks as they come. When the client goes away the body is
-/// dropped, the pump's send fails, it drops the event receiver, and the
-/// engine stops the job at its next step.
-pub fn stream(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Response {
+/// Streams chunks as they come, each choice's under its index. When the
+/// client goes away the body is dropped, the pump's send fails, it drops
+/// the event receivers, and the engine stops the jobs at their next step.
+pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(64);
+    // Every choice's events into one channel, tagged with the choice.
+    let (merged_tx, mut merged) = tokio::sync::mpsc::unbounded_channel::<(usize, Event)>();
+    let mut choices = Vec::with_capacity(runs.len());
+    for (i, (mut run, c)) in runs.into_iter().enumerate() {
+        let events = std::mem::replace(&mut run.events, tokio::sync::mpsc::unbounded_channel().1);
+        let fwd = merged_tx.clone();
+        tokio::spawn(forward(i, events, fwd));
+        choices.push((run, c));
+    }
+    drop(merged_tx);
     tokio::spawn(async move {
-        let chunk = |choice: Value, usage: Option<Value>| -> Value {
+        let chunk = |choice: Value| -> Value {
             let mut c = json!({ "id": ctx.id, "object": ctx.object(true), "created": ctx.created, "model": ctx.st.cfg.model_id, "choices": [choice] });
             if ctx.include_usage {
-                c["usage"] = usage.unwrap_or(Value::Null);
+                c["usage"] = Value::Null;
             }
             c
         };
-        let delta = |text: String, lp: Value, finish: Option<&str>| -> Value {
+        let text_delta = |index: usize, text: String, lp: Value| -> Value {
             match ctx.api {
                 Api::Chat => {
-                    let d = if finish.is_some() && text.is_empty() { json!({}) } else { json!({ "content": text }) };
-                    json!({ "index": 0, "delta": d, "logprobs": lp, "finish_reason": finish })
+                    json!({ "index": index, "delta": { "content": text }, "logprobs": lp, "finish_reason": null })
                 }
-                Api::Completion => json!({ "index": 0, "text": text, "logprobs": lp, "finish_reason": finish }),
+                Api::Completion => json!({ "index": index, "text": text, "logprobs": lp, "finish_reason": null }),
             }
+        };
+        // A call as OpenAI streams it: id, type and name with empty
+        // arguments, then the arguments.
+        let call_deltas = |index: usize, c: &Call| -> [Value; 2] {
+            let head = json!({ "index": c.index, "id": c.id, "type": "function", "function": { "name": c.name, "arguments": "" } });
+            let args = json!({ "index": c.index, "function": { "arguments": c.arguments } });
+            [head, args].map(|tc| json!({ "index": index, "delta": { "tool_calls": [tc] }, "logprobs": null, "finish_reason": null }))
+        };
+        let last = |index: usize, finish: &str| -> Value {
+            match ctx.api {
+                Api::Chat => json!({ "index": index, "delta": {}, "logprobs": null, "finish_reason": finish }),
+                Api::Completion => json!({ "index": index, "text": "", "logprobs": null, "finish_reason": finish }),
+            }
+        };
+        let send_pieces = |index: usize, pieces: Vec<Piece>, mut lp: Value| -> Vec<Value> {
+            let mut out = Vec::new();
+            for p in pieces {
+                match p {
+                    Piece::Text(s) => out.push(chunk(text_delta(index, s, std::mem::take(&mut lp)))),
+                    Piece::Call(c) => out.extend(call_deltas(index, &c).map(&chunk)),
+                }
+            }
+            if !lp.is_null() {
+                out.push(chunk(text_delta(index, String::new(), lp)));
+            }
+            out
         };
         if ctx.api == Api::Chat {
-            let first = chunk(
-                json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null }),
-                None,
-            );
-            if tx.send(Ok(sse(&first))).await.is_err() {
-                return;
+            for (i, _) in choices.iter().enumerate() {
+                let first = chunk(
+                    json!({ "index": i, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null }),
+                );
+                if tx.send(Ok(sse(&first))).await.is_err() {
+                    return;
+                }
             }
         }
-        let mut first_ms = None;
-        let mut offset = 0;
-        let result = loop {
-            match run.events.recv().await {
-                Some(Event::Token(t)) => {
-                    first_ms.get_or_insert_with(|| run.started.elapsed().as_millis());
-                    let text = asm.push(t.id);
-                    if asm.stopped {
+        let mut first_ms: Vec<Option<u128>> = vec![None; choices.len()];
+        let mut results: Vec<Option<host_engine::GenerateResult>> = (0..choices.len()).map(|_| None).collect();
+        while let Some((i, ev)) = merged.recv().await {
+            let (run, c) = &mut choices[i];
+            let out = match ev {
+                Event::Token(t) => {
+                    first_ms[i].get_or_insert_with(|| run.started.elapsed().as_millis());
+                    let pieces = c.push(&t);
+                    if c.stopped() && !run.stop.swap(true, Ordering::SeqCst) {
                         ServerStats::bump(&ctx.st.stats.stop_string_hits);
-                        run.stop.store(true, Ordering::SeqCst);
                     }
-                    let lp = if asm.stopped {
+                    let lp = if c.stopped() {
                         Value::Null
                     } else {
-                        ctx.logprobs_value(std::slice::from_ref(&t), &mut offset)
+                        let mut offset = c.offset;
+                        let v = ctx.logprobs_value(std::slice::from_ref(&t), &mut offset);
+                        c.offset = offset;
+                        v
                     };
-                    if text.is_empty() && lp.is_null() {
-                        continue;
-                    }
-                    if tx.send(Ok(sse(&chunk(delta(text, lp, None), None)))).await.is_err() {
-                        return; // client gone: dropping `run` cancels the job
-                    }
+                    send_pieces(i, pieces, lp)
                 }
-                Some(Event::Done(r)) => break Ok(r),
-                Some(Event::Failed(e)) => break Err(e),
-                None => return,
-            }
-        };
-        match result {
-            Ok(r) => {
-                let tail = asm.finish();
-                if !tail.is_empty() {
-                    let _ = tx.send(Ok(sse(&chunk(delta(tail, Value::Null, None), None)))).await;
+                Event::Done(r) => {
+                    let mut out = send_pieces(i, c.finish(), Value::Null);
+                    let finish = finish_reason(c, r.finish);
+                    log_done(&ctx, run, r.tokens.len(), first_ms[i], finish);
+                    out.push(chunk(last(i, finish)));
+                    results[i] = Some(r);
+                    out
                 }
-                let finish = finish_reason(asm.stopped, r.finish);
-                log_done(&ctx, &run, r.tokens.len(), first_ms, finish);
-                let _ = tx.send(Ok(sse(&chunk(delta(String::new(), Value::Null, Some(finish)), None)))).await;
-                if ctx.include_usage {
-                    let mut u = json!({ "id": ctx.id, "object": ctx.object(true), "created": ctx.created, "model": ctx.st.cfg.model_id, "choices": [] });
-                    u["usage"] = ctx.usage(run.prompt_tokens, &r);
-                    let _ = tx.send(Ok(sse(&u))).await;
+                Event::Failed(e) => {
+                    let err = ApiError::internal(format!("generation failed: {e}"));
+                    let _ = tx.send(Ok(sse(&err.body()))).await;
+                    let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+                    return;
+                }
+            };
+            for v in out {
+                if tx.send(Ok(sse(&v))).await.is_err() {
+                    return; // client gone: dropping the receivers cancels the jobs
                 }
             }
-            Err(e) => {
-                let err = ApiError::internal(format!("generation failed: {e}"));
-                let _ = tx.send(Ok(sse(&err.body()))).await;
-            }
+        }
+        let done: Vec<&host_engine::GenerateResult> = results.iter().flatten().collect();
+        if done.len() < choices.len() {
+            let err = ApiError::internal("the engine dropped the request");
+            let _ = tx.send(Ok(sse(&err.body()))).await;
+        } else if ctx.include_usage {
+            let prompt = choices.first().map_or(0, |(r, _)| r.prompt_tokens);
+            let mut u = json!({ "id": ctx.id, "object": ctx.object(true), "created": ctx.created, "model": ctx.st.cfg.model_id, "choices": [] });
+            u["usage"] = ctx.usage(prompt, &done);
+            let _ = tx.send(Ok(sse(&u))).await;
         }
         let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
     });
@@ -256,4 +325,19 @@ pub fn stream(ctx: Ctx, mut run: Running, mut asm: Assembler) -> Response {
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)))
         .unwrap_or_else(|_| ApiError::internal("building the stream").into_response())
+}
+
+/// Moves one choice's events into the merged channel until its job ends or
+/// the stream is gone (then dropping `events` stops the job).
+async fn forward(
+    index: usize,
+    mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    to: tokio::sync::mpsc::UnboundedSender<(usize, Event)>,
+) {
+    while let Some(ev) = events.recv().await {
+        let end = matches!(ev, Event::Done(_) | Event::Failed(_));
+        if to.send((index, ev)).is_err() || end {
+            return;
+        }
+    }
 }

@@ -67,10 +67,28 @@ pub struct AppState {
     pub budget: host_engine::admission::Budget,
     pub worker: Arc<Worker>,
     pub text: Option<Arc<TextSide>>,
+    /// How the model writes tool calls (from its chat template and added
+    /// tokens), and those tokens (grammars name special markers by id).
+    pub tools: Arc<ToolSupport>,
     pub info: ModelInfo,
     pub cfg: Arc<ServerConfig>,
     pub stats: Arc<ServerStats>,
     pub ids: Arc<AtomicU64>,
+}
+
+/// What tool calling needs to know about the served model.
+pub struct ToolSupport {
+    pub syntax: host_tools::ToolSyntax,
+    pub added_tokens: Vec<(u32, String, bool)>,
+}
+
+impl ToolSupport {
+    pub fn detect(text: Option<&TextSide>) -> Self {
+        let added_tokens = text.map(TextSide::added_tokens).unwrap_or_default();
+        let named: Vec<(String, bool)> = added_tokens.iter().map(|(_, t, s)| (t.clone(), *s)).collect();
+        let template = text.and_then(TextSide::template_source).unwrap_or("");
+        Self { syntax: host_tools::ToolSyntax::detect(template, &named), added_tokens }
+    }
 }
 
 impl AppState {

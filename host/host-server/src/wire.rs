@@ -21,7 +21,14 @@ pub struct Common {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Token id → bias added to its logit (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Choices to generate for the one prompt.
+    pub n: usize,
 }
+
+/// Most choices one request may ask for (OpenAI's limit).
+pub const MAX_N: i64 = 128;
 
 pub struct Fields<'a>(pub &'a Map<String, Value>);
 
@@ -67,28 +74,34 @@ impl Common {
             Some(n) => Some(n),
             None => f.integer(max_tokens_field)?,
         };
-        let n = f.integer("n")?;
-        if n.is_some_and(|n| n != 1) {
-            return Err(ApiError::unsupported("n", "only n=1 is supported"));
+        let n = match f.integer("n")? {
+            None => 1,
+            Some(n) if (1..=MAX_N).contains(&n) => n as usize,
+            Some(n) => return Err(ApiError::param("n", format!("`n` must be between 1 and {MAX_N}, got {n}"))),
+        };
+        if f.integer("best_of")?.is_some_and(|b| b != 1 && b != n as i64) {
+            return Err(ApiError::unsupported("best_of", "best_of other than n is not supported"));
         }
-        if f.integer("best_of")?.is_some_and(|n| n != 1) {
-            return Err(ApiError::unsupported("best_of", "best_of is not supported"));
-        }
-        if f.value("logit_bias").is_some_and(|v| v.as_object().is_some_and(|o| !o.is_empty())) {
-            return Err(ApiError::unsupported("logit_bias", "logit_bias is not supported yet"));
-        }
-        if let Some(rf) = f.value("response_format") {
-            let t = rf.get("type").and_then(Value::as_str).unwrap_or("");
-            if t != "text" {
-                return Err(ApiError::unsupported(
-                    "response_format",
-                    format!("response_format `{t}` (structured output) is not supported yet"),
-                ));
+        let logit_bias = match f.value("logit_bias") {
+            None => Vec::new(),
+            Some(Value::Object(o)) => {
+                let mut out = Vec::with_capacity(o.len());
+                for (k, v) in o {
+                    let id = k.parse::<u32>().map_err(|_| {
+                        ApiError::param("logit_bias", format!("`logit_bias` keys are token ids; `{k}` is not one"))
+                    })?;
+                    let b = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
+                        ApiError::param(
+                            "logit_bias",
+                            format!("the bias of token {id} must be a number from -100 to 100"),
+                        )
+                    })?;
+                    out.push((id, b as f32));
+                }
+                out
             }
-        }
-        if f.value("tools").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
-            return Err(ApiError::unsupported("tools", "tool calls are not supported yet"));
-        }
+            Some(_) => return Err(ApiError::param("logit_bias", "`logit_bias` must be an object of token id → bias")),
+        };
         let stop = match f.value("stop") {
             None => Vec::new(),
             Some(Value::String(s)) => vec![s.clone()],
@@ -132,36 +145,8 @@ impl Common {
             stop,
             stream: f.boolean("stream")?,
             include_usage,
+            logit_bias,
+            n,
         })
-    }
-}
-
-/// Message content: a string, or an array of `{"type":"text","text":...}`.
-pub fn message_text(v: &Value, i: usize) -> Result<String, ApiError> {
-    let p = || format!("messages[{i}].content");
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Null => Ok(String::new()),
-        Value::Array(parts) => {
-            let mut out = String::new();
-            for part in parts {
-                match part.get("type").and_then(Value::as_str) {
-                    Some("text") => out.push_str(
-                        part.get("text")
-                            .and_then(Value::as_str)
-                            .ok_or_else(|| ApiError::param(&p(), "a text part needs a string `text`"))?,
-                    ),
-                    Some(other) => {
-                        return Err(ApiError::unsupported(
-                            &p(),
-                            format!("content parts of type `{other}` are not supported (text only)"),
-                        ))
-                    }
-                    None => return Err(ApiError::param(&p(), "each content part needs a `type`")),
-                }
-            }
-            Ok(out)
-        }
-        _ => Err(ApiError::param(&p(), "content must be a string or an array of content parts")),
     }
 }

@@ -16,11 +16,11 @@ pub(crate) struct Decoded {
 
 pub(crate) fn decode(syntax: ToolSyntax, text: &str, tools: &[Tool]) -> Option<Vec<Decoded>> {
     let calls = match syntax {
-        ToolSyntax::Json | ToolSyntax::Hermes | ToolSyntax::LlamaJson => json_calls(text)?,
-        ToolSyntax::MistralJson | ToolSyntax::MistralArgs => mistral_calls(text)?,
-        ToolSyntax::QwenXml => xml_call::decode(text, tools)?,
-        ToolSyntax::Gemma4 => gemma_call::decode(text, "<|\"|>")?,
-        ToolSyntax::FunctionGemma => gemma_call::decode(text, "<escape>")?,
+        ToolSyntax::Json | ToolSyntax::Hermes | ToolSyntax::PythonTagJson => json_calls(text)?,
+        ToolSyntax::ToolCallsList | ToolSyntax::ToolCallsArgs => mistral_calls(text)?,
+        ToolSyntax::XmlFunction => xml_call::decode(text, tools)?,
+        ToolSyntax::PipeToolCall => gemma_call::decode(text, "<|\"|>")?,
+        ToolSyntax::FunctionCallTags => gemma_call::decode(text, "<escape>")?,
     };
     (!calls.is_empty()).then_some(calls)
 }
@@ -97,7 +97,7 @@ mod tests {
     fn json_forms() {
         let want = Some(("f".to_string(), json!({ "a": 1 })));
         assert_eq!(one(ToolSyntax::Hermes, "\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"), want);
-        assert_eq!(one(ToolSyntax::LlamaJson, "{\"name\": \"f\", \"parameters\": {\"a\": 1}}"), want);
+        assert_eq!(one(ToolSyntax::PythonTagJson, "{\"name\": \"f\", \"parameters\": {\"a\": 1}}"), want);
         assert_eq!(one(ToolSyntax::Hermes, "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}"), want);
         assert_eq!(one(ToolSyntax::Json, "{\"name\": \"f\"}"), Some(("f".to_string(), json!({}))));
         let two = decode(
@@ -128,14 +128,14 @@ mod tests {
     #[test]
     fn mistral_forms() {
         let want = Some(("get_weather".to_string(), json!({ "city": "Paris" })));
-        assert_eq!(one(ToolSyntax::MistralArgs, "get_weather[ARGS]{\"city\": \"Paris\"}"), want);
+        assert_eq!(one(ToolSyntax::ToolCallsArgs, "get_weather[ARGS]{\"city\": \"Paris\"}"), want);
         assert_eq!(
-            one(ToolSyntax::MistralJson, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"),
+            one(ToolSyntax::ToolCallsList, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"),
             want
         );
-        assert_eq!(one(ToolSyntax::MistralJson, "get_weather[ARGS]{\"city\": \"Paris\"}"), want);
-        assert_eq!(decode(ToolSyntax::MistralArgs, "get weather[ARGS]{}", &[]), None);
-        assert_eq!(decode(ToolSyntax::MistralArgs, "f[ARGS][1]", &[]), None);
-        assert_eq!(decode(ToolSyntax::MistralArgs, "f{}", &[]), None);
+        assert_eq!(one(ToolSyntax::ToolCallsList, "get_weather[ARGS]{\"city\": \"Paris\"}"), want);
+        assert_eq!(decode(ToolSyntax::ToolCallsArgs, "get weather[ARGS]{}", &[]), None);
+        assert_eq!(decode(ToolSyntax::ToolCallsArgs, "f[ARGS][1]", &[]), None);
+        assert_eq!(decode(ToolSyntax::ToolCallsArgs, "f{}", &[]), None);
     }
 }

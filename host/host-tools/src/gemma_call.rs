@@ -1,6 +1,6 @@
-//! Gemma 4 and FunctionGemma calls: `call:NAME{key:value,...}`, a JSON-like
+//! Gemma 4 and FunctionCallTags calls: `call:NAME{key:value,...}`, a JSON-like
 //! notation with bare keys and strings between a delimiter token (`<|"|>`
-//! for Gemma 4, `<escape>` for FunctionGemma) that needs no escaping inside.
+//! for Gemma 4, `<escape>` for FunctionCallTags) that needs no escaping inside.
 
 use crate::decode::{is_name_char, Decoded};
 use serde_json::{Map, Value};
@@ -142,7 +142,7 @@ impl Reader<'_> {
     }
 
     /// Numbers, true, false and null; anything else up to the next `,`, `}`
-    /// or `]` is read as a string, which is how FunctionGemma writes some.
+    /// or `]` is read as a string, which is how FunctionCallTags writes some.
     fn bare(&mut self) -> Option<Value> {
         let len = self.rest.find([',', '}', ']']).unwrap_or(self.rest.len());
         let raw = self.rest[..len].trim();

@@ -57,18 +57,18 @@ pub fn calls_grammar(
             g.rule("call", &format!("{open} \"\\n\" ({}) \"\\n\" {close}", one_of("fn")));
             g.json_call_rules(tools, "arguments");
         }
-        ToolSyntax::LlamaJson => {
+        ToolSyntax::PythonTagJson => {
             // The Llama 3.1-3.3 templates ask for bare JSON; `; ` is how
             // several calls are written where they are written at all.
             g.repeated_start(multiple, Some("\"; \""));
             g.rule("call", &one_of("fn"));
             g.json_call_rules(tools, "parameters");
         }
-        ToolSyntax::MistralJson => {
+        ToolSyntax::ToolCallsList => {
             let open = g.marker("[TOOL_CALLS]");
             g.rule("start", &format!("{open} %json {}", call_list_schema(tools, "arguments", multiple)));
         }
-        ToolSyntax::MistralArgs => {
+        ToolSyntax::ToolCallsArgs => {
             g.repeated_start(multiple, None);
             let (open, args) = (g.marker("[TOOL_CALLS]"), g.marker("[ARGS]"));
             g.rule("call", &format!("{open} ({})", one_of("fn")));
@@ -77,7 +77,7 @@ pub fn calls_grammar(
                 g.rule(&format!("fn_{i}"), &format!("{} {args} %json {schema}", quoted(&t.name)));
             }
         }
-        ToolSyntax::QwenXml => {
+        ToolSyntax::XmlFunction => {
             g.repeated_start(multiple, Some("\"\\n\""));
             let (open, close) = (g.marker("<tool_call>"), g.marker("</tool_call>"));
             g.rule("call", &format!("{open} \"\\n\" ({}) \"\\n\" {close}", one_of("fn")));
@@ -87,9 +87,9 @@ pub fn calls_grammar(
                 g.rule(&format!("fn_{i}"), &format!("{head} {args} \"</function>\""));
             }
         }
-        ToolSyntax::Gemma4 | ToolSyntax::FunctionGemma => {
+        ToolSyntax::PipeToolCall | ToolSyntax::FunctionCallTags => {
             let (open, close, delim) = match syntax {
-                ToolSyntax::Gemma4 => ("<|tool_call>", "<tool_call|>", "<|\"|>"),
+                ToolSyntax::PipeToolCall => ("<|tool_call>", "<tool_call|>", "<|\"|>"),
                 _ => ("<start_function_call>", "<end_function_call>", "<escape>"),
             };
             g.repeated_start(multiple, None);
@@ -210,8 +210,12 @@ pub(crate) fn standalone(schema: &Value, params: &[&Value]) -> Value {
             // Unknown keywords and formats in a client's schema must not
             // make the request fail.
             "lenient": true,
-            // Unbounded whitespace lets a sampled model pad forever.
-            "whitespace_pattern": "[ \\t\\n\\r]{1,16}",
+            // Arguments as chat templates write them (Python's json.dumps
+            // separators, no other whitespace): free whitespace lets a
+            // sampled model pad forever.
+            "whitespace_flexible": false,
+            "item_separator": ", ",
+            "key_separator": ": ",
         }),
     );
     Value::Object(doc)

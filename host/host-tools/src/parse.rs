@@ -68,7 +68,7 @@ enum Close {
     /// The call ends with its JSON value.
     JsonValue,
     /// `NAME[ARGS]{...}` or a JSON array: the call ends with the JSON.
-    MistralHeader,
+    ToolCallsHeader,
 }
 
 const fn opener(marker: &'static str, close: Close) -> Opener {
@@ -83,9 +83,9 @@ const QWEN_XML: [Opener; 2] = [
     // Qwen3-Coder at times leaves out <tool_call> and starts at <function=.
     Opener { marker: "<function=", at_boundary_only: false, in_body: true, close: Close::Marker("</function>") },
 ];
-const LLAMA: [Opener; 2] = [opener("<|python_tag|>", Close::JsonValue), JSON_OBJECT];
-const MISTRAL: [Opener; 1] = [opener("[TOOL_CALLS]", Close::MistralHeader)];
-const GEMMA4: [Opener; 1] = [opener("<|tool_call>", Close::Marker("<tool_call|>"))];
+const PYTHON_TAG: [Opener; 2] = [opener("<|python_tag|>", Close::JsonValue), JSON_OBJECT];
+const TOOL_CALLS: [Opener; 1] = [opener("[TOOL_CALLS]", Close::ToolCallsHeader)];
+const PIPE_TOOL_CALL: [Opener; 1] = [opener("<|tool_call>", Close::Marker("<tool_call|>"))];
 const FUNCTION_GEMMA: [Opener; 1] = [opener("<start_function_call>", Close::Marker("<end_function_call>"))];
 const JSON: [Opener; 2] = [JSON_OBJECT, JSON_ARRAY];
 
@@ -93,11 +93,11 @@ fn openers(syntax: ToolSyntax) -> &'static [Opener] {
     match syntax {
         ToolSyntax::Json => &JSON,
         ToolSyntax::Hermes => &HERMES,
-        ToolSyntax::QwenXml => &QWEN_XML,
-        ToolSyntax::LlamaJson => &LLAMA,
-        ToolSyntax::MistralJson | ToolSyntax::MistralArgs => &MISTRAL,
-        ToolSyntax::Gemma4 => &GEMMA4,
-        ToolSyntax::FunctionGemma => &FUNCTION_GEMMA,
+        ToolSyntax::XmlFunction => &QWEN_XML,
+        ToolSyntax::PythonTagJson => &PYTHON_TAG,
+        ToolSyntax::ToolCallsList | ToolSyntax::ToolCallsArgs => &TOOL_CALLS,
+        ToolSyntax::PipeToolCall => &PIPE_TOOL_CALL,
+        ToolSyntax::FunctionCallTags => &FUNCTION_GEMMA,
     }
 }
 
@@ -179,7 +179,7 @@ impl ToolCallParser {
             let text = match call.opener.close {
                 Close::Marker(end) => &call.body[..call.body.len() - partial_suffix(&call.body, &[end])],
                 // A JSON value that closed would have ended the call already.
-                Close::JsonValue | Close::MistralHeader => "",
+                Close::JsonValue | Close::ToolCallsHeader => "",
             };
             match (!text.is_empty()).then(|| decode(self.syntax, text, &self.tools)).flatten() {
                 Some(calls) => self.release_calls(calls, &mut out),
@@ -296,7 +296,7 @@ impl ToolCallParser {
 
     /// Between and around calls: whitespace, and Llama's `;` between calls.
     fn is_separator(&self, c: char) -> bool {
-        c.is_whitespace() || (c == ';' && self.after_call && self.syntax == ToolSyntax::LlamaJson)
+        c.is_whitespace() || (c == ';' && self.after_call && self.syntax == ToolSyntax::PythonTagJson)
     }
 
     fn separators_len(&self, s: &str) -> usize {
@@ -335,7 +335,7 @@ fn advance(call: &mut OpenCall) -> Progress {
             }
             scan_json(call)
         }
-        Close::MistralHeader => {
+        Close::ToolCallsHeader => {
             if call.json.is_none() {
                 match mistral_json_start(&call.body) {
                     Ok(Some(start)) => {

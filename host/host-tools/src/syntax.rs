@@ -12,17 +12,17 @@ pub enum ToolSyntax {
     /// Hermes / Qwen2.5 / Qwen3: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
     Hermes,
     /// Qwen3-Coder / Qwen3.5: `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>`.
-    QwenXml,
+    XmlFunction,
     /// Llama 3.x: `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`.
-    LlamaJson,
+    PythonTagJson,
     /// Older Mistral templates: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`.
-    MistralJson,
+    ToolCallsList,
     /// Newer Mistral templates: `[TOOL_CALLS]NAME[ARGS]{...}`.
-    MistralArgs,
+    ToolCallsArgs,
     /// Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`.
-    Gemma4,
+    PipeToolCall,
     /// FunctionGemma: `<start_function_call>call:NAME{key:<escape>text<escape>}<end_function_call>`.
-    FunctionGemma,
+    FunctionCallTags,
 }
 
 impl ToolSyntax {
@@ -41,17 +41,17 @@ impl ToolSyntax {
         self != ToolSyntax::Json
     }
 
-    /// The markers that can open a call. `{` and `[` (Json, LlamaJson) open
+    /// The markers that can open a call. `{` and `[` (Json, PythonTagJson) open
     /// one only where the answer, or the text after a previous call, begins.
     pub fn start_markers(self) -> &'static [&'static str] {
         match self {
             ToolSyntax::Json => &["{", "["],
             ToolSyntax::Hermes => &["<tool_call>"],
-            ToolSyntax::QwenXml => &["<tool_call>", "<function="],
-            ToolSyntax::LlamaJson => &["<|python_tag|>", "{"],
-            ToolSyntax::MistralJson | ToolSyntax::MistralArgs => &["[TOOL_CALLS]"],
-            ToolSyntax::Gemma4 => &["<|tool_call>"],
-            ToolSyntax::FunctionGemma => &["<start_function_call>"],
+            ToolSyntax::XmlFunction => &["<tool_call>", "<function="],
+            ToolSyntax::PythonTagJson => &["<|python_tag|>", "{"],
+            ToolSyntax::ToolCallsList | ToolSyntax::ToolCallsArgs => &["[TOOL_CALLS]"],
+            ToolSyntax::PipeToolCall => &["<|tool_call>"],
+            ToolSyntax::FunctionCallTags => &["<start_function_call>"],
         }
     }
 
@@ -59,10 +59,12 @@ impl ToolSyntax {
     /// JSON value.
     pub fn end_marker(self) -> Option<&'static str> {
         match self {
-            ToolSyntax::Hermes | ToolSyntax::QwenXml => Some("</tool_call>"),
-            ToolSyntax::Gemma4 => Some("<tool_call|>"),
-            ToolSyntax::FunctionGemma => Some("<end_function_call>"),
-            ToolSyntax::Json | ToolSyntax::LlamaJson | ToolSyntax::MistralJson | ToolSyntax::MistralArgs => None,
+            ToolSyntax::Hermes | ToolSyntax::XmlFunction => Some("</tool_call>"),
+            ToolSyntax::PipeToolCall => Some("<tool_call|>"),
+            ToolSyntax::FunctionCallTags => Some("<end_function_call>"),
+            ToolSyntax::Json | ToolSyntax::PythonTagJson | ToolSyntax::ToolCallsList | ToolSyntax::ToolCallsArgs => {
+                None
+            }
         }
     }
 
@@ -71,12 +73,12 @@ impl ToolSyntax {
         match self {
             ToolSyntax::Json => "json",
             ToolSyntax::Hermes => "hermes",
-            ToolSyntax::QwenXml => "qwen-xml",
-            ToolSyntax::LlamaJson => "llama-json",
-            ToolSyntax::MistralJson => "mistral-json",
-            ToolSyntax::MistralArgs => "mistral-args",
-            ToolSyntax::Gemma4 => "gemma4",
-            ToolSyntax::FunctionGemma => "function-gemma",
+            ToolSyntax::XmlFunction => "xml-function",
+            ToolSyntax::PythonTagJson => "python-tag-json",
+            ToolSyntax::ToolCallsList => "tool-calls-list",
+            ToolSyntax::ToolCallsArgs => "tool-calls-args",
+            ToolSyntax::PipeToolCall => "pipe-tool-call",
+            ToolSyntax::FunctionCallTags => "function-call-tags",
         }
     }
 }
@@ -86,18 +88,18 @@ impl ToolSyntax {
 fn from_template(t: &str) -> Option<ToolSyntax> {
     let has = |s: &str| t.contains(s);
     if has("<|tool_call>") && has("<tool_call|>") {
-        Some(ToolSyntax::Gemma4)
+        Some(ToolSyntax::PipeToolCall)
     } else if has("<start_function_call>") {
-        Some(ToolSyntax::FunctionGemma)
+        Some(ToolSyntax::FunctionCallTags)
     } else if has("<function=") && (has("<parameter=") || has("<tool_call>")) {
-        Some(ToolSyntax::QwenXml)
+        Some(ToolSyntax::XmlFunction)
     } else if has("<tool_call>") {
         Some(ToolSyntax::Hermes)
     } else if has("[TOOL_CALLS]") {
-        Some(if has("[ARGS]") { ToolSyntax::MistralArgs } else { ToolSyntax::MistralJson })
+        Some(if has("[ARGS]") { ToolSyntax::ToolCallsArgs } else { ToolSyntax::ToolCallsList })
     } else if has("<|python_tag|>") || has("dictionary of argument name and its value") {
         // The second is the instruction Llama 3.1-3.3 templates give for JSON calls.
-        Some(ToolSyntax::LlamaJson)
+        Some(ToolSyntax::PythonTagJson)
     } else {
         None
     }
@@ -106,15 +108,15 @@ fn from_template(t: &str) -> Option<ToolSyntax> {
 fn from_tokens(tokens: &[(String, bool)]) -> Option<ToolSyntax> {
     let has = |s: &str| tokens.iter().any(|(c, _)| c == s);
     if has("<|tool_call>") && has("<tool_call|>") {
-        Some(ToolSyntax::Gemma4)
+        Some(ToolSyntax::PipeToolCall)
     } else if has("<start_function_call>") {
-        Some(ToolSyntax::FunctionGemma)
+        Some(ToolSyntax::FunctionCallTags)
     } else if has("[TOOL_CALLS]") {
-        Some(if has("[ARGS]") { ToolSyntax::MistralArgs } else { ToolSyntax::MistralJson })
+        Some(if has("[ARGS]") { ToolSyntax::ToolCallsArgs } else { ToolSyntax::ToolCallsList })
     } else if has("<tool_call>") && has("</tool_call>") {
         Some(ToolSyntax::Hermes)
     } else if has("<|python_tag|>") {
-        Some(ToolSyntax::LlamaJson)
+        Some(ToolSyntax::PythonTagJson)
     } else {
         None
     }
@@ -143,13 +145,13 @@ mod tests {
         let none: Vec<(String, bool)> = Vec::new();
         let cases = [
             (QWEN3, ToolSyntax::Hermes),
-            (QWEN3_CODER, ToolSyntax::QwenXml),
-            (LLAMA31, ToolSyntax::LlamaJson),
-            (LLAMA_NO_TAG, ToolSyntax::LlamaJson),
-            (MISTRAL_V7, ToolSyntax::MistralJson),
-            (MISTRAL_V11, ToolSyntax::MistralArgs),
-            (GEMMA4, ToolSyntax::Gemma4),
-            (FUNCTION_GEMMA, ToolSyntax::FunctionGemma),
+            (QWEN3_CODER, ToolSyntax::XmlFunction),
+            (LLAMA31, ToolSyntax::PythonTagJson),
+            (LLAMA_NO_TAG, ToolSyntax::PythonTagJson),
+            (MISTRAL_V7, ToolSyntax::ToolCallsList),
+            (MISTRAL_V11, ToolSyntax::ToolCallsArgs),
+            (GEMMA4, ToolSyntax::PipeToolCall),
+            (FUNCTION_GEMMA, ToolSyntax::FunctionCallTags),
             (PLAIN, ToolSyntax::Json),
             ("", ToolSyntax::Json),
         ];
@@ -162,19 +164,19 @@ mod tests {
     fn template_wins_over_tokens() {
         // A Qwen-like vocabulary with an XML template is XML, not Hermes.
         let qwen_tokens = tokens(&["<tool_call>", "</tool_call>", "<|im_end|>"]);
-        assert_eq!(ToolSyntax::detect(QWEN3_CODER, &qwen_tokens), ToolSyntax::QwenXml);
-        assert_eq!(ToolSyntax::detect(MISTRAL_V7, &tokens(&["[TOOL_CALLS]", "[ARGS]"])), ToolSyntax::MistralJson);
+        assert_eq!(ToolSyntax::detect(QWEN3_CODER, &qwen_tokens), ToolSyntax::XmlFunction);
+        assert_eq!(ToolSyntax::detect(MISTRAL_V7, &tokens(&["[TOOL_CALLS]", "[ARGS]"])), ToolSyntax::ToolCallsList);
     }
 
     #[test]
     fn tokens_decide_when_the_template_is_silent() {
         let cases = [
-            (vec!["<|tool_call>", "<tool_call|>", "<|\"|>"], ToolSyntax::Gemma4),
-            (vec!["<start_function_call>", "<end_function_call>"], ToolSyntax::FunctionGemma),
-            (vec!["[TOOL_CALLS]"], ToolSyntax::MistralJson),
-            (vec!["[TOOL_CALLS]", "[ARGS]"], ToolSyntax::MistralArgs),
+            (vec!["<|tool_call>", "<tool_call|>", "<|\"|>"], ToolSyntax::PipeToolCall),
+            (vec!["<start_function_call>", "<end_function_call>"], ToolSyntax::FunctionCallTags),
+            (vec!["[TOOL_CALLS]"], ToolSyntax::ToolCallsList),
+            (vec!["[TOOL_CALLS]", "[ARGS]"], ToolSyntax::ToolCallsArgs),
             (vec!["<tool_call>", "</tool_call>"], ToolSyntax::Hermes),
-            (vec!["<|python_tag|>", "<|eom_id|>"], ToolSyntax::LlamaJson),
+            (vec!["<|python_tag|>", "<|eom_id|>"], ToolSyntax::PythonTagJson),
             (vec!["<tool_call>"], ToolSyntax::Json),
             (vec!["<|im_start|>", "<|im_end|>"], ToolSyntax::Json),
         ];
@@ -187,8 +189,8 @@ mod tests {
     fn markers() {
         assert_eq!(ToolSyntax::Hermes.start_markers(), &["<tool_call>"]);
         assert_eq!(ToolSyntax::Hermes.end_marker(), Some("</tool_call>"));
-        assert_eq!(ToolSyntax::MistralArgs.end_marker(), None);
+        assert_eq!(ToolSyntax::ToolCallsArgs.end_marker(), None);
         assert!(!ToolSyntax::Json.is_native());
-        assert!(ToolSyntax::Gemma4.is_native());
+        assert!(ToolSyntax::PipeToolCall.is_native());
     }
 }

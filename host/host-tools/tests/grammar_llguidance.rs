@@ -175,11 +175,11 @@ fn named_function_only() {
 #[test]
 fn llama_json() {
     let toy = Toy::new(&["<|python_tag|>", "<|eom_id|>"]);
-    let g = required(ToolSyntax::LlamaJson, &toy, true);
+    let g = required(ToolSyntax::PythonTagJson, &toy, true);
     let one = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 3}}";
     let two = format!("{one}; {{\"name\": \"get_time\", \"parameters\": {{}}}}");
     check(
-        ToolSyntax::LlamaJson,
+        ToolSyntax::PythonTagJson,
         &toy,
         &g,
         &[(one, vec![("get_weather", paris())]), (&two, vec![("get_weather", paris()), ("get_time", json!({}))])],
@@ -190,15 +190,15 @@ fn llama_json() {
 #[test]
 fn mistral_json_list() {
     let toy = Toy::new(&["[TOOL_CALLS]", "[ARGS]"]);
-    let g = required(ToolSyntax::MistralJson, &toy, false);
+    let g = required(ToolSyntax::ToolCallsList, &toy, false);
     // [TOOL_CALLS] cannot be named inside <...>, so it is referenced by id.
     assert!(g.starts_with("start: <[256]> %json"), "{g}");
     let one = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}]";
     let two = "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_time\", \"arguments\": {}}]";
-    check(ToolSyntax::MistralJson, &toy, &g, &[(one, vec![("get_weather", paris())])], &[two, "[TOOL_CALLS][]"]);
-    let parallel = required(ToolSyntax::MistralJson, &toy, true);
+    check(ToolSyntax::ToolCallsList, &toy, &g, &[(one, vec![("get_weather", paris())])], &[two, "[TOOL_CALLS][]"]);
+    let parallel = required(ToolSyntax::ToolCallsList, &toy, true);
     check(
-        ToolSyntax::MistralJson,
+        ToolSyntax::ToolCallsList,
         &toy,
         &parallel,
         &[(two, vec![("get_time", json!({})), ("get_time", json!({}))])],
@@ -209,11 +209,11 @@ fn mistral_json_list() {
 #[test]
 fn mistral_args() {
     let toy = Toy::new(&["[TOOL_CALLS]", "[ARGS]"]);
-    let g = required(ToolSyntax::MistralArgs, &toy, true);
+    let g = required(ToolSyntax::ToolCallsArgs, &toy, true);
     let one = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 3}";
     let two = format!("{one}[TOOL_CALLS]get_time[ARGS]{{}}");
     check(
-        ToolSyntax::MistralArgs,
+        ToolSyntax::ToolCallsArgs,
         &toy,
         &g,
         &[(one, vec![("get_weather", paris())]), (&two, vec![("get_weather", paris()), ("get_time", json!({}))])],
@@ -224,7 +224,7 @@ fn mistral_args() {
 #[test]
 fn qwen_xml() {
     let toy = Toy::new(&["<tool_call>", "</tool_call>"]);
-    let g = required(ToolSyntax::QwenXml, &toy, true);
+    let g = required(ToolSyntax::XmlFunction, &toy, true);
     let one = "<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco, \"CA\" </x>\n</parameter>\n\
                <parameter=days>\n3\n</parameter>\n<parameter=unit>\nf\n</parameter>\n\
                <parameter=opts>\n{\"hourly\": true}\n</parameter>\n</function>\n</tool_call>";
@@ -233,7 +233,7 @@ fn qwen_xml() {
         "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
     let time = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
     check(
-        ToolSyntax::QwenXml,
+        ToolSyntax::XmlFunction,
         &toy,
         &g,
         &[
@@ -250,15 +250,15 @@ fn qwen_xml() {
 }
 
 #[test]
-fn gemma4() {
+fn pipe_tool_call() {
     for specials in [&["<|tool_call>", "<tool_call|>", "<|\"|>"][..], &[][..]] {
         let toy = Toy::new(specials);
-        let g = required(ToolSyntax::Gemma4, &toy, true);
+        let g = required(ToolSyntax::PipeToolCall, &toy, true);
         let one = "<|tool_call>call:get_weather{city:<|\"|>Paris, \"FR\" {x}<|\"|>,days:3,unit:<|\"|>c<|\"|>,opts:{hourly:true}}<tool_call|>";
         let args = json!({ "city": "Paris, \"FR\" {x}", "days": 3, "unit": "c", "opts": { "hourly": true } });
         let two = "<|tool_call>call:get_weather{city:<|\"|><|\"|>}<tool_call|><|tool_call>call:get_time{}<tool_call|>";
         check(
-            ToolSyntax::Gemma4,
+            ToolSyntax::PipeToolCall,
             &toy,
             &g,
             &[
@@ -278,10 +278,10 @@ fn gemma4() {
 #[test]
 fn function_gemma() {
     let toy = Toy::new(&["<start_function_call>", "<end_function_call>", "<escape>"]);
-    let g = required(ToolSyntax::FunctionGemma, &toy, false);
+    let g = required(ToolSyntax::FunctionCallTags, &toy, false);
     let one = "<start_function_call>call:get_weather{city:<escape>Lima<escape>,days:3}<end_function_call>";
     check(
-        ToolSyntax::FunctionGemma,
+        ToolSyntax::FunctionCallTags,
         &toy,
         &g,
         &[(one, vec![("get_weather", json!({ "city": "Lima", "days": 3 }))])],

@@ -127,13 +127,13 @@ fn marker_lookalikes_are_text() {
     assert_all_text(ToolSyntax::Hermes, "I like <tools> and <tool_calls> and <tool");
     assert_all_text(ToolSyntax::Hermes, "<tool_call>\nnot json\n</tool_call> after");
     assert_all_text(ToolSyntax::Hermes, "x <tool_call>\n{\"name\": \"f\", \"argu");
-    assert_all_text(ToolSyntax::QwenXml, "<functional> <function=bad name>\n</function>");
-    assert_all_text(ToolSyntax::LlamaJson, "Sure: {\"name\": \"f\", \"parameters\": {}}");
-    assert_all_text(ToolSyntax::LlamaJson, "{\"answer\": 42} is JSON");
-    assert_all_text(ToolSyntax::LlamaJson, "  {not json at all");
-    assert_all_text(ToolSyntax::MistralArgs, "[TOOL_CALLS] and some prose");
-    assert_all_text(ToolSyntax::MistralJson, "[TOOL_CALLS][1, 2]");
-    assert_all_text(ToolSyntax::Gemma4, "<|tool_call>call:f{a:<|\"|>unterminated");
+    assert_all_text(ToolSyntax::XmlFunction, "<functional> <function=bad name>\n</function>");
+    assert_all_text(ToolSyntax::PythonTagJson, "Sure: {\"name\": \"f\", \"parameters\": {}}");
+    assert_all_text(ToolSyntax::PythonTagJson, "{\"answer\": 42} is JSON");
+    assert_all_text(ToolSyntax::PythonTagJson, "  {not json at all");
+    assert_all_text(ToolSyntax::ToolCallsArgs, "[TOOL_CALLS] and some prose");
+    assert_all_text(ToolSyntax::ToolCallsList, "[TOOL_CALLS][1, 2]");
+    assert_all_text(ToolSyntax::PipeToolCall, "<|tool_call>call:f{a:<|\"|>unterminated");
     assert_all_text(ToolSyntax::Json, "[1, 2] and {\"x\": 1}");
 }
 
@@ -145,7 +145,7 @@ fn ordinary_text_is_not_delayed() {
     assert_eq!(p.push("tool"), vec![]);
     assert_eq!(p.push("s>"), vec![ParsedEvent::Text("<tools>".into())]);
     assert_eq!(p.finish(), vec![]);
-    let mut p = ToolCallParser::new(ToolSyntax::LlamaJson);
+    let mut p = ToolCallParser::new(ToolSyntax::PythonTagJson);
     assert_eq!(p.push("The {braces}"), vec![ParsedEvent::Text("The {braces}".into())]);
 }
 
@@ -157,7 +157,7 @@ fn cut_short_calls() {
         assert_eq!(parse_everywhere(ToolSyntax::Hermes, &[], &s), vec![call(0, "f", json!({ "a": 1 }))], "{s:?}");
     }
     let xml = "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n</function>\n";
-    assert_eq!(parse_everywhere(ToolSyntax::QwenXml, &[], xml), vec![call(0, "f", json!({ "a": "x" }))]);
+    assert_eq!(parse_everywhere(ToolSyntax::XmlFunction, &[], xml), vec![call(0, "f", json!({ "a": "x" }))]);
 }
 
 #[test]
@@ -167,7 +167,7 @@ fn qwen_xml() {
              <parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>\n\
              <function=get_time>\n</function>";
     assert_eq!(
-        parse_everywhere(ToolSyntax::QwenXml, &tools, s),
+        parse_everywhere(ToolSyntax::XmlFunction, &tools, s),
         vec![
             text("Checking.\n"),
             call(0, "get_weather", json!({ "city": "San Francisco", "days": 3, "metric": true })),
@@ -177,28 +177,31 @@ fn qwen_xml() {
 }
 
 #[test]
-fn llama() {
+fn python_tag_json() {
     let s = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}; {\"name\": \"get_time\", \"parameters\": {}}";
     assert_eq!(
-        parse_everywhere(ToolSyntax::LlamaJson, &[], s),
+        parse_everywhere(ToolSyntax::PythonTagJson, &[], s),
         vec![call(0, "get_weather", json!({ "city": "Oslo" })), call(1, "get_time", json!({}))]
     );
     let tagged = "<|python_tag|>{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}";
-    assert_eq!(parse_everywhere(ToolSyntax::LlamaJson, &[], tagged), vec![call(0, "get_time", json!({ "tz": "UTC" }))]);
+    assert_eq!(
+        parse_everywhere(ToolSyntax::PythonTagJson, &[], tagged),
+        vec![call(0, "get_time", json!({ "tz": "UTC" }))]
+    );
     let leading = "\n  {\"name\": \"f\", \"arguments\": {}}";
-    assert_eq!(parse_everywhere(ToolSyntax::LlamaJson, &[], leading), vec![call(0, "f", json!({}))]);
+    assert_eq!(parse_everywhere(ToolSyntax::PythonTagJson, &[], leading), vec![call(0, "f", json!({}))]);
 }
 
 #[test]
-fn mistral() {
+fn tool_calls_marker() {
     let old = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": \"get_time\", \"arguments\": {}}]";
     let want = vec![call(0, "get_weather", json!({ "city": "Rome" })), call(1, "get_time", json!({}))];
-    assert_eq!(parse_everywhere(ToolSyntax::MistralJson, &[], old), want);
+    assert_eq!(parse_everywhere(ToolSyntax::ToolCallsList, &[], old), want);
     let new = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}[TOOL_CALLS]get_time[ARGS]{}";
-    assert_eq!(parse_everywhere(ToolSyntax::MistralArgs, &[], new), want);
+    assert_eq!(parse_everywhere(ToolSyntax::ToolCallsArgs, &[], new), want);
     let with_text = "Sure.[TOOL_CALLS]get_time[ARGS]{\"a\": \"}\"} Then more.";
     assert_eq!(
-        parse_everywhere(ToolSyntax::MistralArgs, &[], with_text),
+        parse_everywhere(ToolSyntax::ToolCallsArgs, &[], with_text),
         vec![text("Sure."), call(0, "get_time", json!({ "a": "}" })), text(" Then more.")]
     );
 }
@@ -207,12 +210,12 @@ fn mistral() {
 fn gemma() {
     let s = "<|tool_call>call:get_weather{city:<|\"|>Zürich, CH<|\"|>,days:2}<tool_call|><|tool_call>call:get_time{}<tool_call|>";
     assert_eq!(
-        parse_everywhere(ToolSyntax::Gemma4, &[], s),
+        parse_everywhere(ToolSyntax::PipeToolCall, &[], s),
         vec![call(0, "get_weather", json!({ "city": "Zürich, CH", "days": 2 })), call(1, "get_time", json!({}))]
     );
     let fg = "<start_function_call>call:get_weather{city:<escape>Lima<escape>}<end_function_call>";
     assert_eq!(
-        parse_everywhere(ToolSyntax::FunctionGemma, &[], fg),
+        parse_everywhere(ToolSyntax::FunctionCallTags, &[], fg),
         vec![call(0, "get_weather", json!({ "city": "Lima" }))]
     );
 }

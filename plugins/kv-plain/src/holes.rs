@@ -104,7 +104,7 @@ pub fn compact_plan(holes: &Holes, left_pad: &[usize], idx: usize) -> (Vec<Vec<i
     let live: Vec<Vec<i32>> = (0..left_pad.len()).map(|r| holes.live_columns(r, left_pad[r], idx)).collect();
     let len = live.iter().map(Vec::len).max().unwrap_or(0);
     let pads: Vec<usize> = live.iter().map(|l| len - l.len()).collect();
-    let rows = live.into_iter().zip(&pads).map(|(l, &p)| std::iter::repeat(0).take(p).chain(l).collect()).collect();
+    let rows = live.into_iter().zip(&pads).map(|(l, &p)| std::iter::repeat_n(0, p).chain(l).collect()).collect();
     (rows, pads)
 }
 

@@ -127,7 +127,8 @@ impl PlainKv {
             let nv = zeros(&[b, self.heads, grow, self.v_dim], v.dtype())?;
             match (self.keys.take(), self.values.take()) {
                 (Some(ok), Some(ov)) => {
-                    let (ok, ov) = if prev % self.step != 0 { (self.used(&ok)?, self.used(&ov)?) } else { (ok, ov) };
+                    let (ok, ov) =
+                        if !prev.is_multiple_of(self.step) { (self.used(&ok)?, self.used(&ov)?) } else { (ok, ov) };
                     self.keys = Some(mlx_rs::ops::concatenate(&[ok, nk], 2)?);
                     self.values = Some(mlx_rs::ops::concatenate(&[ov, nv], 2)?);
                 }
@@ -158,7 +159,7 @@ impl PlainKv {
         let pads = Array::from_slice(&pads, &[self.rows() as i32, 1, 1, 1]);
         let mask = causal.logical_and(cols.ge(&pads)?)?;
         if self.holes.any() {
-            return mask.logical_and(&self.holes.live_mask(total as usize));
+            return mask.logical_and(self.holes.live_mask(total as usize));
         }
         Ok(mask)
     }

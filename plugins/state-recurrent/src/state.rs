@@ -109,7 +109,7 @@ impl State {
             )));
         }
         let idx: Vec<i32> = counts.iter().flat_map(|&n| (0..keep).map(move |j| n as i32 + j)).collect();
-        let idx = mlx_rs::ops::broadcast_to(&Array::from_slice(&idx, &[b, keep, 1]), &[b, keep, c])?;
+        let idx = mlx_rs::ops::broadcast_to(Array::from_slice(&idx, &[b, keep, 1]), &[b, keep, c])?;
         self.slots[0] = Some(window.take_along_axis(&idx, 1)?);
         for (o, n) in self.offsets.iter_mut().zip(counts) {
             *o += n;

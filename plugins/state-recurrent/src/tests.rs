@@ -53,7 +53,7 @@ fn step(c: &mut CacheBox, rows: usize, first: usize, l: usize) -> Vec<f32> {
     let kv = c.update_and_fetch(into_tensor(inputs(rows, first, l)), into_tensor(inputs(rows, first, l))).unwrap();
     let w = into_array(kv.keys);
     assert_eq!(w.shape(), &[rows as i32, 2 + l as i32, 3]);
-    let st: Vec<f32> = (0..rows).flat_map(|r| std::iter::repeat((1000 * r + first + l) as f32).take(4)).collect();
+    let st: Vec<f32> = (0..rows).flat_map(|r| std::iter::repeat_n((1000 * r + first + l) as f32, 4)).collect();
     c.set_slot(1, into_tensor(Array::from_slice(&st, &[rows as i32, 2, 2]))).unwrap();
     values(&w)
 }

@@ -76,6 +76,15 @@ pub(super) fn handle_token(
         Some(k) => (Some(logprob_of(lp, id)?), top_logprobs(lp, k)?),
         None => (None, Vec::new()),
     };
+    // The grammar moves past the token; one that cannot (the mask allowed
+    // it, so only an internal failure) ends the row where it is.
+    let constraint_failed = match r.constraint.as_mut().map(|c| c.accept(id)) {
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "a constrained row's grammar failed: the row ends");
+            true
+        }
+        _ => false,
+    };
     r.out.push(id);
     r.history.push(id);
     r.pending = id;
@@ -87,6 +96,10 @@ pub(super) fn handle_token(
     }
     if r.out.len() >= r.job.request.max_tokens {
         return Ok(Outcome::Done(Finish::Length));
+    }
+    // A complete grammar allows nothing more: the answer is whole.
+    if constraint_failed || r.constraint.as_ref().is_some_and(|c| c.is_done()) {
+        return Ok(Outcome::Done(Finish::Stop));
     }
     Ok(Outcome::Continue)
 }

@@ -132,7 +132,8 @@ impl Scheduler<'_> {
     }
 
     /// A joiner whose prompt is in its batch row becomes a running row.
-    fn push_row(&mut self, j: Joiner) {
+    fn push_row(&mut self, mut j: Joiner) {
+        let constraint = j.job.request.constraint.take();
         let req = &j.job.request;
         let sampler = match Sampler::new(req.params.clone()) {
             Ok(s) => s,
@@ -152,6 +153,7 @@ impl Scheduler<'_> {
             stopped_by_caller: false,
             cached: j.cached,
             spec,
+            constraint,
             job: j.job,
         });
     }

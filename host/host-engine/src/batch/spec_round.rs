@@ -88,6 +88,8 @@ type Verdict = (Vec<u32>, usize);
 pub(super) struct RowDraft {
     tokens: Vec<u32>,
     q: Option<Array>,
+    /// A constrained row's masks at `[pending, tokens..]` (`Constraint::draft_masks`).
+    masks: Option<Vec<bool>>,
 }
 
 impl Scheduler<'_> {
@@ -103,7 +105,7 @@ impl Scheduler<'_> {
         }
         let mut guard = drafting.shared.lock().ok()?;
         let shared = &mut *guard;
-        let none = || RowDraft { tokens: Vec::new(), q: None };
+        let none = || RowDraft { tokens: Vec::new(), q: None, masks: None };
         let drafts: Vec<RowDraft> = self
             .rows
             .iter_mut()
@@ -124,9 +126,20 @@ impl Scheduler<'_> {
                     .into_result()
                 {
                     Ok(d) => {
-                        let tokens: Vec<u32> = d.tokens.into_iter().take(n).collect();
-                        let q = draft_probability_rows(d.probabilities, &r.sampler, tokens.len());
-                        RowDraft { tokens, q }
+                        let mut tokens: Vec<u32> = d.tokens.into_iter().take(n).collect();
+                        let mut q = draft_probability_rows(d.probabilities, &r.sampler, tokens.len());
+                        // Drafts the grammar forbids are cut (a mismatch).
+                        let masks = match r.constraint.as_mut().map(|c| c.draft_masks(&mut tokens)) {
+                            Some(Ok(m)) => Some(m),
+                            Some(Err(e)) => {
+                                s.stats.disabled = Some(format!("the grammar failed on drafts ({e}): plain steps"));
+                                tokens.clear();
+                                None
+                            }
+                            None => None,
+                        };
+                        q = q.filter(|_| !tokens.is_empty()).map(|q| q.index(..tokens.len() as i32));
+                        RowDraft { tokens, q, masks }
                     }
                     // A drafter that fails costs this row its speculation, not its answer.
                     Err(e) => {
@@ -142,7 +155,13 @@ impl Scheduler<'_> {
     /// One verify forward over every row's drafts, per-row acceptance and
     /// per-row rollback.
     /// `started`: when this step began (drafting included), for the cost rule.
-    pub(super) fn spec_step(&mut self, drafts: Vec<RowDraft>, started: Instant) -> Result<(), EngineError> {
+    pub(super) fn spec_step(&mut self, mut drafts: Vec<RowDraft>, started: Instant) -> Result<(), EngineError> {
+        // A constrained row that drafted nothing still samples under its mask.
+        for (r, d) in self.rows.iter_mut().zip(drafts.iter_mut()) {
+            if let (None, Some(c)) = (&d.masks, r.constraint.as_mut()) {
+                d.masks = Some(c.allowed()?);
+            }
+        }
         let b = self.rows.len();
         let k = drafts.iter().map(|d| d.tokens.len()).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(b * (k + 1));
@@ -162,6 +181,7 @@ impl Scheduler<'_> {
         let logits = self.engine.forward_all(&input, batch)?;
         let v = logits.shape()[logits.ndim() - 1];
         let logits = logits.reshape(&[b as i32, (k + 1) as i32, v])?;
+        let logits = self.adjust(logits, round_masks(&drafts, k + 1, v as usize))?;
         let (verdicts, lps) = self.choose(&logits, &drafts)?;
         // The step's cost in plain steps (the choices above were evaluated).
         let cost = self.spec_clock.spec_cost(b, k + 1, started.elapsed().as_secs_f64());
@@ -274,18 +294,14 @@ impl Scheduler<'_> {
     /// any other by the target's own choice at each position (argmax or a
     /// sample) compared with its drafts. All rows' verdicts are evaluated
     /// together (one device sync).
-    fn choose(
-        &mut self,
-        logits: &Array,
-        drafts: &[RowDraft],
-    ) -> Result<(Vec<Verdict>, Vec<Array>), EngineError> {
+    fn choose(&mut self, logits: &Array, drafts: &[RowDraft]) -> Result<(Vec<Verdict>, Vec<Array>), EngineError> {
         let mut lps = Vec::with_capacity(self.rows.len());
         let mut picks = Vec::with_capacity(self.rows.len());
         for (i, (r, d)) in self.rows.iter_mut().zip(drafts).enumerate() {
             let row = logits.index(i as i32);
             let lp = if r.sampler.params.has_penalties() {
                 // Only plain rows have penalties: position 0 is all they use.
-                Sampler::logprobs(&r.sampler.process(row.index(0..1), &r.history)?)?
+                Sampler::logprobs(&r.sampler.penalize(row.index(0..1), &r.history)?)?
             } else {
                 Sampler::logprobs(&row)?
             };
@@ -320,4 +336,23 @@ impl Scheduler<'_> {
         }
         Ok((out, lps))
     }
+}
+
+/// Every row's grammar masks for a round `width` positions wide, `V` flags
+/// each: a constrained row's own masks, then all-allowed rows for its
+/// filler; an unconstrained row all allowed. None when no row is constrained.
+fn round_masks(drafts: &[RowDraft], width: usize, v: usize) -> Option<Vec<bool>> {
+    if drafts.iter().all(|d| d.masks.is_none()) {
+        return None;
+    }
+    let mut all = Vec::with_capacity(drafts.len() * width * v);
+    for d in drafts {
+        let own = match &d.masks {
+            Some(m) => m.as_slice(),
+            None => &[],
+        };
+        all.extend_from_slice(own);
+        all.extend(std::iter::repeat_n(true, width * v - own.len()));
+    }
+    Some(all)
 }

@@ -4,6 +4,7 @@
 use super::cohort::Cohort;
 use super::spec_round::RowSpec;
 use crate::admission::{Budget, MemoryModel};
+use crate::constraint::Constraint;
 use crate::engine::Engine;
 use crate::hold::Hold;
 use crate::job::Job;
@@ -30,6 +31,8 @@ pub(super) struct Row {
     pub stopped_by_caller: bool,
     /// Speculative rounds inside the batch, when its plan speculates.
     pub spec: Option<RowSpec>,
+    /// The grammar its tokens must follow.
+    pub constraint: Option<Constraint>,
 }
 
 /// A request whose prompt is being prefilled before it joins the batch.

@@ -7,6 +7,7 @@ use super::emit::{handle_token, Outcome};
 use super::state::Scheduler;
 use crate::engine::{token_array, EngineError};
 use crate::sampling::Sampler;
+use mlx_rs::Array;
 use std::sync::atomic::Ordering;
 
 /// Batched decode steps between clearings of MLX's buffer cache (as
@@ -32,6 +33,7 @@ impl Scheduler<'_> {
         let input = token_array(&ids).reshape(&[ids.len() as i32, 1])?;
         let batch = self.batch.as_mut().expect("rows have batch caches");
         let logits = self.engine.forward(&input, batch, true)?;
+        let logits = self.adjusted(logits)?;
         // Rows without penalties share one logprobs computation; when every
         // row is greedy, one argmax picks all tokens (per-row results equal
         // the per-row computation: each reduction runs within its row).
@@ -53,7 +55,7 @@ impl Scheduler<'_> {
                     let lp = match &all_lp {
                         Some(all) => all.index(i as i32..i as i32 + 1),
                         None => {
-                            Sampler::logprobs(&r.sampler.process(logits.index(i as i32..i as i32 + 1), &r.history)?)?
+                            Sampler::logprobs(&r.sampler.penalize(logits.index(i as i32..i as i32 + 1), &r.history)?)?
                         }
                     };
                     ys.push(r.sampler.sample(&lp)?);
@@ -81,5 +83,50 @@ impl Scheduler<'_> {
             }
         }
         self.retire(finished, keep)
+    }
+
+    /// The logits every row samples from: its logit bias added and, for a
+    /// constrained row, the tokens its grammar rules out removed (all rows
+    /// in one op each). The grammar masks are computed on the CPU while the
+    /// forward runs on the device.
+    pub(super) fn adjusted(&mut self, logits: Array) -> Result<Array, EngineError> {
+        if !self.rows.iter().any(|r| r.constraint.is_some()) {
+            return self.adjust(logits, None);
+        }
+        mlx_rs::transforms::async_eval([&logits])?;
+        let v = logits.shape()[logits.ndim() - 1] as usize;
+        let mut allowed = Vec::with_capacity(self.rows.len() * v);
+        for r in self.rows.iter_mut() {
+            match r.constraint.as_mut() {
+                Some(c) => allowed.extend(c.allowed()?),
+                None => allowed.extend(std::iter::repeat_n(true, v)),
+            }
+        }
+        self.adjust(logits, Some(allowed))
+    }
+
+    /// `logits` (`[B, V]`, or `[B, W, V]` in a speculative round) with each
+    /// row's logit bias added and `masks` (`B*W*V` flags, None when no row
+    /// is constrained) applied.
+    pub(super) fn adjust(&self, logits: Array, masks: Option<Vec<bool>>) -> Result<Array, EngineError> {
+        let shape = logits.shape().to_vec();
+        let (b, v) = (shape[0], shape[shape.len() - 1]);
+        let mut logits = logits;
+        if self.rows.iter().any(|r| !r.sampler.params.logit_bias.is_empty()) {
+            let mut dense = vec![0f32; (b * v) as usize];
+            for (i, r) in self.rows.iter().enumerate() {
+                for &(id, bias) in &r.sampler.params.logit_bias {
+                    if id < v as u32 {
+                        dense[i * v as usize + id as usize] += bias;
+                    }
+                }
+            }
+            let rows_shape: Vec<i32> = if shape.len() == 3 { vec![b, 1, v] } else { vec![b, v] };
+            logits = logits.add(Array::from_slice(&dense, &rows_shape).as_dtype(logits.dtype())?)?;
+        }
+        if let Some(m) = masks {
+            logits = Sampler::constrain(&logits, &Array::from_slice(&m, &shape))?;
+        }
+        Ok(logits)
     }
 }

@@ -3,14 +3,19 @@
 //! other: both keep the caches holding `history` minus its last token,
 //! which the next step feeds).
 
+use crate::constraint::Constraint;
 use crate::engine::{Engine, EngineError};
 use crate::job::{Finish, Flow, GenerateRequest, TokenOut};
 use crate::sampling::{top_logprobs, Sampler};
 use mlx_rs::Array;
 use std::time::Instant;
 
-pub(crate) struct Decoding<'r> {
-    pub req: &'r GenerateRequest,
+pub(crate) struct Decoding {
+    /// The request, its grammar moved to `constraint`.
+    pub req: GenerateRequest,
+    /// The grammar the output follows: each step's mask, moved past each
+    /// emitted token.
+    pub constraint: Option<Constraint>,
     pub sampler: Sampler,
     pub eos: Vec<u32>,
     /// Prompt plus every emitted token.
@@ -19,14 +24,15 @@ pub(crate) struct Decoding<'r> {
     pub first_at: Option<Instant>,
 }
 
-impl<'r> Decoding<'r> {
-    pub fn new(engine: &Engine, req: &'r GenerateRequest) -> Result<Self, EngineError> {
+impl Decoding {
+    pub fn new(engine: &Engine, mut req: GenerateRequest) -> Result<Self, EngineError> {
         let eos = if req.stop_on_eos { engine.eos_ids() } else { Vec::new() };
         Ok(Decoding {
-            req,
+            constraint: req.constraint.take(),
             sampler: Sampler::new(req.params.clone())?,
             eos,
             history: req.prompt.clone(),
+            req,
             out: Vec::new(),
             first_at: None,
         })
@@ -39,7 +45,8 @@ impl<'r> Decoding<'r> {
 
     /// Emits token `id`, drawn from the `[1, V]` logprobs `lp`, by the
     /// serial loop's rules: EOS ends without emitting; the caller may stop;
-    /// `max_tokens` ends with `length`. Some: the request is over.
+    /// `max_tokens` ends with `length`; a grammar that is complete ends
+    /// with `stop`. Some: the request is over.
     pub fn emit(
         &mut self,
         id: u32,
@@ -54,12 +61,18 @@ impl<'r> Decoding<'r> {
             Some(k) => (Some(logprob_of(lp, id)?), top_logprobs(lp, k)?),
             None => (None, Vec::new()),
         };
+        if let Some(c) = self.constraint.as_mut() {
+            c.accept(id)?;
+        }
         self.out.push(id);
         self.history.push(id);
         if on_token(&TokenOut { id, logprob, top }) == Flow::Stop {
             return Ok(Some(Finish::Stop));
         }
-        Ok((self.out.len() >= self.req.max_tokens).then_some(Finish::Length))
+        if self.out.len() >= self.req.max_tokens {
+            return Ok(Some(Finish::Length));
+        }
+        Ok(self.constraint.as_ref().is_some_and(Constraint::is_done).then_some(Finish::Stop))
     }
 }
 

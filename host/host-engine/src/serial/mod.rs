@@ -30,7 +30,8 @@ pub fn generate(
     engine.check_request(req)?;
     let start = Instant::now();
     let (mut caches, cached) = start_request(engine, req, plan)?;
-    let mut d = Decoding::new(engine, req)?;
+    // (Its own copy: the grammar's matcher moves with the tokens.)
+    let mut d = Decoding::new(engine, req.clone())?;
     let (finish, speculation) = match (plan.method, engine.drafting()) {
         (Method::Speculative, Some(drafting)) => {
             let mut drafter =
@@ -48,7 +49,7 @@ pub fn generate(
     Ok(GenerateResult {
         tokens: d.out,
         finish,
-        prompt_tokens: req.prompt.len(),
+        prompt_tokens: d.req.prompt.len(),
         cached_tokens: cached,
         speculation,
         prefill_s: (first_at - start).as_secs_f64(),

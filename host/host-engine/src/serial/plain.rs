@@ -1,9 +1,12 @@
 //! Plain decoding, one token per step, with the next step queued on the
 //! device (async eval) before the previous token is read, so the host
 //! builds graphs while the device computes. Penalties read the full
-//! history, so those steps wait for each token.
+//! history and a grammar's mask needs the last token, so those steps wait
+//! for each token (a grammar's mask is computed while the step's forward
+//! runs).
 
 use super::decoding::Decoding;
+use crate::constraint::Constraint;
 use crate::engine::{token_array, Engine, EngineError};
 use crate::job::{Finish, Flow, TokenOut};
 use crate::sampling::Sampler;
@@ -29,12 +32,13 @@ pub(crate) fn decode(
     if budget == 0 {
         return Ok((d.room() == 0).then_some(Finish::Length));
     }
-    let pipelined = !d.req.params.has_penalties();
+    let pipelined = !d.req.params.has_penalties() && d.constraint.is_none();
     let pending = *d.history.last().expect("a decoding has a prompt");
-    let (mut y, mut lp) = step(engine, &mut d.sampler, &token_array(&[pending]), &d.history, caches)?;
+    let (mut y, mut lp) =
+        step(engine, &mut d.sampler, d.constraint.as_mut(), &token_array(&[pending]), &d.history, caches)?;
     for n in 0..budget {
         let next = if pipelined && n + 1 < budget {
-            Some(step(engine, &mut d.sampler, &y.reshape(&[1, 1])?, &d.history, caches)?)
+            Some(step(engine, &mut d.sampler, None, &y.reshape(&[1, 1])?, &d.history, caches)?)
         } else {
             None
         };
@@ -50,24 +54,36 @@ pub(crate) fn decode(
         }
         (y, lp) = match next {
             Some(v) => v,
-            None => step(engine, &mut d.sampler, &token_array(&[id]), &d.history, caches)?,
+            None => step(engine, &mut d.sampler, d.constraint.as_mut(), &token_array(&[id]), &d.history, caches)?,
         };
     }
     Ok(None)
 }
 
 /// One step's token (lazy, queued on the device) and the logprobs it was
-/// drawn from.
+/// drawn from, under `constraint`'s mask when there is one.
 fn step(
     engine: &Engine,
     sampler: &mut Sampler,
+    constraint: Option<&mut Constraint>,
     input: &Array,
     history: &[u32],
     caches: &mut [CacheBox],
 ) -> Result<(Array, Array), EngineError> {
     let t0 = Instant::now();
     let logits = engine.forward(input, caches, true)?;
-    let logits = sampler.process(logits, history)?;
+    let mask = match constraint {
+        Some(c) => {
+            // The device runs the forward while the CPU walks the grammar.
+            mlx_rs::transforms::async_eval([&logits])?;
+            Some(c.mask()?)
+        }
+        None => None,
+    };
+    let mut logits = sampler.process(logits, history)?;
+    if let Some(mask) = &mask {
+        logits = Sampler::constrain(&logits, mask)?;
+    }
     let lp = Sampler::logprobs(&logits)?;
     let y = sampler.sample(&lp)?;
     let t1 = Instant::now();

@@ -29,16 +29,24 @@ struct Round {
     rejection: bool,
 }
 
-/// Queues one verify of `input` (pending + drafts) and its verdict.
+/// Queues one verify of `input` (pending + drafts) and its verdict, under
+/// the grammar's masks (`[k+1, V]` flags) when the request has one.
 fn queue_round(
     engine: &Engine,
     input: Vec<u32>,
     q: Option<&Array>,
+    masks: Option<Vec<bool>>,
     caches: &mut [CacheBox],
     sampler: &mut Sampler,
 ) -> Result<Round, EngineError> {
     let k = input.len() - 1;
-    let logits = engine.forward_all(&token_array(&input), caches)?;
+    let mut logits = sampler.bias(engine.forward_all(&token_array(&input), caches)?)?;
+    if let Some(mut m) = masks {
+        // (Rows past k+1 belong to drafts a layout's refusal dropped.)
+        let v = logits.shape()[logits.ndim() - 1];
+        m.truncate((k + 1) * v as usize);
+        logits = Sampler::constrain(&logits, &Array::from_slice(&m, &[(k + 1) as i32, v]))?;
+    }
     // One logprobs op over all rows (reductions stay within a row), then
     // rejection sampling against q, or the target's own choice at every
     // position (one argmax when greedy, one draw per position otherwise).
@@ -112,6 +120,16 @@ pub(crate) fn decode(
             }
         };
         let draft_ms = since.elapsed().as_secs_f64() * 1e3;
+        // Drafts the grammar forbids are cut (a mismatch), and every
+        // position is verified under the grammar's mask there.
+        let masks = match d.constraint.as_mut() {
+            Some(c) => {
+                let masks = c.draft_masks(&mut drafts)?;
+                q = q.filter(|_| !drafts.is_empty()).map(|q| q.index(..drafts.len() as i32));
+                Some(masks)
+            }
+            None => None,
+        };
         let starts: Vec<u64> = caches.iter().map(|c| c.offset()).collect();
         if !drafts.is_empty() {
             // A layout may refuse a round (a wrapped ring cannot roll
@@ -125,7 +143,7 @@ pub(crate) fn decode(
         }
         let mut input = vec![*d.history.last().expect("a decoding has a prompt")];
         input.extend_from_slice(&drafts);
-        let round = queue_round(engine, input, q.as_ref(), caches, &mut d.sampler)?;
+        let round = queue_round(engine, input, q.as_ref(), masks, caches, &mut d.sampler)?;
         let waited = Instant::now();
         round.out.eval()?;
         let (t, n) = emitted(round.out.as_slice::<u32>(), &round.input[1..], round.rejection);

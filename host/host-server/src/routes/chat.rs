@@ -1,18 +1,28 @@
-//! `POST /v1/chat/completions`.
+//! `POST /v1/chat/completions`: messages (tool calls and results
+//! included) through the model's chat template; plain text, structured
+//! output, or tool calls back.
 
 use super::{json_object, top_count};
 use crate::assemble::Assembler;
+use crate::choice::ChoiceOut;
 use crate::error::ApiError;
 use crate::gen;
 use crate::respond::{self, Api, Ctx};
 use crate::state::{unix_now, AppState};
-use crate::wire::{message_text, Common, Fields};
+use crate::structured::{self, Requested};
+use crate::wire::{Common, Fields};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
-use serde_json::{json, Value};
+use host_engine::constraint::Grammar;
+use host_tools::{ToolCallParser, ToolChoice, ToolError, ToolRequest, ToolSyntax};
+use serde_json::Value;
 
-const ROLES: &[&str] = &["system", "developer", "user", "assistant"];
+/// A 400 naming the parameter in `param` and in the message (OpenAI's
+/// messages say which field is wrong).
+fn tool_error(e: ToolError) -> ApiError {
+    ApiError::param(&e.param, format!("`{}`: {}", e.param, e.message))
+}
 
 pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let obj = json_object(&body)?;
@@ -25,26 +35,8 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         Some(Value::Array(a)) => a,
         Some(_) => return Err(ApiError::param("messages", "`messages` must be an array")),
     };
-    let mut normalized = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
-        let role = m
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ApiError::param(&format!("messages[{i}].role"), "each message needs a string `role`"))?;
-        if role == "tool" || role == "function" {
-            return Err(ApiError::unsupported(&format!("messages[{i}].role"), "tool messages are not supported yet"));
-        }
-        if !ROLES.contains(&role) {
-            return Err(ApiError::param(
-                &format!("messages[{i}].role"),
-                format!("unknown role `{role}` (system, developer, user, assistant)"),
-            ));
-        }
-        let content = message_text(m.get("content").unwrap_or(&Value::Null), i)?;
-        // The OpenAI `developer` role is the system prompt for these models.
-        let role = if role == "developer" { "system" } else { role };
-        normalized.push(json!({ "role": role, "content": content }));
-    }
+    let normalized = host_tools::template_messages(messages).map_err(tool_error)?;
+    let tools = ToolRequest::from_body(&Value::Object(obj.clone())).map_err(tool_error)?;
     let common = Common::parse(&f, "max_tokens")?;
     let wants = f.boolean("logprobs")?;
     let top = top_count(f.value("top_logprobs"), 20, "top_logprobs")?;
@@ -52,7 +44,7 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         return Err(ApiError::param("top_logprobs", "`top_logprobs` requires `logprobs: true`"));
     }
     let logprobs = wants.then(|| top.unwrap_or(0));
-    let kwargs = match f.value("chat_template_kwargs") {
+    let mut kwargs = match f.value("chat_template_kwargs") {
         None => serde_json::Map::new(),
         Some(Value::Object(o)) => o.clone(),
         Some(_) => return Err(ApiError::param("chat_template_kwargs", "`chat_template_kwargs` must be an object")),
@@ -65,18 +57,71 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         .template
         .as_ref()
         .ok_or_else(|| ApiError::invalid("this model has no chat template: use /v1/completions"))?;
-    let rendered =
-        template.render(&Value::Array(normalized), true, &kwargs).map_err(|e| ApiError::param("messages", e.to_string()))?;
+    // The template sees the tools as the client sent them (HF templates
+    // take OpenAI's function-tool objects).
+    if !tools.tools.is_empty() {
+        kwargs.insert("tools".into(), f.value("tools").cloned().unwrap_or(Value::Null));
+    }
+    let rendered = template
+        .render(&Value::Array(normalized), true, &kwargs)
+        .map_err(|e| ApiError::param("messages", e.to_string()))?;
     let prompt = text.encode_rendered(&rendered).map_err(|e| ApiError::invalid(e.to_string()))?;
-    let req = gen::request(&st, &common, prompt, logprobs)?;
+    let (grammar, syntax) = plan_tools(&st, &tools, structured::requested(&f)?)?;
+    let reqs = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref())?;
     let id = st.next_id("chatcmpl");
-    let run = gen::submit(&st, &id, req)?;
+    let mut runs = Vec::with_capacity(reqs.len());
+    for (i, req) in reqs.into_iter().enumerate() {
+        let out = match syntax {
+            Some(syntax) => ChoiceOut::new(
+                i,
+                Assembler::keeping_special(text.clone(), common.stop.clone()),
+                Some(ToolCallParser::new(syntax).with_tools(&tools.tools)),
+            ),
+            None => ChoiceOut::new(i, Assembler::new(text.clone(), common.stop.clone()), None),
+        };
+        runs.push((gen::submit(&st, &id, req)?, out));
+    }
     let ctx =
         Ctx { st: st.clone(), api: Api::Chat, id, created: unix_now(), logprobs, include_usage: common.include_usage };
-    let asm = Assembler::new(text, common.stop.clone());
     if common.stream {
-        Ok(respond::stream(ctx, run, asm))
+        Ok(respond::stream(ctx, runs))
     } else {
-        respond::complete(ctx, run, asm).await
+        respond::complete(ctx, runs).await
     }
+}
+
+/// The grammar the answer follows and the syntax its tool calls are read
+/// in. `required` or a named function: a grammar that writes the calls in
+/// the model's own syntax (plain JSON when its template has none). `auto`:
+/// the model's syntax parsed out of its text, under the request's own
+/// structured output if it asked for one. `none` or no tools: no parsing.
+fn plan_tools(
+    st: &AppState,
+    tools: &ToolRequest,
+    structured: Option<Requested>,
+) -> Result<(Option<Requested>, Option<ToolSyntax>), ApiError> {
+    if tools.tools.is_empty() || tools.choice == ToolChoice::None {
+        return Ok((structured, None));
+    }
+    let syntax = st.tools.syntax;
+    if tools.choice == ToolChoice::Auto {
+        if !syntax.is_native() {
+            return Err(ApiError::param(
+                "tool_choice",
+                "this model's chat template shows no tool-call syntax, so calls cannot be told apart from text: \
+                 use tool_choice `required` or a named function (calls are then written under a grammar)",
+            ));
+        }
+        return Ok((structured, Some(syntax)));
+    }
+    if let Some(s) = structured {
+        return Err(ApiError::param(
+            &s.param,
+            "a structured output cannot be combined with tool_choice `required` or a named function",
+        ));
+    }
+    let lark =
+        host_tools::tool_choice_grammar(syntax, &tools.tools, &tools.choice, tools.parallel, &st.tools.added_tokens)
+            .ok_or_else(|| ApiError::internal("no grammar for this tool_choice"))?;
+    Ok((Some(Requested { grammar: Grammar::Lark(lark), param: "tool_choice".into() }), Some(syntax)))
 }

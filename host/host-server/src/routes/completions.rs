@@ -2,10 +2,12 @@
 
 use super::{json_object, top_count};
 use crate::assemble::Assembler;
+use crate::choice::ChoiceOut;
 use crate::error::ApiError;
 use crate::gen;
 use crate::respond::{self, Api, Ctx};
 use crate::state::{unix_now, AppState};
+use crate::structured;
 use crate::wire::{Common, Fields};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -55,10 +57,15 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     let prompt = prompt_ids(&st, f.value("prompt"))?;
     let common = Common::parse(&f, "max_tokens")?;
     let logprobs = top_count(f.value("logprobs"), 5, "logprobs")?;
-    let req = gen::request(&st, &common, prompt, logprobs)?;
+    let grammar = structured::requested(&f)?;
+    let reqs = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref())?;
     let text = st.text.clone().ok_or_else(|| ApiError::invalid("this model has no tokenizer to decode its output"))?;
     let id = st.next_id("cmpl");
-    let run = gen::submit(&st, &id, req)?;
+    let mut runs = Vec::with_capacity(reqs.len());
+    for (i, req) in reqs.into_iter().enumerate() {
+        let out = ChoiceOut::new(i, Assembler::new(text.clone(), common.stop.clone()), None);
+        runs.push((gen::submit(&st, &id, req)?, out));
+    }
     let ctx = Ctx {
         st: st.clone(),
         api: Api::Completion,
@@ -67,10 +74,9 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         logprobs,
         include_usage: common.include_usage,
     };
-    let asm = Assembler::new(text, common.stop.clone());
     if common.stream {
-        Ok(respond::stream(ctx, run, asm))
+        Ok(respond::stream(ctx, runs))
     } else {
-        respond::complete(ctx, run, asm).await
+        respond::complete(ctx, runs).await
     }
 }
