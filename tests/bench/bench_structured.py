@@ -38,7 +38,7 @@ def post(port, body):
 def metrics(port):
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     get = lambda name: float(re.search(rf"^mlx_engine_{name} (\S+)", text, re.M).group(1))
-    return get("grammar_masks_total"), get("grammar_mask_seconds_total")
+    return get("grammar_masks_total"), get("grammar_mask_seconds_total"), get("grammar_accept_seconds_total")
 
 
 def serve(a, port):
@@ -107,6 +107,7 @@ def main():
     print(f"json_schema {cons:9.1f} tok/s  (bursts to max_tokens: {full[True]}/{a.reps})")
     print(f"ratio       {cons / free:9.3f}")
     print(f"mask time   {1e3 * (m1[1] - m0[1]) / max(masks, 1):9.3f} ms per mask ({int(masks)} masks)")
+    print(f"accept time {1e3 * (m1[2] - m0[2]) / max(masks, 1):9.3f} ms per token")
 
 
 main()

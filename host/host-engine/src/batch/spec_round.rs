@@ -89,7 +89,7 @@ pub(super) struct RowDraft {
     tokens: Vec<u32>,
     q: Option<Array>,
     /// A constrained row's masks at `[pending, tokens..]` (`Constraint::draft_masks`).
-    masks: Option<Vec<bool>>,
+    masks: Option<Vec<u32>>,
 }
 
 impl Scheduler<'_> {
@@ -159,7 +159,7 @@ impl Scheduler<'_> {
         // A constrained row that drafted nothing still samples under its mask.
         for (r, d) in self.rows.iter_mut().zip(drafts.iter_mut()) {
             if let (None, Some(c)) = (&d.masks, r.constraint.as_mut()) {
-                d.masks = Some(c.allowed()?);
+                d.masks = Some(c.allowed_words()?);
             }
         }
         let b = self.rows.len();
@@ -181,7 +181,7 @@ impl Scheduler<'_> {
         let logits = self.engine.forward_all(&input, batch)?;
         let v = logits.shape()[logits.ndim() - 1];
         let logits = logits.reshape(&[b as i32, (k + 1) as i32, v])?;
-        let logits = self.adjust(logits, round_masks(&drafts, k + 1, v as usize))?;
+        let logits = self.adjust(logits, round_masks(&drafts, k + 1, (v as usize).div_ceil(32)))?;
         let (verdicts, lps) = self.choose(&logits, &drafts)?;
         // The step's cost in plain steps (the choices above were evaluated).
         let cost = self.spec_clock.spec_cost(b, k + 1, started.elapsed().as_secs_f64());
@@ -338,21 +338,22 @@ impl Scheduler<'_> {
     }
 }
 
-/// Every row's grammar masks for a round `width` positions wide, `V` flags
-/// each: a constrained row's own masks, then all-allowed rows for its
-/// filler; an unconstrained row all allowed. None when no row is constrained.
-fn round_masks(drafts: &[RowDraft], width: usize, v: usize) -> Option<Vec<bool>> {
+/// Every row's grammar masks for a round `width` positions wide, `words`
+/// bit words each: a constrained row's own masks, then all-allowed rows for
+/// its filler; an unconstrained row all allowed. None when no row is
+/// constrained.
+fn round_masks(drafts: &[RowDraft], width: usize, words: usize) -> Option<Vec<u32>> {
     if drafts.iter().all(|d| d.masks.is_none()) {
         return None;
     }
-    let mut all = Vec::with_capacity(drafts.len() * width * v);
+    let mut all = Vec::with_capacity(drafts.len() * width * words);
     for d in drafts {
         let own = match &d.masks {
             Some(m) => m.as_slice(),
             None => &[],
         };
         all.extend_from_slice(own);
-        all.extend(std::iter::repeat_n(true, width * v - own.len()));
+        all.extend(std::iter::repeat_n(u32::MAX, width * words - own.len()));
     }
     Some(all)
 }

@@ -94,21 +94,21 @@ impl Scheduler<'_> {
             return self.adjust(logits, None);
         }
         mlx_rs::transforms::async_eval([&logits])?;
-        let v = logits.shape()[logits.ndim() - 1] as usize;
-        let mut allowed = Vec::with_capacity(self.rows.len() * v);
+        let words = (logits.shape()[logits.ndim() - 1] as usize).div_ceil(32);
+        let mut allowed = Vec::with_capacity(self.rows.len() * words);
         for r in self.rows.iter_mut() {
             match r.constraint.as_mut() {
-                Some(c) => allowed.extend(c.allowed()?),
-                None => allowed.extend(std::iter::repeat_n(true, v)),
+                Some(c) => allowed.extend(c.allowed_words()?),
+                None => allowed.extend(std::iter::repeat_n(u32::MAX, words)),
             }
         }
         self.adjust(logits, Some(allowed))
     }
 
     /// `logits` (`[B, V]`, or `[B, W, V]` in a speculative round) with each
-    /// row's logit bias added and `masks` (`B*W*V` flags, None when no row
-    /// is constrained) applied.
-    pub(super) fn adjust(&self, logits: Array, masks: Option<Vec<bool>>) -> Result<Array, EngineError> {
+    /// row's logit bias added and `masks` (`ceil(V/32)` bit words per row
+    /// and position, None when no row is constrained) applied.
+    pub(super) fn adjust(&self, logits: Array, masks: Option<Vec<u32>>) -> Result<Array, EngineError> {
         let shape = logits.shape().to_vec();
         let (b, v) = (shape[0], shape[shape.len() - 1]);
         let mut logits = logits;
@@ -125,7 +125,9 @@ impl Scheduler<'_> {
             logits = logits.add(Array::from_slice(&dense, &rows_shape).as_dtype(logits.dtype())?)?;
         }
         if let Some(m) = masks {
-            logits = Sampler::constrain(&logits, &Array::from_slice(&m, &shape))?;
+            let mut words_shape = shape.clone();
+            *words_shape.last_mut().expect("logits have a vocabulary axis") = (v as usize).div_ceil(32) as i32;
+            logits = Sampler::constrain(&logits, &Array::from_slice(&m, &words_shape))?;
         }
         Ok(logits)
     }

@@ -31,27 +31,39 @@ impl Constraint {
         Self { matcher, vocab, eos, clock }
     }
 
-    /// The tokens allowed next, one flag per id of the model's vocabulary.
-    /// Every EOS id is allowed exactly where the grammar may end; once it
-    /// has ended, only EOS is.
-    pub fn allowed(&mut self) -> Result<Vec<bool>, GrammarError> {
+    /// The tokens allowed next as bit words (bit `id % 32` of word
+    /// `id / 32`, as llguidance keeps them), covering the model's
+    /// vocabulary. Every EOS id is allowed exactly where the grammar may
+    /// end; once it has ended, only EOS is.
+    pub fn allowed_words(&mut self) -> Result<Vec<u32>, GrammarError> {
         let started = Instant::now();
         let vob = self.matcher.compute_mask_or_eos().map_err(|e| failed("compute a mask", e))?;
-        let mut out: Vec<bool> = (0..self.vocab).map(|i| vob.is_allowed(i as u32)).collect();
-        let may_end = self.matcher.is_stopped() || self.eos.iter().any(|&t| out.get(t as usize) == Some(&true));
-        for &t in &self.eos {
-            if let Some(slot) = out.get_mut(t as usize) {
-                *slot = may_end;
-            }
+        let n = self.vocab.div_ceil(32);
+        let mut words: Vec<u32> = vob.as_slice().iter().copied().chain(std::iter::repeat(0)).take(n).collect();
+        let get = |w: &[u32], t: u32| (t as usize) < self.vocab && w[t as usize / 32] >> (t % 32) & 1 == 1;
+        let may_end = self.matcher.is_stopped() || self.eos.iter().any(|&t| get(&words, t));
+        for &t in self.eos.iter().filter(|&&t| (t as usize) < self.vocab) {
+            let (i, bit) = (t as usize / 32, 1u32 << (t % 32));
+            words[i] = if may_end { words[i] | bit } else { words[i] & !bit };
         }
-        self.clock.record(started.elapsed());
-        Ok(out)
+        // Ids past the model's vocabulary (the last word's tail) stay off.
+        if self.vocab % 32 != 0 {
+            words[n - 1] &= (1u32 << (self.vocab % 32)) - 1;
+        }
+        self.clock.record_mask(started.elapsed());
+        Ok(words)
     }
 
-    /// `allowed` as a boolean `[1, vocab]` array for the sampler.
+    /// `allowed_words` as one flag per id.
+    pub fn allowed(&mut self) -> Result<Vec<bool>, GrammarError> {
+        let words = self.allowed_words()?;
+        Ok((0..self.vocab).map(|id| words[id / 32] >> (id % 32) & 1 == 1).collect())
+    }
+
+    /// `allowed_words` as a uint32 `[1, words]` array for the sampler.
     pub fn mask(&mut self) -> Result<Array, GrammarError> {
-        let allowed = self.allowed()?;
-        Ok(Array::from_slice(&allowed, &[1, allowed.len() as i32]))
+        let words = self.allowed_words()?;
+        Ok(Array::from_slice(&words, &[1, words.len() as i32]))
     }
 
     /// Moves past `token` (which the last mask allowed). EOS needs no move:
@@ -60,29 +72,30 @@ impl Constraint {
         if self.eos.contains(&token) {
             return Ok(());
         }
-        self.matcher.consume_token(token).map_err(|e| failed("accept a token", e))
+        let started = Instant::now();
+        let r = self.matcher.consume_token(token).map_err(|e| failed("accept a token", e));
+        self.clock.record_accept(started.elapsed());
+        r
     }
 
-    /// Whether `token` may come next (a speculative round checks its drafts).
-    pub fn allows(&mut self, token: u32) -> Result<bool, GrammarError> {
-        Ok(self.allowed()?.get(token as usize).copied().unwrap_or(false))
-    }
-
-    /// The masks a speculative round verifies under, one `allowed` row per
-    /// position of `[pending, drafts..]`, flattened: row i is what may follow
+    /// The masks a speculative round verifies under, one `allowed_words`
+    /// row per position of `[pending, drafts..]`, flattened: row i is what may follow
     /// the first i drafts. `drafts` is cut before the first token the
     /// grammar forbids (or an EOS, which ends the request anyway), so the
     /// round counts it as a mismatch. The matcher ends where it started.
-    pub fn draft_masks(&mut self, drafts: &mut Vec<u32>) -> Result<Vec<bool>, GrammarError> {
-        let mut rows = Vec::with_capacity((drafts.len() + 1) * self.vocab);
+    pub fn draft_masks(&mut self, drafts: &mut Vec<u32>) -> Result<Vec<u32>, GrammarError> {
+        let mut rows = Vec::with_capacity((drafts.len() + 1) * self.vocab.div_ceil(32));
         let mut consumed = 0;
         loop {
-            let allowed = self.allowed()?;
+            let words = self.allowed_words()?;
             let next = drafts.get(consumed).copied();
             let ok = next.is_some_and(|t| {
-                allowed.get(t as usize) == Some(&true) && !self.eos.contains(&t) && !self.matcher.is_stopped()
+                (t as usize) < self.vocab
+                    && words[t as usize / 32] >> (t % 32) & 1 == 1
+                    && !self.eos.contains(&t)
+                    && !self.matcher.is_stopped()
             });
-            rows.extend(allowed);
+            rows.extend(words);
             if !ok {
                 drafts.truncate(consumed);
                 break;

@@ -30,12 +30,12 @@ struct Round {
 }
 
 /// Queues one verify of `input` (pending + drafts) and its verdict, under
-/// the grammar's masks (`[k+1, V]` flags) when the request has one.
+/// the grammar's masks (`[k+1, ceil(V/32)]` bit words) when the request has one.
 fn queue_round(
     engine: &Engine,
     input: Vec<u32>,
     q: Option<&Array>,
-    masks: Option<Vec<bool>>,
+    masks: Option<Vec<u32>>,
     caches: &mut [CacheBox],
     sampler: &mut Sampler,
 ) -> Result<Round, EngineError> {
@@ -43,9 +43,9 @@ fn queue_round(
     let mut logits = sampler.bias(engine.forward_all(&token_array(&input), caches)?)?;
     if let Some(mut m) = masks {
         // (Rows past k+1 belong to drafts a layout's refusal dropped.)
-        let v = logits.shape()[logits.ndim() - 1];
-        m.truncate((k + 1) * v as usize);
-        logits = Sampler::constrain(&logits, &Array::from_slice(&m, &[(k + 1) as i32, v]))?;
+        let words = (logits.shape()[logits.ndim() - 1] as usize).div_ceil(32);
+        m.truncate((k + 1) * words);
+        logits = Sampler::constrain(&logits, &Array::from_slice(&m, &[(k + 1) as i32, words as i32]))?;
     }
     // One logprobs op over all rows (reductions stay within a row), then
     // rejection sampling against q, or the target's own choice at every

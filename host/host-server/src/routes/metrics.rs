@@ -38,7 +38,7 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
     metric(&mut o, "prompt_tokens_total", "counter", "Prompt tokens received.", w.prompt_tokens.load(Relaxed));
     metric(&mut o, "generated_tokens_total", "counter", "Tokens generated.", w.generated_tokens.load(Relaxed));
     metric(&mut o, "decode_steps_total", "counter", "Batched decode steps run.", w.decode_steps.load(Relaxed));
-    let (masks, mask_s) = st.text.as_ref().map_or((0, 0.0), |t| t.mask_clock.totals());
+    let (masks, mask_s, accept_s) = st.text.as_ref().map_or((0, 0.0, 0.0), |t| t.mask_clock.totals());
     metric(
         &mut o,
         "grammar_masks_total",
@@ -47,6 +47,7 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
         masks,
     );
     metric(&mut o, "grammar_mask_seconds_total", "counter", "CPU time spent computing grammar masks.", mask_s);
+    metric(&mut o, "grammar_accept_seconds_total", "counter", "CPU time spent moving grammars past tokens.", accept_s);
     metric(
         &mut o,
         "prefill_tokens_per_second",
