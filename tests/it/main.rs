@@ -5,6 +5,7 @@ mod admission;
 mod architecture;
 mod batching;
 mod batching_sliding;
+mod bench_cmd;
 mod checkpoint_shapes;
 mod compiled_across_plugins;
 mod exit_stress;

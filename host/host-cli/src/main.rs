@@ -1,6 +1,7 @@
 //! The `host` binary. Parses the command line and hands each command to the
 //! crate that owns it; holds no logic of its own beyond the runtime switch.
 
+mod bench_cmd;
 mod draft_cmd;
 mod generate_cmd;
 mod model_options;
@@ -147,6 +148,27 @@ enum Command {
         #[arg(long = "memory-budget")]
         memory_budget: Option<f64>,
     },
+    /// Throughput at several batch sizes, in process (as mlx_lm.benchmark):
+    /// prefill and decode tokens/s, time per step, peak memory.
+    Bench {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Prompt tokens of each request (random ids).
+        #[arg(long = "prompt-len", default_value_t = 512)]
+        prompt_len: usize,
+        /// Tokens each request generates (greedy, EOS ignored).
+        #[arg(long = "gen-len", default_value_t = 128)]
+        gen_len: usize,
+        /// Batch sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        batch: Vec<usize>,
+        /// Trials per batch size (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        trials: usize,
+        /// Print a JSON list of rows instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Debugging aid: last-position logits of one full forward, as JSON.
     Logits {
         #[command(flatten)]
@@ -284,6 +306,10 @@ fn main() -> Result<ExitCode> {
                 String::new()
             };
             println!("largest context that fits: {most} tokens{ctx_cap}");
+        }
+        Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json }) => {
+            let engine = engine(&model, None)?;
+            bench_cmd::run(engine, bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json })?
         }
         Some(Command::Logits { model, prompt_ids }) => {
             let engine = engine(&model, None)?;

@@ -94,6 +94,11 @@ pub fn peak_memory() -> usize {
     n
 }
 
+/// Starts `peak_memory` over from what is live now.
+pub fn reset_peak_memory() {
+    unsafe { mlx_sys::mlx_reset_peak_memory() };
+}
+
 /// Bytes of freed buffers MLX keeps for reuse (its buffer cache).
 pub fn cache_memory() -> usize {
     let mut n = 0usize;

@@ -47,7 +47,7 @@ impl Constraint {
             words[i] = if may_end { words[i] | bit } else { words[i] & !bit };
         }
         // Ids past the model's vocabulary (the last word's tail) stay off.
-        if self.vocab % 32 != 0 {
+        if !self.vocab.is_multiple_of(32) {
             words[n - 1] &= (1u32 << (self.vocab % 32)) - 1;
         }
         self.clock.record_mask(started.elapsed());

@@ -1,0 +1,166 @@
+//! `host bench`: in-process throughput of one model folder at several batch
+//! sizes, as mlx_lm.benchmark measures it: B requests of a random P-token
+//! prompt arrive together (held, then released: one cohort prefill), each
+//! generates G tokens greedily without stopping at EOS. Per B: prefill
+//! tokens/s (B*P over the time to the last first token), decode tokens/s
+//! (B*(G-1) over the time after it), time per decode step, and MLX's peak
+//! memory. Runs through the same worker and batch scheduler as `host serve`.
+
+use anyhow::{bail, Result};
+use host_engine::plan::Planner;
+use host_engine::worker::Worker;
+use host_engine::{Engine, Event, Flow, GenerateRequest, Job};
+use serde_json::json;
+use std::sync::mpsc;
+use std::time::Instant;
+
+pub struct BenchArgs {
+    pub prompt_len: usize,
+    pub gen_len: usize,
+    pub batches: Vec<usize>,
+    pub trials: usize,
+    pub json: bool,
+}
+
+/// One batch size's figures (the median trial's, by decode rate).
+struct Row {
+    batch: usize,
+    prefill_tps: f64,
+    decode_tps: f64,
+    step_ms: f64,
+    peak: usize,
+}
+
+/// A prompt of `n` ids spread over the vocabulary, different per `salt`
+/// (nothing a prefix cache or earlier trial has seen).
+fn prompt(n: usize, vocab: u32, salt: u64) -> Vec<u32> {
+    let mut x = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % (vocab.saturating_sub(20).max(1) as u64)) as u32 + 10
+        })
+        .collect()
+}
+
+/// B requests released together; returns (prefill s, decode s) measured
+/// from the release.
+fn trial(
+    worker: &Worker,
+    planner: &Planner,
+    shape: (usize, usize),
+    batch: usize,
+    vocab: u32,
+    salt: u64,
+) -> Result<(f64, f64)> {
+    let (prompt_len, gen_len) = shape;
+    let (tx, rx) = mpsc::channel::<(usize, bool, Instant)>();
+    worker.hold.hold();
+    for i in 0..batch {
+        let tx = tx.clone();
+        let mut first = true;
+        let request = GenerateRequest {
+            prompt: prompt(prompt_len, vocab, salt * 1000 + i as u64),
+            max_tokens: gen_len,
+            stop_on_eos: false,
+            ..Default::default()
+        };
+        let on_event = Box::new(move |ev: Event| {
+            match ev {
+                Event::Token(_) if first => {
+                    first = false;
+                    let _ = tx.send((i, false, Instant::now()));
+                }
+                Event::Done(_) | Event::Failed(_) => {
+                    let _ = tx.send((i, true, Instant::now()));
+                }
+                Event::Token(_) => {}
+            }
+            Flow::Continue
+        });
+        // The plan a server would give it.
+        let plan = planner.plan(&request);
+        if worker.submit(Job { request, plan, on_event }).is_err() {
+            worker.hold.release();
+            bail!("the engine refused the benchmark's requests");
+        }
+    }
+    drop(tx);
+    let released = Instant::now();
+    worker.hold.release();
+    let (mut last_first, mut last_done, mut done) = (released, released, 0);
+    for (_, finished, at) in rx {
+        if finished {
+            done += 1;
+            last_done = last_done.max(at);
+        } else {
+            last_first = last_first.max(at);
+        }
+    }
+    if done != batch {
+        bail!("{} of {batch} benchmark requests ended", done);
+    }
+    Ok(((last_first - released).as_secs_f64(), (last_done - last_first).as_secs_f64()))
+}
+
+pub fn run(engine: Engine, a: BenchArgs) -> Result<()> {
+    if a.prompt_len == 0 || a.gen_len < 2 || a.batches.is_empty() || a.batches.contains(&0) {
+        bail!("--prompt-len must be >= 1, --gen-len >= 2, and every --batch size >= 1");
+    }
+    let vocab = engine.model().plan.vocab_size;
+    let most = *a.batches.iter().max().expect("checked non-empty");
+    let planner = engine.planner(most.max(2));
+    let worker = Worker::start(engine, most * 2, most.max(2), None);
+    // One-time costs (kernels compiled for this device) outside the figures.
+    trial(&worker, &planner, (a.prompt_len.min(32), 4), 1, vocab, 7)?;
+    let mut rows = Vec::new();
+    for (k, &b) in a.batches.iter().enumerate() {
+        let mut trials = Vec::new();
+        for t in 0..a.trials.max(1) {
+            host_engine::runtime::reset_peak_memory();
+            let (prefill_s, decode_s) =
+                trial(&worker, &planner, (a.prompt_len, a.gen_len), b, vocab, 100 + (k * 100 + t) as u64)?;
+            trials.push(Row {
+                batch: b,
+                prefill_tps: (b * a.prompt_len) as f64 / prefill_s.max(1e-9),
+                decode_tps: (b * (a.gen_len - 1)) as f64 / decode_s.max(1e-9),
+                step_ms: decode_s * 1e3 / (a.gen_len - 1) as f64,
+                peak: host_engine::runtime::peak_memory(),
+            });
+        }
+        trials.sort_by(|x, y| x.decode_tps.total_cmp(&y.decode_tps));
+        rows.push(trials.swap_remove(trials.len() / 2));
+    }
+    if a.json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "batch": r.batch,
+                    "prefill_tokens_per_s": r.prefill_tps,
+                    "decode_tokens_per_s": r.decode_tps,
+                    "step_ms": r.step_ms,
+                    "peak_memory_bytes": r.peak,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string(&out)?);
+    } else {
+        println!("prompt {} tokens, {} generated, greedy, median of {} trials", a.prompt_len, a.gen_len, a.trials);
+        println!("| batch | prefill tok/s | decode tok/s | step ms | peak memory GiB |");
+        println!("|---|---|---|---|---|");
+        for r in &rows {
+            println!(
+                "| {} | {:.1} | {:.1} | {:.2} | {:.3} |",
+                r.batch,
+                r.prefill_tps,
+                r.decode_tps,
+                r.step_ms,
+                r.peak as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
+    Ok(())
+}
