@@ -14,10 +14,11 @@ speculation counters."""
 import argparse
 import json
 import statistics
-import subprocess
 import threading
 import time
 import urllib.request
+
+import host_server
 
 PROMPTS = [
     [1000, 1001, 1002, 1003, 5, 6, 7, 1000, 1001, 1002],
@@ -38,15 +39,7 @@ def post(port, body):
 
 def serve(a, extra, port):
     cmd = [a.host, "serve", "--plugins", a.plugins, "--model", a.model, "--port", str(port), "--batch", "8"] + a.extra.split() + extra
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-            return p
-        except Exception:
-            time.sleep(0.2)
-    p.kill()
-    raise SystemExit(f"server did not start: {cmd}")
+    return host_server.start(cmd, port)
 
 
 def burst(port, n, gen, offset):

@@ -14,10 +14,11 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import threading
 import time
 import urllib.request
+
+import host_server
 
 SCHEMA = {
     "type": "array",
@@ -43,15 +44,7 @@ def metrics(port):
 
 def serve(a, port):
     cmd = [a.host, "serve", "--plugins", a.plugins, "--model", a.model, "--port", str(port), "--batch", str(a.concurrency)] + a.extra.split()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-            return p
-        except Exception:
-            time.sleep(0.2)
-    p.kill()
-    raise SystemExit(f"server did not start: {cmd}")
+    return host_server.start(cmd, port)
 
 
 def burst(port, n, gen, constrained):
