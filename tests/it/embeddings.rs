@@ -160,15 +160,26 @@ fn embedding_jobs_wait_for_the_engine_and_bad_requests_get_400s() {
     let scratch = Scratch::new("embed-errors");
     let folder = embedding_folder(&scratch, "tiny/tiny-qwen3-f32", "last", true);
     let s = Server::start(&folder, &["--debug-endpoints"]);
-    // The job goes through the engine's queue: held, it waits there.
+    let alone = s.post("/v1/embeddings", &json!({ "input": ["a", "b"] })).json();
+    // The job goes through the engine's queue: held, it waits there. Taken
+    // between the decode steps of a running row, it leaves the row alone.
+    let gen = json!({ "prompt": [1, 2, 3], "max_tokens": 40, "temperature": 0 });
+    let gen_alone = s.post("/v1/completions", &gen).json();
     s.hold();
     std::thread::scope(|sc| {
+        let g = sc.spawn(|| s.post("/v1/completions", &gen));
+        s.wait_for("the generation to be queued", |st| st["queued"] == 1);
+        s.request("POST", "/debug/release?steps=5", &[], b"");
+        s.wait_for("the row to be decoding, held", |st| st["active"] == 1 && st["hold"]["parked"] == true);
         let h = sc.spawn(|| s.post("/v1/embeddings", &json!({ "input": ["a", "b"] })));
         s.wait_for("the embedding job to be queued", |st| st["queued"] == 1);
         s.release();
         let r = h.join().unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(r.json()["data"].as_array().unwrap().len(), 2);
+        assert_eq!(vectors(&r.json()), vectors(&alone));
+        let r = g.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["choices"][0]["text"], gen_alone["choices"][0]["text"]);
     });
     let too_long: Vec<u32> = vec![100; 4097];
     for (body, param, needle) in [
