@@ -109,6 +109,10 @@ pub struct ServeArgs {
     #[arg(long = "repetition-penalty")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repetition_penalty: Option<f32>,
+    /// Seconds a stream may stay silent before it sends an SSE comment (`: keep-alive`); 0 = never (default 5).
+    #[arg(long = "sse-keepalive", value_name = "SECS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sse_keepalive: Option<u64>,
     /// Serve POST /debug/hold and /debug/release: pause the engine's loop (tests arrange concurrency with it).
     #[arg(long = "debug-endpoints")]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -202,7 +206,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     plain.prompt_cache = false;
     host_engine::serial::generate(&engine, &warm, &plain, |_| Flow::Continue).context("warm-up generation")?;
     stage(3, 4, "weights read (warm-up step done)", t0);
-    let info = ModelInfo { max_context: m.plan.max_context as usize, vocab_size: m.plan.vocab_size };
+    let info = ModelInfo {
+        max_context: m.plan.max_context as usize,
+        vocab_size: m.plan.vocab_size,
+        hidden_size: m.plan.hidden_size as usize,
+        embeddings: engine.pooling().clone(),
+    };
+    if let Ok(p) = &info.embeddings {
+        eprintln!("embeddings: {} pooling{}", p.mode.name(), if p.normalize { ", normalized" } else { "" });
+    }
     let memory = host_engine::admission::MemoryModel::measure(&engine);
     let memory_bytes = a.memory_budget.map(gib).unwrap_or_else(host_engine::admission::default_memory_budget);
     let mlx_cache_bytes =
@@ -239,6 +251,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         default_max_tokens: a.max_tokens.unwrap_or(512),
         batch: a.batch.unwrap_or(8).max(1),
         debug_endpoints: a.debug_endpoints,
+        sse_keepalive: Some(a.sse_keepalive.unwrap_or(5)).filter(|&s| s > 0).map(std::time::Duration::from_secs),
         defaults: SamplingDefaults {
             temperature: a.temp,
             top_p: a.top_p,

@@ -10,6 +10,7 @@ use crate::config::{DtypeChoice, EngineConfig};
 use crate::drafting::Drafting;
 use crate::job::GenerateRequest;
 use crate::plan::{Capabilities, Planner, ResolvedExecution, ServerFeatures};
+use crate::pooling::{Pooling, PoolingError};
 use crate::prefix_cache::PrefixStore;
 use crate::runtime::{default_device, DeviceKind};
 use crate::tokenizer::TextSide;
@@ -67,6 +68,8 @@ pub struct Engine {
     prefill_step: usize,
     prefix: PrefixStore,
     drafting: Option<Drafting>,
+    /// How the folder pools hidden states into embeddings, or why it serves none.
+    pooling: Result<Pooling, PoolingError>,
 }
 
 impl Engine {
@@ -131,6 +134,7 @@ impl Engine {
             prefill_step: cfg.prefill_step.max(1),
             prefix: PrefixStore::new(namespace, cfg.prefix_cache_bytes),
             drafting,
+            pooling: Pooling::read(dir),
         })
     }
 
@@ -168,6 +172,11 @@ impl Engine {
 
     pub fn drafting(&self) -> Option<&Drafting> {
         self.drafting.as_ref()
+    }
+
+    /// How inputs become embeddings (`embed`), or why this folder serves none.
+    pub fn pooling(&self) -> &Result<Pooling, PoolingError> {
+        &self.pooling
     }
 
     /// EOS ids of the model (generation_config, config, tokenizer).
@@ -398,4 +407,11 @@ fn take(t: ROption<Tensor>, what: &str) -> Result<Array, EngineError> {
 pub fn token_array(ids: &[u32]) -> Array {
     let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
     Array::from_slice(&v, &[1, v.len() as i32])
+}
+
+/// int32 `[B, L]` token ids from B rows of L ids each.
+pub(crate) fn token_array_rows(rows: &[Vec<u32>]) -> Array {
+    let width = rows.first().map_or(0, Vec::len);
+    let v: Vec<i32> = rows.iter().flat_map(|r| r.iter().map(|&t| t as i32)).collect();
+    Array::from_slice(&v, &[rows.len() as i32, width as i32])
 }

@@ -9,7 +9,8 @@
 //!
 //! A request flows: `Engine::plan` → a `Job` (request + plan + callback) →
 //! `worker` queue → `batch::Scheduler` (continuous plans) or `serial::run`
-//! (serial plans) → `Event`s back through the job's callback.
+//! (serial plans) → `Event`s back through the job's callback. An
+//! embedding job (`embed`) takes the same queue and runs whole when taken.
 
 pub mod admission;
 pub mod batch;
@@ -17,12 +18,14 @@ pub mod chat_template;
 pub mod config;
 pub mod constraint;
 pub mod drafting;
+pub mod embed;
 pub mod engine;
 pub mod histogram;
 pub mod hold;
 pub mod job;
 pub mod owned_state;
 pub mod plan;
+pub mod pooling;
 pub mod prefix_cache;
 pub mod probe;
 pub mod runtime;
@@ -35,6 +38,7 @@ pub mod tokenizer;
 pub mod worker;
 
 pub use config::{DraftSource, DtypeChoice, EngineConfig, SpeculationConfig};
+pub use embed::{EmbedJob, Embeddings};
 pub use engine::{Engine, EngineError};
 pub use job::{Event, Finish, Flow, GenerateRequest, GenerateResult, Job, TokenOut};
 pub use sampling::SamplingParams;

@@ -1,6 +1,7 @@
 //! One thread owns the engine and runs requests in arrival order; callers
-//! submit jobs to a bounded queue and hear back through a callback. MLX
-//! work for the served model therefore never runs on two threads at once.
+//! submit jobs (generation, or embeddings) to a bounded queue and hear back
+//! through a callback. MLX work for the served model therefore never runs
+//! on two threads at once.
 //!
 //! Cancellation: the callback returns `Flow::Stop` (client gone, stop string
 //! matched, shutdown), which the decode loop honours after the current step:
@@ -9,6 +10,7 @@
 
 use crate::admission::{Budget, MemoryModel};
 use crate::batch::Scheduler;
+use crate::embed::EmbedJob;
 use crate::engine::{Engine, EngineError};
 use crate::hold::Hold;
 use crate::job::{Event, Job};
@@ -18,8 +20,16 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendE
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// What the queue carries.
+pub enum Work {
+    /// (Boxed: a job with its plan is large, an embedding job small.)
+    Generate(Box<Job>),
+    /// Runs whole when the engine takes it (between batch iterations).
+    Embed(EmbedJob),
+}
+
 pub struct Worker {
-    tx: Option<SyncSender<Job>>,
+    tx: Option<SyncSender<Work>>,
     thread: Option<JoinHandle<()>>,
     pub stats: Arc<Stats>,
     /// Pauses the engine's loop between iterations (tests arrange
@@ -40,7 +50,7 @@ impl Worker {
     /// Starts the engine thread. `batch` rows may share a decode step
     /// (continuous batching); `batch == 1` runs strictly one job at a time.
     pub fn start(engine: Engine, queue: usize, batch: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
-        let (tx, rx) = sync_channel::<Job>(queue.max(1));
+        let (tx, rx) = sync_channel::<Work>(queue.max(1));
         let stats = Arc::new(Stats::default());
         let shutdown = Arc::new(AtomicBool::new(false));
         let hold = Arc::new(Hold::default());
@@ -59,9 +69,18 @@ impl Worker {
     }
 
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        self.send(Work::Generate(Box::new(job)))
+    }
+
+    /// Queues an embedding job (same queue, same 503 when it is full).
+    pub fn embed(&self, job: EmbedJob) -> Result<(), SubmitError> {
+        self.send(Work::Embed(job))
+    }
+
+    fn send(&self, work: Work) -> Result<(), SubmitError> {
         let tx = self.tx.as_ref().ok_or(SubmitError::Closed)?;
         self.stats.queued.fetch_add(1, Ordering::SeqCst);
-        tx.try_send(job).map_err(|e| {
+        tx.try_send(work).map_err(|e| {
             self.stats.queued.fetch_sub(1, Ordering::SeqCst);
             match e {
                 TrySendError::Full(_) => SubmitError::Full,
@@ -93,24 +112,31 @@ impl Drop for Worker {
 }
 
 /// `--batch 1`: one job at a time, in arrival order.
-fn run_serially(engine: Engine, rx: Receiver<Job>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, hold: Arc<Hold>) {
+fn run_serially(engine: Engine, rx: Receiver<Work>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, hold: Arc<Hold>) {
     loop {
         // Between jobs there is nothing to step.
         hold.idle();
         hold.checkpoint();
-        let mut job = match rx.try_recv() {
-            Ok(job) => job,
+        let work = match rx.try_recv() {
+            Ok(work) => work,
             Err(TryRecvError::Disconnected) => break,
             Err(TryRecvError::Empty) => {
                 // Between requests, with nothing queued: freed buffers go back.
                 crate::runtime::clear_cache();
                 match rx.recv() {
-                    Ok(job) => job,
+                    Ok(work) => work,
                     Err(_) => break,
                 }
             }
         };
         hold.checkpoint();
+        let mut job = match work {
+            Work::Generate(job) => *job,
+            Work::Embed(e) => {
+                crate::embed::run(&engine, e, &stats, &shutdown);
+                continue;
+            }
+        };
         stats.queued.fetch_sub(1, Ordering::SeqCst);
         if shutdown.load(Ordering::SeqCst) {
             let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest("the server is shutting down".into())));

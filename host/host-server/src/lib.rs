@@ -8,8 +8,11 @@
 
 mod assemble;
 mod choice;
+mod embed_wire;
 pub mod error;
+mod fim;
 mod gen;
+mod keepalive;
 mod respond;
 mod routes;
 pub mod state;
@@ -34,6 +37,7 @@ pub fn router(st: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(routes::chat::handler))
         .route("/v1/completions", post(routes::completions::handler))
+        .route("/v1/embeddings", post(routes::embeddings::handler))
         .route("/v1/models", get(routes::info::models))
         .route("/health", get(routes::info::health))
         .route("/stats", get(routes::info::stats))

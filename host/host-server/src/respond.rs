@@ -6,6 +6,7 @@
 use crate::choice::{Call, ChoiceOut, Piece};
 use crate::error::ApiError;
 use crate::gen::Running;
+use crate::keepalive::{self, Next, Quiet};
 use crate::state::{AppState, ServerStats};
 use axum::body::{Body, Bytes};
 use axum::http::header;
@@ -268,7 +269,18 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
         }
         let mut first_ms: Vec<Option<u128>> = vec![None; choices.len()];
         let mut results: Vec<Option<host_engine::GenerateResult>> = (0..choices.len()).map(|_| None).collect();
-        while let Some((i, ev)) = merged.recv().await {
+        let mut quiet = Quiet::new(ctx.st.cfg.sse_keepalive);
+        loop {
+            let (i, ev) = match quiet.next(&mut merged).await {
+                Next::Item(x) => x,
+                Next::Closed => break,
+                Next::KeepAlive => {
+                    if tx.send(Ok(Bytes::from_static(keepalive::COMMENT))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
             let (run, c) = &mut choices[i];
             let out = match ev {
                 Event::Token(t) => {
@@ -302,6 +314,9 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
                     return;
                 }
             };
+            if !out.is_empty() {
+                quiet.sent();
+            }
             for v in out {
                 if tx.send(Ok(sse(&v))).await.is_err() {
                     return; // client gone: dropping the receivers cancels the jobs

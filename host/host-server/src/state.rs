@@ -32,6 +32,9 @@ pub struct ServerConfig {
     pub batch: usize,
     /// Serve `/debug/*` (the engine loop's hold, for tests and operators).
     pub debug_endpoints: bool,
+    /// A stream that has sent nothing for this long sends an SSE comment
+    /// (proxies and clients drop connections that stay silent); None: never.
+    pub sse_keepalive: Option<std::time::Duration>,
     pub defaults: SamplingDefaults,
     pub model_id: String,
 }
@@ -41,6 +44,9 @@ pub struct ServerConfig {
 pub struct ModelInfo {
     pub max_context: usize,
     pub vocab_size: u32,
+    pub hidden_size: usize,
+    /// How the folder pools hidden states into embeddings, or why it serves none.
+    pub embeddings: Result<host_engine::pooling::Pooling, host_engine::pooling::PoolingError>,
 }
 
 #[derive(Default)]

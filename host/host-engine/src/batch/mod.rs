@@ -26,13 +26,14 @@ mod step;
 pub use state::Scheduler;
 
 use crate::engine::EngineError;
-use crate::job::{Event, Job};
+use crate::job::Event;
+use crate::worker::Work;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 impl Scheduler<'_> {
     /// Runs until the queue is closed and all work is done.
-    pub fn run(mut self, rx: Receiver<Job>) {
+    pub fn run(mut self, rx: Receiver<Work>) {
         let mut open = true;
         loop {
             if self.idle() {
@@ -48,9 +49,9 @@ impl Scheduler<'_> {
                 crate::runtime::clear_cache();
                 self.steps_since_clear = 0;
                 match rx.recv() {
-                    Ok(job) => {
+                    Ok(work) => {
                         self.hold.checkpoint();
-                        self.admit(job)
+                        self.receive(work)
                     }
                     Err(_) => return,
                 }
@@ -68,7 +69,7 @@ impl Scheduler<'_> {
                 && self.rows.len() + self.joining.len() + self.cohort_rows() < self.limit
             {
                 match rx.try_recv() {
-                    Ok(job) => self.admit(job),
+                    Ok(work) => self.receive(work),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
@@ -94,6 +95,15 @@ impl Scheduler<'_> {
                 }
                 self.hold.stepped();
             }
+        }
+    }
+
+    /// A generation job joins (or waits); an embedding job runs now, between
+    /// iterations, beside the rows it leaves untouched.
+    fn receive(&mut self, work: Work) {
+        match work {
+            Work::Generate(job) => self.admit(*job),
+            Work::Embed(e) => crate::embed::run(self.engine, e, &self.stats, &self.shutdown),
         }
     }
 }

@@ -6,10 +6,20 @@ use axum::Json;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering::Relaxed;
 
+/// The served model, with its context length under both names clients
+/// read (`context_length`; vLLM's `max_model_len`), null when unknown.
 pub async fn models(State(st): State<AppState>) -> Json<Value> {
+    let ctx = Some(st.info.max_context).filter(|&n| n > 0);
     Json(json!({
         "object": "list",
-        "data": [{ "id": st.cfg.model_id, "object": "model", "created": unix_now(), "owned_by": "mlx-engine" }],
+        "data": [{
+            "id": st.cfg.model_id,
+            "object": "model",
+            "created": unix_now(),
+            "owned_by": "mlx-engine",
+            "context_length": ctx,
+            "max_model_len": ctx,
+        }],
     }))
 }
 

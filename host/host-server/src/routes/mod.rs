@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod completions;
 pub mod debug;
+pub mod embeddings;
 pub mod info;
 pub mod metrics;
 
