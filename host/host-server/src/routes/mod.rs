@@ -1,10 +1,12 @@
 //! One module per endpoint.
 
+pub mod anthropic;
 pub mod chat;
 pub mod completions;
 pub mod debug;
 pub mod info;
 pub mod metrics;
+pub mod responses;
 
 use crate::error::ApiError;
 use axum::body::Bytes;
