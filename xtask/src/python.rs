@@ -1,7 +1,8 @@
 //! The Python environment used only by tests and benchmarks: mlx-lm as the
 //! numerical oracle (same MLX 0.32.4 runtime), the official openai and
-//! anthropic SDKs as HTTP clients, the GGUF reader that makes the default model folder, and
-//! jsonschema, the independent validator of structured output.
+//! anthropic SDKs as HTTP clients, the GGUF reader that makes the default
+//! model folder, and jsonschema, the independent validator of structured
+//! output.
 
 use crate::util::{cache_dir, fnv, run, step, symlink};
 use anyhow::Result;

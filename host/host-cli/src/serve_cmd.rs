@@ -53,7 +53,7 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
-    /// Require `Authorization: Bearer <key>` on /v1/*.
+    /// Require `Authorization: Bearer <key>` or `x-api-key: <key>` on /v1/*.
     #[arg(long = "api-key")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
