@@ -2,6 +2,7 @@
 //! module is one area of the product.
 
 mod admission;
+mod anthropic;
 mod architecture;
 mod batching;
 mod batching_sliding;
@@ -22,6 +23,7 @@ mod parity_hybrid;
 mod parity_moe;
 mod plugins;
 mod prefix_cache;
+mod responses;
 mod sampling_oracle;
 mod speculation;
 mod speculation_batched;

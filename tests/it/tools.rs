@@ -4,26 +4,7 @@
 //! transformers' rendering token for token, `auto` parsing of the model's
 //! own syntax, and 400s for bad tool requests.
 
-use it::{model, python, run_ok, Server};
-use std::path::PathBuf;
-
-/// tiny-llama-f32 with a chat template that speaks the Hermes
-/// `<tool_call>` syntax (as Qwen 2.5 and Qwen 3 templates do).
-fn hermes_folder() -> PathBuf {
-    let src = model("tiny/tiny-llama-f32");
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tools-it/tiny-llama-hermes");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(&src).unwrap() {
-        let p = e.unwrap().path();
-        std::os::unix::fs::symlink(&p, dir.join(p.file_name().unwrap())).unwrap();
-    }
-    // chat_template.jinja wins over tokenizer_config.json's template, here
-    // and in transformers.
-    std::fs::copy(it::repo_root().join("tests/http/templates/hermes_tools.jinja"), dir.join("chat_template.jinja"))
-        .unwrap();
-    dir
-}
+use it::{hermes_folder, model, python, run_ok, Server};
 
 fn tools_check(dir: &std::path::Path, syntax: &str, serve: &[&str]) {
     let s = Server::start(dir, serve);
@@ -34,7 +15,7 @@ fn tools_check(dir: &std::path::Path, syntax: &str, serve: &[&str]) {
 
 #[test]
 fn tool_calls_with_a_hermes_template() {
-    tools_check(&hermes_folder(), "hermes", &[]);
+    tools_check(&hermes_folder("tools-it"), "hermes", &[]);
 }
 
 #[test]

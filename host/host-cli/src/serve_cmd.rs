@@ -53,7 +53,7 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
-    /// Require `Authorization: Bearer <key>` on /v1/*.
+    /// Require `Authorization: Bearer <key>` or `x-api-key: <key>` on /v1/*.
     #[arg(long = "api-key")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
@@ -113,6 +113,14 @@ pub struct ServeArgs {
     #[arg(long = "sse-keepalive", value_name = "SECS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sse_keepalive: Option<u64>,
+    /// Seconds a stored /v1/responses response can be continued (previous_response_id) or read back (default 3600).
+    #[arg(long = "responses-ttl")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub responses_ttl: Option<u64>,
+    /// MiB that stored /v1/responses responses may hold together; the oldest leave first (default 64).
+    #[arg(long = "responses-store")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub responses_store: Option<f64>,
     /// Serve POST /debug/hold and /debug/release: pause the engine's loop (tests arrange concurrency with it).
     #[arg(long = "debug-endpoints")]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -260,6 +268,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             repetition_penalty: a.repetition_penalty,
         },
         model_id,
+        responses_ttl: std::time::Duration::from_secs(a.responses_ttl.unwrap_or(3600)),
+        responses_store_bytes: (a.responses_store.unwrap_or(64.0).max(0.0) * (1u64 << 20) as f64) as usize,
     };
     let planner = engine.planner(cfg.batch);
     let worker = Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget)));

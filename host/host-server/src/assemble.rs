@@ -13,6 +13,8 @@ pub struct Assembler {
     /// Longest stop string in bytes: we hold back at most that minus one.
     hold: usize,
     pub stopped: bool,
+    /// The stop string that matched (the earliest in the text).
+    pub matched: Option<String>,
 }
 
 impl Assembler {
@@ -28,7 +30,7 @@ impl Assembler {
 
     fn over(detok: Detokenizer, stops: Vec<String>) -> Self {
         let hold = stops.iter().map(String::len).max().unwrap_or(0);
-        Self { detok, stops, held: String::new(), hold, stopped: false }
+        Self { detok, stops, held: String::new(), hold, stopped: false, matched: None }
     }
 
     /// Adds one token; returns the text that can be released now. After a
@@ -51,9 +53,10 @@ impl Assembler {
     }
 
     fn release(&mut self, all: bool) -> String {
-        let hit = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
-        if let Some(pos) = hit {
+        let hit = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s))).min_by_key(|h| h.0);
+        if let Some((pos, stop)) = hit {
             self.stopped = true;
+            self.matched = Some(stop.clone());
             let out = self.held[..pos].to_owned();
             self.held.clear();
             return out;

@@ -44,6 +44,11 @@ impl ChoiceOut {
         self.asm.stopped
     }
 
+    /// The stop string that ended the text, if one did.
+    pub fn stop_sequence(&self) -> Option<&str> {
+        self.asm.matched.as_deref()
+    }
+
     /// Adds one token; returns what can be released now.
     pub fn push(&mut self, t: &TokenOut) -> Vec<Piece> {
         let text = self.asm.push(t.id);

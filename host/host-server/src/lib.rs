@@ -1,11 +1,13 @@
-//! The OpenAI-compatible HTTP API.
+//! The HTTP API: OpenAI's chat completions, completions and Responses,
+//! and Anthropic's Messages.
 //!
-//! Owns: routes, OpenAI wire formats (parsed by hand into engine types),
-//! SSE streaming, errors as OpenAI JSON with the right status, API-key
-//! auth, body limits, the bounded queue's 503, graceful shutdown. Never
-//! imports plugin-api or names a model family: it talks to the engine
-//! worker only.
+//! Owns: routes, the wire formats (parsed by hand into engine types), SSE
+//! streaming, errors in each API's JSON shape with the right status,
+//! API-key auth, body limits, the bounded queue's 503, stored responses,
+//! graceful shutdown. Never imports plugin-api or names a model family: it
+//! talks to the engine worker only.
 
+mod answer;
 mod assemble;
 mod choice;
 mod embed_wire;
@@ -13,17 +15,22 @@ pub mod error;
 mod fim;
 mod gen;
 mod keepalive;
+mod prompt;
 mod respond;
+mod response_store;
 mod routes;
+mod sse;
 pub mod state;
 mod structured;
+mod tool_plan;
 mod wire;
 
-use crate::error::ApiError;
+use crate::error::{shaped_for, ApiError};
 use crate::state::{AppState, ModelInfo, ServerConfig, ServerStats};
 use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::Uri;
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use host_engine::tokenizer::TextSide;
@@ -38,41 +45,47 @@ pub fn router(st: AppState) -> Router {
         .route("/v1/chat/completions", post(routes::chat::handler))
         .route("/v1/completions", post(routes::completions::handler))
         .route("/v1/embeddings", post(routes::embeddings::handler))
+        .route("/v1/messages", post(routes::anthropic::create))
+        .route("/v1/messages/count_tokens", post(routes::anthropic::count_tokens))
+        .route("/v1/responses", post(routes::responses::create))
+        .route("/v1/responses/{id}", get(routes::responses::retrieve).delete(routes::responses::delete))
         .route("/v1/models", get(routes::info::models))
         .route("/health", get(routes::info::health))
         .route("/stats", get(routes::info::stats))
         .route("/metrics", get(routes::metrics::metrics))
         .route("/debug/hold", post(routes::debug::hold))
         .route("/debug/release", post(routes::debug::release))
-        .fallback(|| async { ApiError::not_found("no such endpoint") })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .fallback(|uri: Uri| async move { shaped_for(uri.path(), ApiError::not_found("no such endpoint")) })
+        .method_not_allowed_fallback(|uri: Uri| async move { shaped_for(uri.path(), ApiError::method_not_allowed()) })
         .layer(middleware::from_fn_with_state(st.clone(), guard))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(st)
 }
 
-/// Auth, body-size errors in our JSON shape, and counters, around every route.
+/// Whether the request carries `key`, as OpenAI clients send it
+/// (`Authorization: Bearer`) or as Anthropic's do (`x-api-key`).
+fn has_key(req: &Request, key: &str) -> bool {
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let bearer = header("authorization").and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|k| k.trim() == key);
+    bearer || header("x-api-key").is_some_and(|k| k.trim() == key)
+}
+
+/// Auth, body-size errors in the path's API's JSON shape, and counters,
+/// around every route.
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
     ServerStats::bump(&st.stats.http_requests);
+    let path = req.uri().path().to_owned();
     if let Some(key) = &st.cfg.api_key {
-        if req.uri().path().starts_with("/v1/") {
-            let ok = req
-                .headers()
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .is_some_and(|k| k.trim() == key);
-            if !ok {
-                ServerStats::bump(&st.stats.client_errors);
-                return ApiError::unauthorized().into_response();
-            }
+        if path.starts_with("/v1/") && !has_key(&req, key) {
+            ServerStats::bump(&st.stats.client_errors);
+            return shaped_for(&path, ApiError::unauthorized());
         }
     }
     let declared =
         req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > st.cfg.body_limit) {
         ServerStats::bump(&st.stats.client_errors);
-        return ApiError::too_large(st.cfg.body_limit).into_response();
+        return shaped_for(&path, ApiError::too_large(st.cfg.body_limit));
     }
     let resp = next.run(req).await;
     let status = resp.status();
@@ -81,7 +94,7 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
     {
         // A chunked body that outgrew the limit: axum's plain-text rejection.
         ServerStats::bump(&st.stats.client_errors);
-        return ApiError::too_large(st.cfg.body_limit).into_response();
+        return shaped_for(&path, ApiError::too_large(st.cfg.body_limit));
     }
     if status.is_client_error() {
         ServerStats::bump(&st.stats.client_errors);
@@ -113,6 +126,7 @@ pub async fn serve(
             }
         });
     }
+    let responses = Arc::new(response_store::ResponseStore::new(cfg.responses_ttl, cfg.responses_store_bytes));
     let st = AppState {
         planner: Arc::new(planner),
         memory,
@@ -124,6 +138,7 @@ pub async fn serve(
         cfg: Arc::new(cfg),
         stats: Arc::new(ServerStats::default()),
         ids: Arc::new(Default::default()),
+        responses,
     };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);

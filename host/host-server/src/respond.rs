@@ -119,12 +119,20 @@ fn finish_reason(c: &ChoiceOut, finish: Finish) -> &'static str {
     }
 }
 
-fn log_done(ctx: &Ctx, run: &Running, completion: usize, first_token_ms: Option<u128>, finish: &str) {
+pub(crate) fn log_done(id: &str, run: &Running, completion: usize, first_token_ms: Option<u128>, finish: &str) {
     // Decode rate: tokens after the first, over the time after the first.
     let ttft = first_token_ms.unwrap_or(0) as f64 / 1e3;
     let secs = run.started.elapsed().as_secs_f64() - ttft;
     let tps = completion.saturating_sub(1) as f64 / secs.max(1e-9);
-    tracing::info!(id = %ctx.id, prompt_tokens = run.prompt_tokens, completion_tokens = completion, ttft_ms = first_token_ms.unwrap_or(0) as u64, tokens_per_s = format!("{tps:.1}"), finish, "request done");
+    tracing::info!(
+        id,
+        prompt_tokens = run.prompt_tokens,
+        completion_tokens = completion,
+        ttft_ms = first_token_ms.unwrap_or(0) as u64,
+        tokens_per_s = format!("{tps:.1}"),
+        finish,
+        "request done"
+    );
 }
 
 /// A tool call as a message's `tool_calls` entry.
@@ -166,7 +174,7 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
         let pieces = c.finish();
         take(pieces, &mut text);
         let finish = finish_reason(&c, result.finish);
-        log_done(&ctx, &run, result.tokens.len(), first_ms, finish);
+        log_done(&ctx.id, &run, result.tokens.len(), first_ms, finish);
         let mut offset = 0;
         let toks = std::mem::take(&mut c.toks);
         let logprobs = ctx.logprobs_value(&toks, &mut offset);
@@ -302,7 +310,7 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
                 Event::Done(r) => {
                     let mut out = send_pieces(i, c.finish(), Value::Null);
                     let finish = finish_reason(c, r.finish);
-                    log_done(&ctx, run, r.tokens.len(), first_ms[i], finish);
+                    log_done(&ctx.id, run, r.tokens.len(), first_ms[i], finish);
                     out.push(chunk(last(i, finish)));
                     results[i] = Some(r);
                     out

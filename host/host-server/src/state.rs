@@ -37,6 +37,10 @@ pub struct ServerConfig {
     pub sse_keepalive: Option<std::time::Duration>,
     pub defaults: SamplingDefaults,
     pub model_id: String,
+    /// How long a stored response can be continued or read back.
+    pub responses_ttl: std::time::Duration,
+    /// Bytes all stored responses may hold together.
+    pub responses_store_bytes: usize,
 }
 
 /// Facts about the served model the HTTP layer needs.
@@ -80,6 +84,8 @@ pub struct AppState {
     pub cfg: Arc<ServerConfig>,
     pub stats: Arc<ServerStats>,
     pub ids: Arc<AtomicU64>,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: Arc<crate::response_store::ResponseStore>,
 }
 
 /// What tool calling needs to know about the served model.

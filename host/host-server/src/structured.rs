@@ -118,6 +118,52 @@ fn response_format(rf: &Value) -> Result<Option<Requested>, ApiError> {
     Ok(Some(Requested { grammar, param: p.to_owned() }))
 }
 
+/// The Responses API's `text.format`, whose `json_schema` is flat:
+/// `{"type": "json_schema", "name", "schema", "strict", "description"}`.
+/// `text` is the request's `text` object.
+pub fn text_format(text: Option<&Value>) -> Result<Option<Requested>, ApiError> {
+    let format = match text {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(t)) => match t.get("format") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(f @ Value::Object(_)) => f,
+            Some(_) => return Err(ApiError::param("text.format", "`text.format` must be an object")),
+        },
+        Some(_) => return Err(ApiError::param("text", "`text` must be an object")),
+    };
+    let p = "text.format";
+    let grammar = match format.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => Grammar::JsonObject,
+        Some("json_schema") => {
+            match format.get("name") {
+                Some(Value::String(n)) if valid_name(n) => {}
+                _ => {
+                    return Err(ApiError::param(
+                        "text.format.name",
+                        "`name` must be a string of letters, digits, `_` or `-`, at most 64 long",
+                    ))
+                }
+            }
+            if format.get("strict").is_some_and(|s| !s.is_null() && !s.is_boolean()) {
+                return Err(ApiError::param("text.format.strict", "`strict` must be true or false"));
+            }
+            match format.get("schema") {
+                Some(s @ Value::Object(_)) => Grammar::JsonSchema(s.clone()),
+                _ => return Err(ApiError::param("text.format.schema", "`schema` must be a JSON Schema object")),
+            }
+        }
+        Some(other) => {
+            return Err(ApiError::param(
+                "text.format.type",
+                format!("unknown text.format type `{other}` (text, json_object, json_schema)"),
+            ))
+        }
+        None => return Err(ApiError::param("text.format.type", "`text.format` needs a string `type`")),
+    };
+    Ok(Some(Requested { grammar, param: p.to_owned() }))
+}
+
 fn valid_name(n: &str) -> bool {
     !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
@@ -192,6 +238,34 @@ mod tests {
         ];
         for (body, want) in cases {
             assert_eq!(ask(body.clone()).unwrap().map(|r| r.grammar), want, "{body}");
+        }
+    }
+
+    #[test]
+    fn responses_text_format_reads_flat_schemas() {
+        let schema = json!({"type": "object"});
+        let ok = [
+            (json!({"format": {"type": "text"}}), None),
+            (json!({"format": {"type": "json_object"}}), Some(Grammar::JsonObject)),
+            (
+                json!({"format": {"type": "json_schema", "name": "n", "schema": schema, "strict": true}}),
+                Some(Grammar::JsonSchema(schema.clone())),
+            ),
+            (json!({"verbosity": "low"}), None),
+        ];
+        for (text, want) in ok {
+            assert_eq!(text_format(Some(&text)).unwrap().map(|r| r.grammar), want, "{text}");
+        }
+        let bad = [
+            (json!("json"), "text"),
+            (json!({"format": "json"}), "text.format"),
+            (json!({"format": {"type": "xml"}}), "text.format.type"),
+            (json!({"format": {"type": "json_schema", "schema": {}}}), "text.format.name"),
+            (json!({"format": {"type": "json_schema", "name": "n"}}), "text.format.schema"),
+            (json!({"format": {"type": "json_schema", "name": "n", "schema": {}, "strict": 1}}), "text.format.strict"),
+        ];
+        for (text, param) in bad {
+            assert_eq!(text_format(Some(&text)).unwrap_err().param.as_deref(), Some(param), "{text}");
         }
     }
 

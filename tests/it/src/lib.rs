@@ -50,6 +50,25 @@ pub fn model(rel: &str) -> PathBuf {
     p
 }
 
+/// tiny-llama-f32 with a chat template that speaks the Hermes
+/// `<tool_call>` syntax (as Qwen 2.5 and Qwen 3 templates do), in a folder
+/// of links under `tag` (one per test module, so tests run side by side).
+pub fn hermes_folder(tag: &str) -> PathBuf {
+    let src = model("tiny/tiny-llama-f32");
+    let dir = profile_dir().join("tmp").join(tag).join("tiny-llama-hermes");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::os::unix::fs::symlink(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    // chat_template.jinja wins over tokenizer_config.json's template, here
+    // and in transformers.
+    std::fs::copy(repo_root().join("tests/http/templates/hermes_tools.jinja"), dir.join("chat_template.jinja"))
+        .unwrap();
+    dir
+}
+
 /// Runs a command and returns its stdout, failing the test with stderr.
 pub fn run_ok(cmd: &mut std::process::Command) -> String {
     let out = cmd.output().expect("spawn");
@@ -145,6 +164,32 @@ impl Server {
     /// POSTs JSON.
     pub fn post(&self, path: &str, body: &serde_json::Value) -> HttpResponse {
         self.request("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+    }
+
+    /// Starts a streamed POST, reads until `events` SSE `data:` lines came,
+    /// and goes away; then waits until the server cancelled the job, and
+    /// returns how many tokens it had made.
+    pub fn abandon_stream(&self, path: &str, body: &serde_json::Value, events: usize) -> u64 {
+        use std::io::{Read, Write};
+        let body = body.to_string();
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            sock,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut buf = [0u8; 4096];
+        let mut seen = 0;
+        while seen < events {
+            let n = sock.read(&mut buf).unwrap();
+            assert!(n > 0, "the stream ended early");
+            seen += String::from_utf8_lossy(&buf[..n]).matches("data: ").count();
+        }
+        let cancelled = self.stats()["cancelled"].as_u64().unwrap_or(0);
+        drop(sock);
+        let st = self.wait_for("the job to be cancelled", |st| st["cancelled"].as_u64() == Some(cancelled + 1));
+        st["last_cancelled_tokens"].as_u64().unwrap_or(u64::MAX)
     }
 
     pub fn stats(&self) -> serde_json::Value {

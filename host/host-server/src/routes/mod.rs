@@ -1,11 +1,13 @@
 //! One module per endpoint.
 
+pub mod anthropic;
 pub mod chat;
 pub mod completions;
 pub mod debug;
 pub mod embeddings;
 pub mod info;
 pub mod metrics;
+pub mod responses;
 
 use crate::error::ApiError;
 use axum::body::Bytes;

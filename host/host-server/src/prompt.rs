@@ -1,0 +1,60 @@
+//! A conversation through the model's chat template into prompt tokens:
+//! what the chat, Anthropic and Responses endpoints share once each has
+//! turned its own wire format into OpenAI-shaped messages
+//! (`host_tools::template_messages`' output) and function tools.
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use host_engine::tokenizer::TextSide;
+use host_tools::Tool;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+/// A rendered prompt and the text side that made it (it also decodes the answer).
+pub struct Rendered {
+    pub text: Arc<TextSide>,
+    pub prompt: Vec<u32>,
+}
+
+/// Renders `messages` with the generation prompt; `tools` (OpenAI's
+/// function-tool objects, which HF templates take) go to the template as
+/// its `tools` variable.
+pub fn render(
+    st: &AppState,
+    messages: Vec<Value>,
+    tools: Option<Value>,
+    mut kwargs: Map<String, Value>,
+) -> Result<Rendered, ApiError> {
+    let text = st
+        .text
+        .clone()
+        .ok_or_else(|| ApiError::invalid("this model has no tokenizer: use /v1/completions with token ids"))?;
+    let template = text
+        .template
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("this model has no chat template: use /v1/completions"))?;
+    if let Some(t) = tools {
+        kwargs.insert("tools".into(), t);
+    }
+    let rendered = template
+        .render(&Value::Array(messages), true, &kwargs)
+        .map_err(|e| ApiError::param("messages", e.to_string()))?;
+    let prompt = text.encode_rendered(&rendered).map_err(|e| ApiError::invalid(e.to_string()))?;
+    Ok(Rendered { text, prompt })
+}
+
+/// Parsed tools as OpenAI's function-tool objects, for a template (APIs
+/// whose tools have another shape render them as chat's).
+pub fn function_tools(tools: &[Tool]) -> Option<Value> {
+    if tools.is_empty() {
+        return None;
+    }
+    let each = tools.iter().map(|t| {
+        let mut f = json!({ "name": t.name, "parameters": t.parameters });
+        if let Some(d) = &t.description {
+            f["description"] = json!(d);
+        }
+        json!({ "type": "function", "function": f })
+    });
+    Some(Value::Array(each.collect()))
+}

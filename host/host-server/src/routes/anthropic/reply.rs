@@ -1,0 +1,203 @@
+//! An answer as Anthropic writes it: a `message` with content blocks
+//! (`text`, `tool_use`), `stop_reason` and usage, whole or as its event
+//! stream (`message_start`, `content_block_start` / `_delta` / `_stop`,
+//! `message_delta`, `message_stop`, and `ping`s while nothing else is due).
+
+use crate::answer::{arguments_value, Answer, Ended, Ending, Step};
+use crate::choice::{Call, Piece};
+use crate::error::AnthropicError;
+use crate::sse::{self, Events};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// How long a stream may stay silent (a long prompt's prefill) before a `ping`.
+const PING_EVERY: Duration = Duration::from_secs(10);
+
+/// Anthropic's `stop_reason` and `stop_sequence`.
+fn stop(ending: &Ending) -> (&'static str, Value) {
+    match ending {
+        Ending::StopSequence(s) => ("stop_sequence", json!(s)),
+        Ending::ToolCalls => ("tool_use", Value::Null),
+        Ending::EndOfTurn => ("end_turn", Value::Null),
+        Ending::MaxTokens => ("max_tokens", Value::Null),
+    }
+}
+
+/// Anthropic counts input read from the cache apart from `input_tokens`
+/// (the total input is their sum).
+fn usage(prompt: usize, cached: usize, output: usize) -> Value {
+    json!({
+        "input_tokens": prompt - cached.min(prompt),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": output,
+    })
+}
+
+/// Tool-use ids look like Anthropic's (`toolu_…`); clients send them back
+/// as `tool_use_id` and nothing else reads them.
+fn tool_use(c: &Call) -> Value {
+    let id = format!("toolu_{}", c.id.trim_start_matches("call_"));
+    json!({ "type": "tool_use", "id": id, "name": c.name, "input": arguments_value(c) })
+}
+
+/// A `message`; `ending` is `None` while it streams.
+fn message(id: &str, model: &str, content: Vec<Value>, ending: Option<&Ending>, usage: Value) -> Value {
+    let (reason, sequence) = ending.map_or((Value::Null, Value::Null), |e| {
+        let (r, s) = stop(e);
+        (json!(r), s)
+    });
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage,
+    })
+}
+
+/// The whole answer as one `message`.
+pub async fn whole(answer: Answer, model: &str) -> Result<Response, AnthropicError> {
+    let id = answer.id.clone();
+    let prompt = answer.prompt_tokens();
+    let (pieces, ended) = answer.collect().await?;
+    let mut content: Vec<Value> = pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Text(t) => json!({ "type": "text", "text": t }),
+            Piece::Call(c) => tool_use(c),
+        })
+        .collect();
+    if content.is_empty() {
+        content.push(json!({ "type": "text", "text": "" }));
+    }
+    let u = usage(prompt, ended.cached_tokens(), ended.output_tokens());
+    Ok(axum::Json(message(&id, model, content, Some(&ended.ending), u)).into_response())
+}
+
+/// The answer as Anthropic's event stream.
+pub fn stream(answer: Answer, model: String) -> Response {
+    let (tx, resp) = sse::open();
+    tokio::spawn(async move {
+        // A send fails only when the client is gone; then dropping the
+        // answer stops its job.
+        let _ = pump(answer, model, &tx).await;
+    });
+    resp
+}
+
+/// The blocks of a streamed message: which one is open, how many started.
+struct Blocks<'a> {
+    tx: &'a Events,
+    started: usize,
+    open_text: bool,
+}
+
+impl Blocks<'_> {
+    async fn send(&self, name: &str, data: Value) -> Result<(), Gone> {
+        self.tx.send(Ok(sse::event(name, &data))).await.map_err(|_| Gone)
+    }
+
+    async fn close(&mut self) -> Result<(), Gone> {
+        if self.open_text {
+            self.open_text = false;
+            self.send("content_block_stop", json!({ "type": "content_block_stop", "index": self.started - 1 })).await?;
+        }
+        Ok(())
+    }
+
+    async fn piece(&mut self, p: Piece) -> Result<(), Gone> {
+        match p {
+            Piece::Text(t) => {
+                if !self.open_text {
+                    self.start(json!({ "type": "text", "text": "" })).await?;
+                    self.open_text = true;
+                }
+                let delta = json!({ "type": "text_delta", "text": t });
+                self.send(
+                    "content_block_delta",
+                    json!({ "type": "content_block_delta", "index": self.started - 1, "delta": delta }),
+                )
+                .await
+            }
+            Piece::Call(c) => {
+                self.close().await?;
+                let mut head = tool_use(&c);
+                head["input"] = json!({});
+                self.start(head).await?;
+                let index = self.started - 1;
+                let delta = json!({ "type": "input_json_delta", "partial_json": c.arguments });
+                self.send(
+                    "content_block_delta",
+                    json!({ "type": "content_block_delta", "index": index, "delta": delta }),
+                )
+                .await?;
+                self.send("content_block_stop", json!({ "type": "content_block_stop", "index": index })).await
+            }
+        }
+    }
+
+    async fn start(&mut self, block: Value) -> Result<(), Gone> {
+        let index = self.started;
+        self.started += 1;
+        self.send(
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": index, "content_block": block }),
+        )
+        .await
+    }
+}
+
+/// The client went away.
+struct Gone;
+
+async fn pump(mut answer: Answer, model: String, tx: &Events) -> Result<(), Gone> {
+    let prompt = answer.prompt_tokens();
+    let mut blocks = Blocks { tx, started: 0, open_text: false };
+    // The cached part of the input is known when the answer ends (its
+    // `message_delta` says it); until then all of it counts as input.
+    let head = message(&answer.id, &model, Vec::new(), None, usage(prompt, 0, 0));
+    blocks.send("message_start", json!({ "type": "message_start", "message": head })).await?;
+    blocks.send("ping", json!({ "type": "ping" })).await?;
+    let ended: Ended = loop {
+        let step = match tokio::time::timeout(PING_EVERY, answer.next()).await {
+            Err(_) => {
+                blocks.send("ping", json!({ "type": "ping" })).await?;
+                continue;
+            }
+            Ok(Err(e)) => {
+                let e = AnthropicError(e);
+                return blocks.send("error", e.body()).await;
+            }
+            Ok(Ok(step)) => step,
+        };
+        match step {
+            Step::Out(pieces) => {
+                for p in pieces {
+                    blocks.piece(p).await?;
+                }
+            }
+            Step::Done(pieces, ended) => {
+                for p in pieces {
+                    blocks.piece(p).await?;
+                }
+                break ended;
+            }
+        }
+    };
+    if blocks.started == 0 {
+        // A message always has a block, as a whole answer does.
+        blocks.start(json!({ "type": "text", "text": "" })).await?;
+        blocks.open_text = true;
+    }
+    blocks.close().await?;
+    let (reason, sequence) = stop(&ended.ending);
+    let delta = json!({ "stop_reason": reason, "stop_sequence": sequence });
+    let u = usage(prompt, ended.cached_tokens(), ended.output_tokens());
+    blocks.send("message_delta", json!({ "type": "message_delta", "delta": delta, "usage": u })).await?;
+    blocks.send("message_stop", json!({ "type": "message_stop" })).await
+}

@@ -1,0 +1,458 @@
+//! An Anthropic Messages body read into what the engine path takes: the
+//! conversation as OpenAI-shaped messages (`system` first, `tool_use`
+//! blocks as assistant `tool_calls`, `tool_result` blocks as `tool`
+//! messages answering them by id), the tools and `tool_choice` as chat's,
+//! and the sampling fields. Each wrong field is a 400 naming it.
+
+use crate::error::ApiError;
+use crate::structured::Requested;
+use crate::tool_plan::tool_error;
+use crate::wire::{Common, Fields};
+use host_engine::constraint::Grammar;
+use host_tools::{ToolError, ToolRequest};
+use serde_json::{json, Map, Value};
+
+pub struct MessagesRequest {
+    /// What the chat template renders (`host_tools::template_messages`' output).
+    pub messages: Vec<Value>,
+    pub tools: ToolRequest,
+    /// `output_config.format`: the JSON Schema the answer follows.
+    pub format: Option<Requested>,
+    pub common: Common,
+}
+
+/// `max_tokens` is required to create a message, and not read to count one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Create,
+    Count,
+}
+
+impl MessagesRequest {
+    pub fn parse(obj: &Map<String, Value>, purpose: Purpose) -> Result<Self, ApiError> {
+        let f = Fields(obj);
+        match obj.get("model") {
+            Some(Value::String(_)) => {}
+            None | Some(Value::Null) => return Err(ApiError::param("model", "`model` is required")),
+            Some(_) => return Err(ApiError::param("model", "`model` must be a string")),
+        }
+        let mut conversation = system(f.value("system"))?;
+        conversation.extend(messages(f.value("messages"))?);
+        let messages = host_tools::template_messages(&conversation).map_err(tool_error)?;
+        let tools = tools(obj)?;
+        if let Some(t) = f.value("thinking") {
+            if t.get("type").and_then(Value::as_str) != Some("disabled") {
+                return Err(ApiError::unsupported("thinking", "extended thinking is not supported"));
+            }
+        }
+        if f.value("metadata").is_some_and(|m| !m.is_object()) {
+            return Err(ApiError::param("metadata", "`metadata` must be an object"));
+        }
+        let common = match purpose {
+            Purpose::Count => Common { n: 1, ..Default::default() },
+            Purpose::Create => sampling(&f)?,
+        };
+        let format = output_format(f.value("output_config"))?;
+        Ok(Self { messages, tools, format, common })
+    }
+}
+
+fn sampling(f: &Fields) -> Result<Common, ApiError> {
+    let max_tokens =
+        f.integer("max_tokens")?.ok_or_else(|| ApiError::param("max_tokens", "`max_tokens` is required"))?;
+    let temperature = f.number("temperature")?;
+    if temperature.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
+        return Err(ApiError::param("temperature", "`temperature` must be between 0 and 1"));
+    }
+    let stop = match f.value("stop_sequences") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => {
+            let v: Option<Vec<String>> = a.iter().map(|x| x.as_str().map(str::to_owned)).collect();
+            v.ok_or_else(|| ApiError::param("stop_sequences", "`stop_sequences` must be an array of strings"))?
+        }
+        Some(_) => return Err(ApiError::param("stop_sequences", "`stop_sequences` must be an array of strings")),
+    };
+    if stop.iter().any(|s| s.trim().is_empty()) {
+        return Err(ApiError::param("stop_sequences", "each stop sequence must contain non-whitespace"));
+    }
+    Ok(Common {
+        max_tokens: Some(max_tokens),
+        temperature,
+        top_p: f.number("top_p")?,
+        top_k: f.integer("top_k")?,
+        stop,
+        stream: f.boolean("stream")?,
+        n: 1,
+        ..Default::default()
+    })
+}
+
+/// `output_config`'s `format` (`{"type": "json_schema", "schema"}`);
+/// `effort` has no meaning here and is ignored.
+fn output_format(v: Option<&Value>) -> Result<Option<Requested>, ApiError> {
+    let format = match v {
+        None => return Ok(None),
+        Some(Value::Object(o)) => match o.get("format") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(f) => f,
+        },
+        Some(_) => return Err(ApiError::param("output_config", "`output_config` must be an object")),
+    };
+    let p = "output_config.format";
+    if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+        return Err(ApiError::param(p, "`output_config.format.type` must be `json_schema`"));
+    }
+    match format.get("schema") {
+        Some(s @ Value::Object(_)) => Ok(Some(Requested { grammar: Grammar::JsonSchema(s.clone()), param: p.into() })),
+        _ => Err(ApiError::param(p, "`output_config.format.schema` must be a JSON Schema object")),
+    }
+}
+
+/// `system`: a string or an array of text blocks.
+fn system(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+    let text = match v {
+        None => return Ok(Vec::new()),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => {
+            let mut joined = String::new();
+            for (i, b) in blocks.iter().enumerate() {
+                let at = format!("system[{i}]");
+                match block_type(b, &at)? {
+                    "text" => joined.push_str(block_text(b, &at)?),
+                    other => return Err(ApiError::param(&format!("{at}.type"), unsupported_block(other, "system"))),
+                }
+            }
+            joined
+        }
+        Some(_) => return Err(ApiError::param("system", "`system` must be a string or an array of text blocks")),
+    };
+    Ok(if text.is_empty() { Vec::new() } else { vec![json!({ "role": "system", "content": text })] })
+}
+
+fn messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+    let items = match v {
+        None => return Err(ApiError::param("messages", "`messages` is required")),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::param("messages", "`messages` must hold at least one message"))
+        }
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(ApiError::param("messages", "`messages` must be an array")),
+    };
+    let mut out = Vec::new();
+    for (i, m) in items.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let obj = m.as_object().ok_or_else(|| ApiError::param(&at, format!("`{at}` must be an object")))?;
+        let content = obj
+            .get("content")
+            .ok_or_else(|| ApiError::param(&format!("{at}.content"), format!("`{at}.content` is required")))?;
+        match obj.get("role").and_then(Value::as_str) {
+            Some("user") => out.extend(user(content, &at)?),
+            Some("assistant") if i + 1 == items.len() => {
+                return Err(ApiError::unsupported(
+                    &format!("{at}.role"),
+                    "a final assistant message (prefill) is not supported: the answer is always a new turn",
+                ))
+            }
+            Some("assistant") => out.push(assistant(content, &at)?),
+            Some(other) => {
+                return Err(ApiError::param(
+                    &format!("{at}.role"),
+                    format!(
+                    "unknown role '{other}': messages are from `user` or `assistant` (`system` is a top-level field)"
+                ),
+                ))
+            }
+            None => return Err(ApiError::param(&format!("{at}.role"), format!("`{at}.role` must be a string"))),
+        }
+    }
+    Ok(out)
+}
+
+/// A user turn: its text blocks as one user message, each `tool_result`
+/// as a tool message, in the order given.
+fn user(content: &Value, at: &str) -> Result<Vec<Value>, ApiError> {
+    let blocks = match content {
+        Value::String(s) => return Ok(vec![json!({ "role": "user", "content": s })]),
+        Value::Array(b) => b,
+        _ => return Err(content_type_error(at)),
+    };
+    let mut out = Vec::new();
+    let mut text: Option<String> = None;
+    for (k, b) in blocks.iter().enumerate() {
+        let at = format!("{at}.content[{k}]");
+        match block_type(b, &at)? {
+            "text" => text.get_or_insert_with(String::new).push_str(block_text(b, &at)?),
+            "tool_result" => {
+                if let Some(t) = text.take() {
+                    out.push(json!({ "role": "user", "content": t }));
+                }
+                out.push(tool_result(b, &at)?);
+            }
+            other => return Err(ApiError::param(&format!("{at}.type"), unsupported_block(other, "user"))),
+        }
+    }
+    if let Some(t) = text {
+        out.push(json!({ "role": "user", "content": t }));
+    }
+    if out.is_empty() {
+        return Err(ApiError::param(&format!("{at}.content"), "a user message needs at least one content block"));
+    }
+    Ok(out)
+}
+
+fn tool_result(b: &Value, at: &str) -> Result<Value, ApiError> {
+    let id = match b.get("tool_use_id") {
+        Some(Value::String(id)) if !id.is_empty() => id,
+        _ => return Err(ApiError::param(&format!("{at}.tool_use_id"), "`tool_use_id` must be a non-empty string")),
+    };
+    let content = match b.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut joined = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                let at = format!("{at}.content[{j}]");
+                match block_type(p, &at)? {
+                    "text" => joined.push_str(block_text(p, &at)?),
+                    other => {
+                        return Err(ApiError::param(&format!("{at}.type"), unsupported_block(other, "tool_result")))
+                    }
+                }
+            }
+            joined
+        }
+        Some(_) => {
+            return Err(ApiError::param(
+                &format!("{at}.content"),
+                "a tool result's `content` must be a string or an array of text blocks",
+            ))
+        }
+    };
+    if b.get("is_error").is_some_and(|e| !e.is_boolean() && !e.is_null()) {
+        return Err(ApiError::param(&format!("{at}.is_error"), "`is_error` must be true or false"));
+    }
+    Ok(json!({ "role": "tool", "tool_call_id": id, "content": content }))
+}
+
+/// An assistant turn: its text and its `tool_use` blocks as one message
+/// with `tool_calls`.
+fn assistant(content: &Value, at: &str) -> Result<Value, ApiError> {
+    let blocks = match content {
+        Value::String(s) => return Ok(json!({ "role": "assistant", "content": s })),
+        Value::Array(b) => b,
+        _ => return Err(content_type_error(at)),
+    };
+    let mut text: Option<String> = None;
+    let mut calls = Vec::new();
+    for (k, b) in blocks.iter().enumerate() {
+        let at = format!("{at}.content[{k}]");
+        match block_type(b, &at)? {
+            "text" => text.get_or_insert_with(String::new).push_str(block_text(b, &at)?),
+            "tool_use" => calls.push(tool_use(b, &at)?),
+            other => return Err(ApiError::param(&format!("{at}.type"), unsupported_block(other, "assistant"))),
+        }
+    }
+    if text.is_none() && calls.is_empty() {
+        return Err(ApiError::param(&format!("{at}.content"), "an assistant message needs at least one content block"));
+    }
+    let mut m = json!({ "role": "assistant", "content": text });
+    if !calls.is_empty() {
+        m["tool_calls"] = Value::Array(calls);
+    }
+    Ok(m)
+}
+
+fn tool_use(b: &Value, at: &str) -> Result<Value, ApiError> {
+    let field = |k: &str| match b.get(k) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(ApiError::param(&format!("{at}.{k}"), format!("`{k}` must be a non-empty string"))),
+    };
+    let (id, name) = (field("id")?, field("name")?);
+    let input = match b.get("input") {
+        Some(v @ Value::Object(_)) => v.clone(),
+        _ => return Err(ApiError::param(&format!("{at}.input"), "`input` must be an object")),
+    };
+    Ok(json!({ "id": id, "type": "function", "function": { "name": name, "arguments": input } }))
+}
+
+fn block_type<'a>(b: &'a Value, at: &str) -> Result<&'a str, ApiError> {
+    if !b.is_object() {
+        return Err(ApiError::param(at, format!("`{at}` must be a content block object")));
+    }
+    b.get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::param(&format!("{at}.type"), format!("`{at}.type` is required and must be a string")))
+}
+
+fn block_text<'a>(b: &'a Value, at: &str) -> Result<&'a str, ApiError> {
+    b.get("text")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::param(&format!("{at}.text"), "a text block's `text` must be a string".to_string()))
+}
+
+fn content_type_error(at: &str) -> ApiError {
+    ApiError::param(&format!("{at}.content"), "`content` must be a string or an array of content blocks")
+}
+
+/// Why a block of this type cannot be taken where it is.
+fn unsupported_block(kind: &str, place: &str) -> String {
+    const KNOWN: &[&str] = &[
+        "image",
+        "document",
+        "search_result",
+        "thinking",
+        "redacted_thinking",
+        "server_tool_use",
+        "web_search_tool_result",
+        "container_upload",
+    ];
+    match kind {
+        "text" | "tool_use" | "tool_result" => format!("a `{kind}` block cannot appear in a {place} message"),
+        k if KNOWN.contains(&k) => format!("content blocks of type '{k}' are not supported"),
+        k => format!("unknown content block type '{k}'"),
+    }
+}
+
+/// `tools` (`{name, description, input_schema}`) and `tool_choice` (`auto`,
+/// `any`, `tool`, `none`) read by chat's rules; errors name Anthropic's fields.
+fn tools(obj: &Map<String, Value>) -> Result<ToolRequest, ApiError> {
+    let tools = match obj.get("tools") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => {
+            items.iter().enumerate().map(|(i, t)| function_tool(t, &format!("tools[{i}]"))).collect::<Result<_, _>>()?
+        }
+        Some(_) => return Err(ApiError::param("tools", "`tools` must be an array")),
+    };
+    let (choice, parallel) = match obj.get("tool_choice") {
+        None | Some(Value::Null) => (Value::Null, true),
+        Some(Value::Object(c)) => {
+            let parallel = match c.get("disable_parallel_tool_use") {
+                None | Some(Value::Null) => true,
+                Some(Value::Bool(b)) => !b,
+                Some(_) => {
+                    return Err(ApiError::param(
+                        "tool_choice.disable_parallel_tool_use",
+                        "`disable_parallel_tool_use` must be true or false",
+                    ))
+                }
+            };
+            let choice = match c.get("type").and_then(Value::as_str) {
+                Some("auto") => json!("auto"),
+                Some("any") => json!("required"),
+                Some("none") => json!("none"),
+                Some("tool") => match c.get("name") {
+                    Some(Value::String(n)) => json!({ "type": "function", "function": { "name": n } }),
+                    _ => return Err(ApiError::param("tool_choice.name", "`tool_choice.name` must be a string")),
+                },
+                _ => {
+                    return Err(ApiError::param(
+                        "tool_choice.type",
+                        "`tool_choice.type` must be one of `auto`, `any`, `tool`, `none`",
+                    ))
+                }
+            };
+            (choice, parallel)
+        }
+        Some(_) => return Err(ApiError::param("tool_choice", "`tool_choice` must be an object")),
+    };
+    let body = json!({ "tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel });
+    ToolRequest::from_body(&body).map_err(|e| tool_error(anthropic_names(e)))
+}
+
+/// One Anthropic tool as chat's function tool.
+fn function_tool(t: &Value, at: &str) -> Result<Value, ApiError> {
+    let obj = t.as_object().ok_or_else(|| ApiError::param(at, format!("`{at}` must be an object")))?;
+    match obj.get("type").and_then(Value::as_str) {
+        None | Some("custom") => {}
+        Some(other) => {
+            return Err(ApiError::unsupported(
+                &format!("{at}.type"),
+                format!("tools of type '{other}' are not supported (only client tools with an `input_schema`)"),
+            ))
+        }
+    }
+    let schema = obj
+        .get("input_schema")
+        .ok_or_else(|| ApiError::param(&format!("{at}.input_schema"), format!("`{at}.input_schema` is required")))?;
+    let mut function = Map::new();
+    for k in ["name", "description"] {
+        if let Some(v) = obj.get(k) {
+            function.insert(k.into(), v.clone());
+        }
+    }
+    function.insert("parameters".into(), schema.clone());
+    Ok(json!({ "type": "function", "function": function }))
+}
+
+/// Chat's parameter names in a tool error, as Anthropic's fields.
+fn anthropic_names(mut e: ToolError) -> ToolError {
+    for (chat, ours) in
+        [(".function.parameters", ".input_schema"), (".function.", "."), ("tool_choice.function.", "tool_choice.")]
+    {
+        e.param = e.param.replace(chat, ours);
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: Value) -> Result<MessagesRequest, ApiError> {
+        MessagesRequest::parse(body.as_object().unwrap(), Purpose::Create)
+    }
+
+    #[test]
+    fn a_tool_conversation_becomes_chat_messages() {
+        let body = json!({
+            "model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Looking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "4C"}]},
+                    {"type": "text", "text": "And "}, {"type": "text", "text": "tomorrow?"}
+                ]}
+            ],
+            "stop_sequences": ["END"], "temperature": 0.5, "top_k": 3,
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true}
+        });
+        let r = parse(body).unwrap();
+        assert_eq!(
+            Value::Array(r.messages),
+            json!([
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "Looking.", "tool_calls": [
+                    {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+                ]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "4C", "name": "get_weather"},
+                {"role": "user", "content": "And tomorrow?"}
+            ])
+        );
+        assert_eq!(r.tools.choice, host_tools::ToolChoice::Required);
+        assert!(!r.tools.parallel);
+        assert_eq!(
+            (r.common.max_tokens, r.common.top_k, r.common.stop.clone()),
+            (Some(5), Some(3), vec!["END".into()])
+        );
+    }
+
+    #[test]
+    fn tool_errors_name_anthropic_fields() {
+        let base = |tools: Value, choice: Value| json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": choice});
+        let cases = [
+            (base(json!([{"name": "f", "input_schema": {"type": "array"}}]), Value::Null), "tools[0].input_schema"),
+            (base(json!([{"name": "a b", "input_schema": {}}]), Value::Null), "tools[0].name"),
+            (base(json!([{"name": "f", "input_schema": {}}]), json!({"type": "tool"})), "tool_choice.name"),
+            (base(json!([{"name": "f", "input_schema": {}}]), json!({"type": "tool", "name": "g"})), "tool_choice"),
+        ];
+        for (body, param) in cases {
+            assert_eq!(parse(body.clone()).err().and_then(|e| e.param).as_deref(), Some(param), "{body}");
+        }
+    }
+}

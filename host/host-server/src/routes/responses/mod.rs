@@ -1,0 +1,158 @@
+//! OpenAI's Responses API: `POST /v1/responses`, `GET` and `DELETE
+//! /v1/responses/{id}`, over the engine path chat takes. A response
+//! stored (`store`, the default) can be continued with
+//! `previous_response_id`: its conversation, then the new input, so the
+//! prompt begins with the tokens the prefix cache already holds.
+
+mod reply;
+mod request;
+
+use super::json_object;
+use crate::answer::{new_id, Answer};
+use crate::error::ApiError;
+use crate::gen;
+use crate::prompt::{self, Rendered};
+use crate::response_store::StoredResponse;
+use crate::state::{unix_now, AppState};
+use crate::tool_plan::{choice_out, plan_tools};
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use reply::Meta;
+use request::CreateRequest;
+use serde_json::{json, Map, Value};
+
+pub async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let obj = json_object(&body)?;
+    let req = CreateRequest::parse(&obj)?;
+    // Instructions are this request's alone; the stored conversation does
+    // not carry the previous request's (as OpenAI).
+    let mut conversation = match &req.previous_response_id {
+        Some(id) => st.responses.get(id).ok_or_else(|| previous_not_found(id))?.conversation.clone(),
+        None => Vec::new(),
+    };
+    conversation.extend(req.input.iter().cloned());
+    let mut messages: Vec<Value> = req.instructions.iter().map(|i| json!({ "role": "system", "content": i })).collect();
+    messages.extend(conversation.iter().cloned());
+    if messages.is_empty() {
+        return Err(ApiError::param("input", "`input` must hold at least one item"));
+    }
+    // Items were checked as they were read; what is left to find here
+    // (a call's arguments that are not JSON) is reported against `input`.
+    let messages = host_tools::template_messages(&messages)
+        .map_err(|e| ApiError::param("input", format!("{}: {}", e.param, e.message)))?;
+    let tools = prompt::function_tools(&req.tools.tools);
+    let Rendered { text, prompt } =
+        prompt::render(&st, messages, tools, Map::new()).map_err(|e| e.renamed("messages", "input"))?;
+    let (grammar, syntax) = plan_tools(&st, &req.tools, req.format.clone())?;
+    let engine_req = gen::requests(&st, &req.common, prompt, None, grammar.as_ref())
+        .map_err(|e| e.renamed("max_tokens", "max_output_tokens").renamed("messages", "input"))?
+        .remove(0);
+    let id = new_id("resp");
+    let run = gen::submit(&st, &id, engine_req)?;
+    let out = choice_out(0, text, Vec::new(), syntax, &req.tools.tools);
+    let answer = Answer::new(st.clone(), id.clone(), run, out);
+    let keep = Keep { st: st.clone(), conversation, store: req.store };
+    let meta = Meta {
+        id,
+        created_at: unix_now(),
+        model: st.cfg.model_id.clone(),
+        previous_response_id: req.previous_response_id,
+        store: req.store,
+        echo: req.echo,
+    };
+    if req.common.stream {
+        Ok(reply::stream(answer, meta, keep))
+    } else {
+        reply::whole(answer, meta, keep).await
+    }
+}
+
+/// The `{id}` of the path; one that does not even decode names no response.
+type ResponseId = Result<Path<String>, PathRejection>;
+
+fn id_of(id: ResponseId) -> Result<String, ApiError> {
+    id.map(|Path(id)| id).map_err(|_| not_found("(undecodable)"))
+}
+
+pub async fn retrieve(State(st): State<AppState>, id: ResponseId) -> Result<Json<Value>, ApiError> {
+    let id = id_of(id)?;
+    let stored = st.responses.get(&id).ok_or_else(|| not_found(&id))?;
+    Ok(Json(stored.body.clone()))
+}
+
+pub async fn delete(State(st): State<AppState>, id: ResponseId) -> Result<Response, ApiError> {
+    let id = id_of(id)?;
+    if !st.responses.remove(&id) {
+        return Err(not_found(&id));
+    }
+    Ok((StatusCode::OK, Json(json!({ "id": id, "object": "response.deleted", "deleted": true }))).into_response())
+}
+
+fn not_found(id: &str) -> ApiError {
+    let mut e = ApiError::not_found(format!("No response found with id '{id}' (unknown, expired or not stored)."));
+    e.code = Some("response_not_found");
+    e
+}
+
+fn previous_not_found(id: &str) -> ApiError {
+    let mut e = ApiError::param(
+        "previous_response_id",
+        format!(
+            "Previous response with id '{id}' not found (unknown, expired, deleted or created with `store: false`)."
+        ),
+    );
+    e.code = Some("previous_response_not_found");
+    e
+}
+
+/// What a finished response leaves in the store: the conversation it
+/// answered, then its output as the assistant's turn.
+pub(super) struct Keep {
+    st: AppState,
+    conversation: Vec<Value>,
+    store: bool,
+}
+
+impl Keep {
+    fn keep(self, id: &str, body: &Value, output: &[Value]) {
+        if !self.store {
+            return;
+        }
+        let mut conversation = self.conversation;
+        conversation.push(assistant_turn(output));
+        if !self.st.responses.put(id, StoredResponse { body: body.clone(), conversation }) {
+            tracing::warn!(id, "the response is larger than the response store's cap: not stored");
+        }
+    }
+}
+
+/// Output items as the chat message a template renders for them.
+fn assistant_turn(output: &[Value]) -> Value {
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for item in output {
+        match item["type"].as_str() {
+            Some("message") => {
+                for part in item["content"].as_array().into_iter().flatten() {
+                    text.push_str(part["text"].as_str().unwrap_or_default());
+                }
+            }
+            Some("function_call") => calls.push(json!({
+                "id": item["call_id"],
+                "type": "function",
+                "function": { "name": item["name"], "arguments": item["arguments"] },
+            })),
+            _ => {}
+        }
+    }
+    let content = if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) };
+    let mut m = json!({ "role": "assistant", "content": content });
+    if !calls.is_empty() {
+        m["tool_calls"] = Value::Array(calls);
+    }
+    m
+}
