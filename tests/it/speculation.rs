@@ -42,10 +42,15 @@ fn greedy_output_is_identical_with_every_drafter() {
             let spec = gen(target, IDS, &drafter);
             assert_eq!(tokens(&spec), tokens(&plain), "{target} with {drafter:?} changed the greedy output");
             let sp = &spec["speculation"];
-            assert!(
-                sp["rounds"].as_u64().unwrap() > 0 && sp["drafted"].as_u64().unwrap() > 0,
-                "{target} {drafter:?}: {sp}"
-            );
+            // The sliding-window model's 15-token prompt has already wrapped
+            // its window of 8: kv-rotating refuses the rounds, and says so.
+            let refused = sp["disabled"].as_str().is_some_and(|d| d.contains("refused a speculative round"));
+            let drafted = sp["rounds"].as_u64().unwrap() > 0 && sp["drafted"].as_u64().unwrap() > 0;
+            if target.contains("swa") {
+                assert!(refused || drafted, "{target} {drafter:?}: {sp}");
+            } else {
+                assert!(drafted, "{target} {drafter:?}: {sp}");
+            }
             assert!(spec["execution"]["plan"].as_str().unwrap().starts_with("speculative"), "{}", spec["execution"]);
         }
     }
