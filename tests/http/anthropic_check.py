@@ -21,18 +21,7 @@ client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
 tok = AutoTokenizer.from_pretrained(model_dir)
 MODEL = "tiny"
 
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-ADD = {
-    "type": "object",
-    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
-    "required": ["a", "b"],
-    "additionalProperties": False,
-}
+from tool_schemas import ADD, WEATHER
 TOOLS = [
     {"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER},
     {"name": "add", "description": "Adds two numbers", "input_schema": ADD},

@@ -22,12 +22,7 @@ client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
 tok = AutoTokenizer.from_pretrained(model_dir)
 MODEL = "tiny"
 
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
+from tool_schemas import WEATHER
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather in a city", "parameters": WEATHER, "strict": True}]
 HF_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": WEATHER}}]
 SMALL = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["ok", "n"], "additionalProperties": False}

@@ -21,18 +21,7 @@ client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
 model = client.models.list().data[0].id
 tok = AutoTokenizer.from_pretrained(model_dir)
 
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-ADD = {
-    "type": "object",
-    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
-    "required": ["a", "b"],
-    "additionalProperties": False,
-}
+from tool_schemas import ADD, WEATHER
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": WEATHER}},
     {"type": "function", "function": {"name": "add", "description": "Adds two numbers", "parameters": ADD}},
