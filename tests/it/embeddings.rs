@@ -190,6 +190,17 @@ fn embedding_jobs_wait_for_the_engine_and_bad_requests_get_400s() {
         (json!({ "input": too_long }), "input", "maximum context length"),
         (json!({ "input": "a", "dimensions": 65 }), "dimensions", "at most 64"),
         (json!({ "input": "a", "encoding_format": "hex" }), "encoding_format", "base64"),
+        (json!({ "input": 5 }), "input", "must be a string"),
+        (json!({ "input": { "a": 1 } }), "input", "must be a string"),
+        (json!({ "input": ["a", [1, 2]] }), "input", "must be a string"),
+        (json!({ "input": [null] }), "input", "must be a string"),
+        (json!({ "input": [[1.5]] }), "input", "non-negative integers"),
+        (json!({ "input": [-1] }), "input", "non-negative integers"),
+        (json!({ "input": [[]] }), "input", "empty"),
+        (json!({ "input": "a", "dimensions": 0 }), "dimensions", "at least 1"),
+        (json!({ "input": "a", "dimensions": -3 }), "dimensions", "at least 1"),
+        (json!({ "input": "a", "dimensions": "x" }), "dimensions", "integer"),
+        (json!({ "input": "a", "encoding_format": 3 }), "encoding_format", "base64"),
     ] {
         let r = s.post("/v1/embeddings", &body);
         assert_eq!(r.status, 400, "{body}: {}", r.text());
@@ -197,6 +208,10 @@ fn embedding_jobs_wait_for_the_engine_and_bad_requests_get_400s() {
         assert_eq!(e["param"], param, "{body}: {e}");
         assert!(e["message"].as_str().unwrap().contains(needle), "{body}: {e}");
     }
+    // A body that is not an object, then a good request: the server served on.
+    let r = s.request("POST", "/v1/embeddings", &[("Content-Type", "application/json")], b"[1, 2]");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(vectors(&s.post("/v1/embeddings", &json!({ "input": ["a", "b"] })).json()), vectors(&alone));
     // A chat folder declares no pooling.
     let chat = Server::start(&model("tiny/tiny-qwen3-f32"), &[]);
     let r = chat.post("/v1/embeddings", &json!({ "input": "hello" }));
