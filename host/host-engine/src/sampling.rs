@@ -178,19 +178,36 @@ impl Sampler {
         logits.add(Array::from_slice(&dense, &[v]).as_dtype(logits.dtype())?)
     }
 
-    /// `logits` (`[..., V]`) with every token that `words` (uint32 bit
-    /// words `[..., ceil(V/32)]`, bit `id % 32` of word `id / 32`) rules
-    /// out set to -inf: a grammar's allowed tokens. The words are unpacked
-    /// on the device: 32 times fewer bytes go to it each step than a flag
-    /// per token.
-    pub fn constrain(logits: &Array, words: &Array) -> R<Array> {
-        let v = logits.shape()[logits.ndim() - 1];
-        let ids = ops::arange::<_, u32>(0, v, None)?;
-        let thirty_two = Array::from_slice(&[32u32], &[1]);
-        let word = ops::indexing::take_axis(words, ops::floor_divide(&ids, &thirty_two)?, -1)?;
-        let bit = Array::from_slice(&[2u32], &[1]).power(ops::remainder(&ids, &thirty_two)?)?;
-        let on = ops::remainder(ops::floor_divide(&word, &bit)?, Array::from_slice(&[2u32], &[1]))?
-            .eq(Array::from_slice(&[1u32], &[1]))?;
+    /// `logits` (`[..., V]`) with every token that `words` (bit words,
+    /// `ceil(V/32)` per row of logits: bit `id % 32` of word `id / 32`)
+    /// rules out set to -inf: a grammar's allowed tokens. On a GPU the words
+    /// go to the device and are unpacked there (32 times fewer bytes than a
+    /// flag per token); on the CPU, where nothing travels, they are expanded
+    /// here, which is cheaper than MLX's CPU kernels doing it.
+    pub fn constrain(logits: &Array, words: &[u32]) -> R<Array> {
+        let shape = logits.shape().to_vec();
+        let v = *shape.last().expect("logits have a vocabulary axis");
+        let n = (v as usize).div_ceil(32);
+        let on = match crate::runtime::default_device() {
+            crate::runtime::DeviceKind::Cpu => {
+                let flags: Vec<bool> = words
+                    .chunks(n)
+                    .flat_map(|row| (0..v as usize).map(move |id| row[id / 32] >> (id % 32) & 1 == 1))
+                    .collect();
+                Array::from_slice(&flags, &shape)
+            }
+            crate::runtime::DeviceKind::Gpu => {
+                let mut words_shape = shape.clone();
+                *words_shape.last_mut().expect("checked above") = n as i32;
+                let words = Array::from_slice(words, &words_shape);
+                let ids = ops::arange::<_, u32>(0, v, None)?;
+                let thirty_two = Array::from_slice(&[32u32], &[1]);
+                let word = ops::indexing::take_axis(&words, ops::floor_divide(&ids, &thirty_two)?, -1)?;
+                let bit = Array::from_slice(&[2u32], &[1]).power(ops::remainder(&ids, &thirty_two)?)?;
+                ops::remainder(ops::floor_divide(&word, &bit)?, Array::from_slice(&[2u32], &[1]))?
+                    .eq(Array::from_slice(&[1u32], &[1]))?
+            }
+        };
         let low = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
         ops::select(&on, logits, &low)
     }

@@ -125,9 +125,7 @@ impl Scheduler<'_> {
             logits = logits.add(Array::from_slice(&dense, &rows_shape).as_dtype(logits.dtype())?)?;
         }
         if let Some(m) = masks {
-            let mut words_shape = shape.clone();
-            *words_shape.last_mut().expect("logits have a vocabulary axis") = (v as usize).div_ceil(32) as i32;
-            logits = Sampler::constrain(&logits, &Array::from_slice(&m, &words_shape))?;
+            logits = Sampler::constrain(&logits, &m)?;
         }
         Ok(logits)
     }

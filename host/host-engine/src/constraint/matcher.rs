@@ -3,7 +3,6 @@
 
 use super::{GrammarError, MaskClock};
 use llguidance::Matcher;
-use mlx_rs::Array;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -58,12 +57,6 @@ impl Constraint {
     pub fn allowed(&mut self) -> Result<Vec<bool>, GrammarError> {
         let words = self.allowed_words()?;
         Ok((0..self.vocab).map(|id| words[id / 32] >> (id % 32) & 1 == 1).collect())
-    }
-
-    /// `allowed_words` as a uint32 `[1, words]` array for the sampler.
-    pub fn mask(&mut self) -> Result<Array, GrammarError> {
-        let words = self.allowed_words()?;
-        Ok(Array::from_slice(&words, &[1, words.len() as i32]))
     }
 
     /// Moves past `token` (which the last mask allowed). EOS needs no move:

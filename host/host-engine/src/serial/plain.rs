@@ -76,7 +76,7 @@ fn step(
         Some(c) => {
             // The device runs the forward while the CPU walks the grammar.
             mlx_rs::transforms::async_eval([&logits])?;
-            Some(c.mask()?)
+            Some(c.allowed_words()?)
         }
         None => None,
     };

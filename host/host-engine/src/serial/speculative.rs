@@ -45,7 +45,7 @@ fn queue_round(
         // (Rows past k+1 belong to drafts a layout's refusal dropped.)
         let words = (logits.shape()[logits.ndim() - 1] as usize).div_ceil(32);
         m.truncate((k + 1) * words);
-        logits = Sampler::constrain(&logits, &Array::from_slice(&m, &[(k + 1) as i32, words as i32]))?;
+        logits = Sampler::constrain(&logits, &m)?;
     }
     // One logprobs op over all rows (reductions stay within a row), then
     // rejection sampling against q, or the target's own choice at every
