@@ -272,22 +272,10 @@ impl Engine {
     /// Runs the graph over `tokens` `[B, L]`; returns `[B, V]` last logits
     /// when asked, else the final hidden state (to evaluate the caches).
     pub(crate) fn forward(&self, tokens: &Array, caches: &mut [CacheBox], logits: bool) -> Result<Array, EngineError> {
-        let args = ForwardArgs {
-            tokens: tensor_ref(tokens),
-            logits: if logits { LogitsMode::LAST } else { LogitsMode::NONE },
-            want_hidden: !logits,
-            taps: RSlice::from_slice(&[]),
-        };
-        let out = self
-            .model
-            .graph
-            .forward(args, caches.into())
-            .into_result()
-            .map_err(|e| EngineError::Model(e.to_string()))?;
+        let mode = if logits { LogitsMode::LAST } else { LogitsMode::NONE };
+        let out = self.run_graph(tokens, caches, mode, !logits)?;
         if logits {
-            let l = take(out.logits, "logits")?;
-            let v = l.shape()[l.ndim() - 1];
-            Ok(l.reshape(&[-1, v])?)
+            logit_rows(out.logits)
         } else {
             take(out.hidden, "hidden state")
         }
@@ -296,21 +284,19 @@ impl Engine {
     /// Logits `[B * L, V]` at every position of `tokens` `[B, L]`
     /// (speculative verification).
     pub(crate) fn forward_all(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<Array, EngineError> {
-        let args = ForwardArgs {
-            tokens: tensor_ref(tokens),
-            logits: LogitsMode::ALL,
-            want_hidden: false,
-            taps: RSlice::from_slice(&[]),
-        };
-        let out = self
-            .model
-            .graph
-            .forward(args, caches.into())
-            .into_result()
-            .map_err(|e| EngineError::Model(e.to_string()))?;
-        let l = take(out.logits, "logits")?;
-        let v = l.shape()[l.ndim() - 1];
-        Ok(l.reshape(&[-1, v])?)
+        logit_rows(self.run_graph(tokens, caches, LogitsMode::ALL, false)?.logits)
+    }
+
+    /// One call of the family's graph (no taps).
+    fn run_graph(
+        &self,
+        tokens: &Array,
+        caches: &mut [CacheBox],
+        logits: LogitsMode,
+        want_hidden: bool,
+    ) -> Result<plugin_api::ForwardOutput, EngineError> {
+        let args = ForwardArgs { tokens: tensor_ref(tokens), logits, want_hidden, taps: RSlice::from_slice(&[]) };
+        self.model.graph.forward(args, caches.into()).into_result().map_err(|e| EngineError::Model(e.to_string()))
     }
 
     /// Prefills `tokens` into `caches` in chunks, evaluating each chunk.
@@ -414,4 +400,11 @@ pub(crate) fn token_array_rows(rows: &[Vec<u32>]) -> Array {
     let width = rows.first().map_or(0, Vec::len);
     let v: Vec<i32> = rows.iter().flat_map(|r| r.iter().map(|&t| t as i32)).collect();
     Array::from_slice(&v, &[rows.len() as i32, width as i32])
+}
+
+/// The graph's logits as rows `[N, V]`.
+fn logit_rows(logits: ROption<Tensor>) -> Result<Array, EngineError> {
+    let l = take(logits, "logits")?;
+    let v = l.shape()[l.ndim() - 1];
+    Ok(l.reshape(&[-1, v])?)
 }
