@@ -10,7 +10,10 @@ Targets and events (host/host-engine/src):
                       drafting; wait_ms: waiting for the device's verdict)
                       "plain sample" intervals ms (the cost rule's timed plain steps)
   host_engine::step   "plain step" graph_ms launch_ms
-  host_engine::batch  "batched plain step" rows ms
+  host_engine::batch  "batched plain step" rows leaving pipelined build_ms wait_ms ms
+                      (build_ms: building and queueing this step's graph and,
+                      pipelined, the next one's; wait_ms: waiting for the tokens)
+                      "prefill chunk" joiners rows ms (one joiner's or cohort's chunk)
                       "batched speculative step" rows width ms cost drafted
                       "batched speculative step kept" kept
 

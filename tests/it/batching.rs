@@ -33,6 +33,8 @@ pub(crate) fn staggered_batch_equals_serial(name: &str) {
     let got: Vec<String> = s.post_joining("/v1/completions", &bodies, 3).iter().map(text).collect();
     let st = s.stats();
     assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "requests never shared a step: {st}");
+    // Greedy rows without penalties queue each step before reading the last.
+    assert!(st["pipelined_steps"].as_u64().unwrap() > 0, "no step was pipelined: {st}");
     for i in 0..PROMPTS.len() {
         assert_eq!(got[i], want[i], "{name}: request {i} differs between batched and serial runs");
     }
@@ -170,5 +172,38 @@ fn a_burst_prefills_as_one_padded_cohort_and_matches_serial() {
     );
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "request {i} differs between its cohort prefill and its serial run");
+    }
+}
+
+/// A burst whose prompts share a short prefix already in the prefix cache
+/// (as chat requests share their template's opening) still prefills as ONE
+/// cohort: the short cached prefix is recomputed rather than forcing the
+/// rows to join one at a time, and is not reported as cached.
+#[test]
+fn a_burst_sharing_a_short_cached_prefix_still_prefills_as_one_cohort() {
+    let m = model("tiny/tiny-llama-f32");
+    let shared = [5u32, 6, 7, 8];
+    let prompts: Vec<Vec<u32>> =
+        (0..6u32).map(|i| shared.iter().copied().chain((0..4 + i).map(|k| 10 + 37 * i + 3 * k)).collect()).collect();
+    let body = |p: &Vec<u32>| json!({ "prompt": p, "max_tokens": 20, "temperature": 0 });
+    let want: Vec<String> = {
+        let s = Server::start(&m, &["--batch", "1", "--prompt-cache", "0"]);
+        prompts.iter().map(|p| text(&s.post("/v1/completions", &body(p)).json())).collect()
+    };
+    let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
+    // Leaves the shared prefix (and more) in the prefix cache.
+    let warm: Vec<u32> = shared.iter().copied().chain([90, 91, 92]).collect();
+    s.post("/v1/completions", &body(&warm)).json();
+    let bodies: Vec<Value> = prompts.iter().map(body).collect();
+    let got = s.post_burst("/v1/completions", &bodies);
+    let st = s.stats();
+    assert_eq!(
+        (st["cohort_prefills"].as_u64().unwrap(), st["cohort_rows"].as_u64().unwrap()),
+        (1, prompts.len() as u64),
+        "the burst did not prefill as one cohort: {st}"
+    );
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(&text(g), w, "request {i} differs between its cohort prefill and its serial run");
+        assert_eq!(g["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "request {i}: {g}");
     }
 }

@@ -23,6 +23,8 @@ pub struct Stats {
     /// Decode steps run, and the most rows any one of them carried.
     pub decode_steps: AtomicU64,
     pub max_batch_rows: AtomicU64,
+    /// Decode steps built before the previous step's tokens were read.
+    pub pipelined_steps: AtomicU64,
     /// Batched speculative rounds whose rollback replayed the kept tokens
     /// (recurrent state), and those among them whose rows kept different
     /// counts (replayed with per-row padding).

@@ -14,4 +14,4 @@ python3 tests/bench/bench_generate.py --host $H --plugins $P --model /tmp/f/qwen
   --model /tmp/f/gemma3-small --model /tmp/f/gemma4-small --prompt-len 512 --gen 128 --reps 2 | tee $OUT/families.md
 echo "## ngram, default model (4-bit)"; python3 tests/bench/bench_ngram.py --host $H --plugins $P --model /tmp/smollm2-q4 --gen 256 | tee $OUT/ngram_real.md
 echo "## http"; qwen06b
-python3 tests/bench/bench_http.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --requests 16 --max-tokens 128 --concurrency 1,4,8,16 | tee $OUT/http.md
+python3 tests/bench/bench_http.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --per-client 2 --max-tokens 128 --concurrency 1,4,8,16 | tee $OUT/http.md

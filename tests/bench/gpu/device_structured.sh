@@ -10,4 +10,4 @@ $H --version | tee $OUT/version.txt
 qwen06b
 echo "## structured"; python3 tests/bench/bench_structured.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --concurrency 8 --gen 256 --reps 3 | tee $OUT/structured.md
 echo "## generate"; python3 tests/bench/bench_generate.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --prompt-len 512 --gen 128 --reps 2 | tee $OUT/generate.md
-echo "## http"; python3 tests/bench/bench_http.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --requests 16 --max-tokens 128 --concurrency 1,8,16 | tee $OUT/http.md
+echo "## http"; python3 tests/bench/bench_http.py --host $H --plugins $P --model /tmp/m/qwen3-0.6b --per-client 2 --max-tokens 128 --concurrency 1,8,16 | tee $OUT/http.md

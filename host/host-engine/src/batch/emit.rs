@@ -52,7 +52,10 @@ impl Scheduler<'_> {
         let states: Option<Vec<_>> = batch.iter().map(|c| c.extract_row(i as u32).into_result().ok()).collect();
         let Some(states) = states else { return };
         let held = states.first().map(|s| s.offset as usize).unwrap_or(0);
-        let known = &self.rows[i].history;
+        let r = &self.rows[i];
+        // After a pipelined step the caches also hold the token that ended
+        // the row (fed to the step queued behind it).
+        let known: Vec<u32> = r.history.iter().copied().chain(r.ended_by).collect();
         if held > 0 && held <= known.len() {
             self.engine.prefix().insert(known[..held].to_vec(), states, batch.iter().all(|c| c.is_trimmable()));
         }
@@ -70,6 +73,7 @@ pub(super) fn handle_token(
 ) -> Result<Outcome, EngineError> {
     r.first_at.get_or_insert_with(Instant::now);
     if r.eos.contains(&id) {
+        r.ended_by = Some(id);
         return Ok(Outcome::Done(Finish::Stop));
     }
     let (logprob, top) = match r.job.request.logprobs {

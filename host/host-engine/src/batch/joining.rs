@@ -15,6 +15,13 @@ use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::CacheBox;
 use std::sync::atomic::Ordering;
 
+/// A joiner whose prefix-cache hit is at most this many tokens prefills from
+/// scratch inside a cohort: recomputing a short shared prefix (a chat
+/// template's opening, a short system prompt) costs less than prefilling the
+/// burst one joiner after another, which is what a cached prefix otherwise
+/// forces (cohort caches start empty).
+const COHORT_RECOMPUTES_CACHED: usize = 256;
+
 impl Scheduler<'_> {
     /// One prefill chunk: of the cohort when there is (or can be) one, else
     /// of the first joiner. Rows whose prompt is in join the batch.
@@ -43,20 +50,26 @@ impl Scheduler<'_> {
         if j.job.plan.prompt_cache && j.done > j.cached {
             self.engine.prefix().put(&j.job.request.prompt[..head], &j.caches);
         }
+        self.settle_or_fail();
         if let Err(e) = self.merge(&mut j.caches) {
             return self.fail_job(j.job, e);
         }
         self.push_row(j);
     }
 
-    /// Groups joiners that have nothing prefilled or cached (a burst of new
-    /// requests) into a cohort, unless a joiner is already mid-prefill.
+    /// Groups joiners that have nothing prefilled and at most a short prefix
+    /// cached (a burst of new requests) into a cohort, unless a joiner is
+    /// already mid-prefill.
     fn form_cohort(&mut self) {
-        if !self.padded_prefill || self.joining.front().is_some_and(|j| j.done > 0) {
+        if !self.padded_prefill || self.joining.front().is_some_and(|j| j.done > j.cached) {
             return;
         }
-        let fresh: Vec<usize> =
-            (0..self.joining.len()).filter(|&i| self.joining[i].done == 0 && self.joining[i].cached == 0).collect();
+        let fresh: Vec<usize> = (0..self.joining.len())
+            .filter(|&i| {
+                let j = &self.joining[i];
+                j.done == j.cached && j.cached <= COHORT_RECOMPUTES_CACHED
+            })
+            .collect();
         let heads: Vec<usize> = fresh.iter().map(|&i| self.joining[i].job.request.prompt.len() - 1).collect();
         let picked: Vec<usize> = cohort::choose(&heads).into_iter().map(|p| fresh[p]).collect();
         if picked.is_empty() {
@@ -67,7 +80,15 @@ impl Scheduler<'_> {
         members.reverse();
         let heads = members.iter().map(|j| j.job.request.prompt[..j.job.request.prompt.len() - 1].to_vec()).collect();
         match Cohort::start(self.engine, heads) {
-            Ok(Some(c)) => self.cohort = Some((c, members)),
+            Ok(Some(c)) => {
+                // The cohort prefills whole heads: a member's cached prefix
+                // goes unused (and is not reported as cached).
+                for m in &mut members {
+                    m.caches.clear();
+                    (m.done, m.cached) = (0, 0);
+                }
+                self.cohort = Some((c, members))
+            }
             Ok(None) => {
                 self.padded_prefill = false;
                 for j in members.into_iter().rev() {
@@ -83,6 +104,7 @@ impl Scheduler<'_> {
         match c.advance(self.engine) {
             Ok(false) => self.cohort = Some((c, members)),
             Ok(true) => {
+                self.settle_or_fail();
                 if let Err(e) = self.land_cohort(c, &members) {
                     return self.fail_all(members, &e);
                 }
@@ -151,6 +173,7 @@ impl Scheduler<'_> {
             start: j.start,
             first_at: None,
             stopped_by_caller: false,
+            ended_by: None,
             cached: j.cached,
             spec,
             constraint,

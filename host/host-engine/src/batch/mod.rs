@@ -81,20 +81,43 @@ impl Scheduler<'_> {
                 continue;
             }
             // A joiner that fails is answered with its error; the batch goes on.
+            let t = std::time::Instant::now();
+            let joiners = self.joining.len() + self.cohort_rows();
             self.advance_joiner();
+            if joiners > 0 {
+                tracing::trace!(
+                    target: "host_engine::batch",
+                    joiners,
+                    rows = self.rows.len(),
+                    ms = t.elapsed().as_secs_f64() * 1e3,
+                    "prefill chunk"
+                );
+            }
             self.bound_prefix_cache();
             if !self.rows.is_empty() {
                 if let Err(e) = self.step() {
-                    // A failed batch step fails every row in it (joiners stay).
-                    for mut r in self.rows.drain(..) {
-                        self.stats.active.fetch_sub(1, Ordering::SeqCst);
-                        self.stats.failed.fetch_add(1, Ordering::SeqCst);
-                        let _ = (r.job.on_event)(Event::Failed(EngineError::Model(e.to_string())));
-                    }
-                    self.batch = None;
+                    self.fail_rows(&e);
                 }
                 self.hold.stepped();
             }
+        }
+    }
+
+    /// A failed batch step fails every row in it (joiners stay).
+    fn fail_rows(&mut self, e: &EngineError) {
+        for mut r in self.rows.drain(..) {
+            self.stats.active.fetch_sub(1, Ordering::SeqCst);
+            self.stats.failed.fetch_add(1, Ordering::SeqCst);
+            let _ = (r.job.on_event)(Event::Failed(EngineError::Model(e.to_string())));
+        }
+        self.batch = None;
+        self.ahead = None;
+    }
+
+    /// `settle`, failing the rows when reading the queued step fails.
+    pub(super) fn settle_or_fail(&mut self) {
+        if let Err(e) = self.settle() {
+            self.fail_rows(&e);
         }
     }
 

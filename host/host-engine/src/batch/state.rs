@@ -3,6 +3,7 @@
 
 use super::cohort::Cohort;
 use super::spec_round::RowSpec;
+use super::step::Ahead;
 use crate::admission::{Budget, MemoryModel};
 use crate::constraint::Constraint;
 use crate::engine::Engine;
@@ -29,6 +30,8 @@ pub(super) struct Row {
     pub start: Instant,
     pub first_at: Option<Instant>,
     pub stopped_by_caller: bool,
+    /// The end-of-sequence token that ended the row (not in `history`).
+    pub ended_by: Option<u32>,
     /// Speculative rounds inside the batch, when its plan speculates.
     pub spec: Option<RowSpec>,
     /// The grammar its tokens must follow.
@@ -70,6 +73,8 @@ pub struct Scheduler<'a> {
     pub(super) spec_clock: BatchClock,
     /// Per batch cache: whether its layout rolls back by snapshot and replay.
     pub(super) replay_layers: Vec<bool>,
+    /// A decode step queued but not read (`step`: pipelined steps).
+    pub(super) ahead: Option<Ahead>,
 }
 
 impl<'a> Scheduler<'a> {
@@ -98,6 +103,7 @@ impl<'a> Scheduler<'a> {
             steps_since_clear: 0,
             spec_clock: BatchClock::default(),
             replay_layers: engine.replay_layers(),
+            ahead: None,
         }
     }
 

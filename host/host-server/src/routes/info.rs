@@ -43,6 +43,7 @@ pub async fn stats(State(st): State<AppState>) -> Json<Value> {
         "last_cancelled_tokens": w.last_cancelled_tokens.load(Relaxed),
         "decode_steps": w.decode_steps.load(Relaxed),
         "max_batch_rows": w.max_batch_rows.load(Relaxed),
+        "pipelined_steps": w.pipelined_steps.load(Relaxed),
         "spec_replays": w.spec_replays.load(Relaxed),
         "spec_replays_padded": w.spec_replays_padded.load(Relaxed),
         "cohort_prefills": w.cohorts.load(Relaxed),

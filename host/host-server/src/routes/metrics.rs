@@ -38,6 +38,13 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
     metric(&mut o, "prompt_tokens_total", "counter", "Prompt tokens received.", w.prompt_tokens.load(Relaxed));
     metric(&mut o, "generated_tokens_total", "counter", "Tokens generated.", w.generated_tokens.load(Relaxed));
     metric(&mut o, "decode_steps_total", "counter", "Batched decode steps run.", w.decode_steps.load(Relaxed));
+    metric(
+        &mut o,
+        "pipelined_steps_total",
+        "counter",
+        "Batched decode steps queued before the previous step's tokens were read.",
+        w.pipelined_steps.load(Relaxed),
+    );
     let (masks, mask_s, accept_s) = st.text.as_ref().map_or((0, 0.0, 0.0), |t| t.mask_clock.totals());
     metric(
         &mut o,

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The server comparison on the H200 (second of two device calls: .gpu_a
+# first, then .gpu_b + .devpack running this): bench_http.py, `host serve`
+# against mlx_lm.server on the same random-weight folders in one run.
+# `device_http.sh small`: the Qwen3-0.6B shape at 1/8/32/64 clients;
+# `device_http.sh 8b`: the Qwen3-8B shape at 1 and 32 clients.
+# Both servers batch up to 64 rows (mlx_lm.server's --decode-concurrency).
+set -euo pipefail
+case "${1:-}" in small|8b) ;; *) echo "usage: device_http.sh small|8b" >&2; exit 2 ;; esac
+source tests/bench/gpu/device_env.sh
+bench() { python3 tests/bench/bench_http.py --host $H --plugins $P --max-tokens 128 --per-client 2 "$@"; }
+if [ "$1" = small ]; then
+  qwen06b
+  echo "## qwen3-0.6b shape"; bench --model /tmp/m/qwen3-0.6b --concurrency 1,8,32,64 \
+    --extra="--batch 64" --mlx-args="--decode-concurrency 64" --json $OUT/http_small.json | tee $OUT/http_small.md
+else
+  [ -d /tmp/m/qwen3-8b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-8b --preset qwen3-8b --tokenizer-from .device/tok > /dev/null
+  echo "## qwen3-8b shape"; bench --model /tmp/m/qwen3-8b --concurrency 1,32 \
+    --extra="--batch 32" --mlx-args="--decode-concurrency 32" --json $OUT/http_8b.json | tee $OUT/http_8b.md
+fi
