@@ -17,6 +17,7 @@ mod http;
 mod keepalive;
 mod limits;
 mod memory;
+mod page;
 mod parity;
 mod parity_gemma4;
 mod parity_hybrid;
