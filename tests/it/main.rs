@@ -4,6 +4,7 @@
 mod admission;
 mod anthropic;
 mod architecture;
+mod bad_input;
 mod batching;
 mod batching_sliding;
 mod bench_cmd;
