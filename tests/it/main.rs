@@ -4,6 +4,7 @@
 mod admission;
 mod anthropic;
 mod architecture;
+mod bad_input;
 mod batching;
 mod batching_sliding;
 mod bench_cmd;
@@ -17,6 +18,7 @@ mod http;
 mod keepalive;
 mod limits;
 mod memory;
+mod page;
 mod parity;
 mod parity_gemma4;
 mod parity_hybrid;

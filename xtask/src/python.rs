@@ -1,8 +1,8 @@
 //! The Python environment used only by tests and benchmarks: mlx-lm as the
 //! numerical oracle (same MLX 0.32.4 runtime), the official openai and
 //! anthropic SDKs as HTTP clients, the GGUF reader that makes the default
-//! model folder, and jsonschema, the independent validator of structured
-//! output.
+//! model folder, jsonschema, the independent validator of structured
+//! output, and selenium, which drives Chromium through the chat page.
 
 use crate::util::{cache_dir, fnv, run, step, symlink};
 use anyhow::Result;
@@ -18,6 +18,7 @@ pub const REQUIREMENTS: &[&str] = &[
     "anthropic==2.15.0",
     "gguf==0.19.0",
     "jsonschema==4.26.0",
+    "selenium==4.51.0",
 ];
 
 /// Installed without dependencies: we only need the GGUF file it ships, and

@@ -9,6 +9,10 @@ use std::process::Command;
 /// faster f32 matmul, docs/benchmarks.md).
 pub const PACKAGES: &[&str] = &["cmake", "ninja-build", "g++", "libclang-dev", "patchelf", "libopenblas0-pthread"];
 
+/// Only the tests need these: the chat page is checked in a real headless
+/// browser driven through its WebDriver.
+pub const TEST_PACKAGES: &[&str] = &["chromium", "chromium-driver"];
+
 fn installed(pkg: &str) -> bool {
     output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
         .map(|s| s.contains("install ok installed"))
@@ -16,9 +20,17 @@ fn installed(pkg: &str) -> bool {
 }
 
 pub fn ensure_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    ensure(PACKAGES)
+}
+
+pub fn ensure_test_packages() -> Result<()> {
+    ensure(TEST_PACKAGES)
+}
+
+fn ensure(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
-        step(format!("system packages present: {}", PACKAGES.join(" ")));
+        step(format!("system packages present: {}", packages.join(" ")));
         return Ok(());
     }
     step(format!("installing system packages: {}", missing.join(" ")));

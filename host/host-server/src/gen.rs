@@ -95,7 +95,8 @@ fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usize>)
     };
     let top_k = match c.top_k {
         Some(k) if k < 0 => return Err(ApiError::param("top_k", "`top_k` must be 0 (off) or positive")),
-        Some(k) => k as u32,
+        // Past u32 it keeps every token all the same (a wrapped cast could make it 1: greedy).
+        Some(k) => u32::try_from(k).unwrap_or(u32::MAX),
         None => d.top_k.or(gen.top_k).unwrap_or(0),
     };
     let seed = match c.seed {

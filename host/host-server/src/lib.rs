@@ -15,6 +15,7 @@ pub mod error;
 mod fim;
 mod gen;
 mod keepalive;
+mod page;
 mod prompt;
 mod respond;
 mod response_store;
@@ -50,6 +51,7 @@ pub fn router(st: AppState) -> Router {
         .route("/v1/responses", post(routes::responses::create))
         .route("/v1/responses/{id}", get(routes::responses::retrieve).delete(routes::responses::delete))
         .route("/v1/models", get(routes::info::models))
+        .merge(page::routes())
         .route("/health", get(routes::info::health))
         .route("/stats", get(routes::info::stats))
         .route("/metrics", get(routes::metrics::metrics))

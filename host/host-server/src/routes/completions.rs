@@ -97,7 +97,9 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     let common = Common::parse(&f, "max_tokens")?;
     let logprobs = top_count(f.value("logprobs"), 5, "logprobs")?;
     let grammar = structured::requested(&f)?;
-    let reqs = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref())?;
+    // The context checks name chat's `messages`; here the prompt is `prompt`.
+    let reqs =
+        gen::requests(&st, &common, prompt, logprobs, grammar.as_ref()).map_err(|e| e.renamed("messages", "prompt"))?;
     let text = st.text.clone().ok_or_else(|| ApiError::invalid("this model has no tokenizer to decode its output"))?;
     let id = st.next_id("cmpl");
     let mut runs = Vec::with_capacity(reqs.len());
