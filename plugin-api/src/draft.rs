@@ -7,10 +7,18 @@
 //! token the target then emits (correction or bonus) arrives at the end of
 //! the next round's `history`. The returned length is authoritative: 0 means
 //! "take a plain step this round".
+//!
+//! Drafters that read the target's states (MTP, block drafters) say what
+//! they need once, in `target_wants`; the host then asks the target's
+//! forward passes for it and hands it over: the prompt's in
+//! `prefill_states` (instead of `prefill`), each verify's in
+//! `commit_states` (instead of `commit`, and after every verify, also one
+//! of 0 drafts). Those three are appended after the prefix (ABI 2.1): a
+//! drafter that does not override them keeps the plain protocol.
 
 use crate::cache::CacheBox;
 use crate::error::PResult;
-use crate::model::ModelBox;
+use crate::model::{LayerNeed, ModelBox, ModelPlan};
 use crate::tensor::{Tensor, TensorRef};
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RSlice, RStr, RString, RVec, Tuple2};
@@ -93,12 +101,71 @@ pub struct Draft {
     pub probabilities: ROption<Tensor>,
 }
 
+/// Which of the target's states a drafter reads (`Drafter::target_wants`).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Default, PartialEq, Eq)]
+pub struct TargetWants {
+    /// The final hidden states, after the target's final norm (`[1, L, H]`).
+    pub hidden: bool,
+    /// Hidden taps: the residual stream after these decoder layers, before
+    /// the final norm (`ForwardArgs::taps`; the target must advertise
+    /// `caps::HIDDEN_TAPS`).
+    pub taps: RVec<u32>,
+}
+
+impl TargetWants {
+    pub fn any(&self) -> bool {
+        self.hidden || !self.taps.is_empty()
+    }
+}
+
+/// The target's states over consecutive positions, lent for one call (a
+/// drafter that keeps one makes its own reference, `TensorRef::to_owned`).
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct TargetStates<'a> {
+    /// The sequence position of the first row.
+    pub first: u64,
+    /// Rows covered (the `L` of every tensor below; may be 0).
+    pub len: u64,
+    /// `[1, L, H]` after the final norm, when `TargetWants::hidden`.
+    pub hidden: ROption<TensorRef<'a>>,
+    /// One `[1, L, H]` per `TargetWants::taps` entry, in that order.
+    pub taps: RSlice<'a, TensorRef<'a>>,
+}
+
 #[sabi_trait]
 pub trait Drafter: Send {
     fn prefill(&mut self, prompt: RSlice<'_, u32>) -> PResult<()>;
     fn draft(&mut self, args: DraftArgs<'_>) -> PResult<Draft>;
     #[sabi(last_prefix_field)]
     fn commit(&mut self, accepted: u32) -> PResult<()>;
+
+    /// The target states this drafter reads; asked once after opening.
+    /// Nothing by default (the plain protocol).
+    fn target_wants(&self) -> TargetWants {
+        TargetWants::default()
+    }
+
+    /// `prefill` with the target's states over the prompt positions the
+    /// host ran (`states.first..states.first + states.len`, all but the
+    /// last prompt token; positions before `first` came from the prefix
+    /// cache and have no states). Called instead of `prefill` when
+    /// `target_wants` asks for anything.
+    fn prefill_states(&mut self, prompt: RSlice<'_, u32>, states: TargetStates<'_>) -> PResult<()> {
+        let _ = states;
+        self.prefill(prompt)
+    }
+
+    /// `commit` with the target's states at the verified positions: row 0
+    /// is the round's pending token, row i the i-th draft (`states.len` =
+    /// drafts + 1; rows past `accepted` belong to rejected drafts). Called
+    /// after every verify, a round of 0 drafts included, instead of
+    /// `commit` when `target_wants` asks for anything.
+    fn commit_states(&mut self, accepted: u32, states: TargetStates<'_>) -> PResult<()> {
+        let _ = states;
+        self.commit(accepted)
+    }
 }
 
 pub type DrafterBox = Drafter_TO<'static, RBox<()>>;
@@ -123,6 +190,25 @@ pub trait HostServices: Send + Sync {
     /// The target's LM head over hidden states.
     #[sabi(last_prefix_field)]
     fn target_lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor>;
+
+    /// The target's plan (hidden size, vocabulary, layers), so a drafter
+    /// can refuse a target it does not fit.
+    fn target_plan(&self) -> PResult<ModelPlan> {
+        PResult::RErr(crate::PluginError::unsupported("this host lends no target plan"))
+    }
+
+    /// The target's model folder (drafters whose weights may sit inside
+    /// the target's checkpoint).
+    fn target_dir(&self) -> PResult<RString> {
+        PResult::RErr(crate::PluginError::unsupported("this host lends no target folder"))
+    }
+
+    /// A fresh serial cache for one layer of the drafter's own, from the
+    /// cache-layout plugins, in the target's cache dtype and scheme `plain`.
+    fn new_cache(&self, need: &LayerNeed) -> PResult<CacheBox> {
+        let _ = need;
+        PResult::RErr(crate::PluginError::unsupported("this host lends no caches"))
+    }
 }
 
 pub type HostServicesBox = HostServices_TO<'static, RBox<()>>;

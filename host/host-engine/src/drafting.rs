@@ -8,7 +8,7 @@ use crate::tokenizer::TextSide;
 use host_loader::compose::ComposedModel;
 use host_loader::services::DrafterFactory;
 use host_loader::Registry;
-use plugin_api::{caps, DrafterBox, Dtype};
+use plugin_api::{caps, DrafterBox, Dtype, TargetWants};
 use std::sync::{Arc, Mutex};
 
 /// Tokens per round when neither the user nor the drafter says.
@@ -33,6 +33,8 @@ pub struct Drafting {
     pub kv_bytes_per_token: u64,
     /// Never fall back to plain steps because rounds do not pay.
     pub always: bool,
+    /// The target states the drafter reads (none for the plain protocol).
+    pub wants: TargetWants,
 }
 
 impl Drafting {
@@ -47,7 +49,9 @@ impl Drafting {
         let (kind, draft_model, options) = match source {
             DraftSource::Given { drafter, kind, capabilities } => {
                 let depth = depth.unwrap_or(DEFAULT_DEPTH).max(1);
+                let wants = drafter.target_wants();
                 return Ok(Self {
+                    wants,
                     shared: Mutex::new(drafter),
                     kind,
                     plugin: "test".into(),
@@ -67,13 +71,16 @@ impl Drafting {
             })?,
             (None, None) => return Err(EngineError::Config("speculation needs a draft kind or a draft model".into())),
         };
-        if let Some(dir) = &draft_model {
+        let capabilities = registry.drafter_capabilities(&kind);
+        // Only a drafter with a model of its own has a tokenizer to compare
+        // (an MTP head reads through the target's embedding and LM head).
+        let own_model = capabilities.iter().any(|t| t == caps::NEEDS_DRAFT_MODEL);
+        if let (Some(dir), true) = (&draft_model, own_model) {
             let text = text.ok_or_else(|| {
                 EngineError::Config("the target has no tokenizer.json to compare a draft model with".into())
             })?;
             same_tokenizer(text, dir)?;
         }
-        let capabilities = registry.drafter_capabilities(&kind);
         let default_depth = capabilities
             .iter()
             .find_map(|t| t.strip_prefix(caps::DEFAULT_DEPTH_PREFIX)?.parse::<usize>().ok())
@@ -92,7 +99,21 @@ impl Drafting {
             target.clone(),
         )?;
         let history_only = capabilities.iter().any(|t| t == caps::HISTORY_ONLY);
+        let wants = drafter.target_wants();
+        if !wants.taps.is_empty() && !target.model_caps.iter().any(|c| c == caps::HIDDEN_TAPS) {
+            return Err(EngineError::Config(format!(
+                "the `{kind}` drafter reads hidden taps, which the target's family plugin `{}` does not offer",
+                target.family_plugin
+            )));
+        }
+        if let Some(bad) = wants.taps.iter().find(|&&t| t as usize >= target_layers(target)) {
+            return Err(EngineError::Config(format!(
+                "the `{kind}` drafter taps layer {bad}, the target has {} decoder layers",
+                target_layers(target)
+            )));
+        }
         Ok(Self {
+            wants,
             shared: Mutex::new(drafter),
             kind,
             plugin: factory.plugin.clone(),
@@ -112,9 +133,10 @@ impl Drafting {
     }
 
     /// Whether speculative rows can run inside a batch: one instance serves
-    /// them all, or the host can open one per row.
+    /// them all, or the host can open one per row. Drafters that read the
+    /// target's states run serial only (the batch executor hands none over).
     pub fn batchable(&self) -> bool {
-        self.history_only() || self.factory.is_some()
+        !self.wants.any() && (self.history_only() || self.factory.is_some())
     }
 
     /// A fresh instance for one batched row (drafters with per-request state).
@@ -124,6 +146,15 @@ impl Drafting {
             None => Err(EngineError::Config(format!("the `{}` drafter cannot open more instances", self.kind))),
         }
     }
+}
+
+/// Decoder layers of the target, from its config (`num_hidden_layers`, at
+/// the top or in `text_config`); the plan's cache layers when absent.
+fn target_layers(target: &ComposedModel) -> usize {
+    let n = |v: &serde_json::Value| v.get("num_hidden_layers").and_then(serde_json::Value::as_u64);
+    n(&target.config)
+        .or_else(|| target.config.get("text_config").and_then(n))
+        .map_or(target.plan.layers.len(), |n| n as usize)
 }
 
 /// The start-up probe: a draft model must tokenize exactly as the target.

@@ -13,11 +13,12 @@ use crate::plan::{Capabilities, Planner, ResolvedExecution, ServerFeatures};
 use crate::pooling::{Pooling, PoolingError};
 use crate::prefix_cache::PrefixStore;
 use crate::runtime::{default_device, DeviceKind};
+use crate::target_states::States;
 use crate::tokenizer::TextSide;
 use host_loader::{ComposeError, ComposedModel, Registry};
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::{ROption, RSlice};
-use plugin_api::{CacheBox, Dtype, ForwardArgs, LogitsMode, Tensor, TensorRef};
+use plugin_api::{CacheBox, Dtype, ForwardArgs, LogitsMode, TargetWants, Tensor, TensorRef};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -273,7 +274,7 @@ impl Engine {
     /// when asked, else the final hidden state (to evaluate the caches).
     pub(crate) fn forward(&self, tokens: &Array, caches: &mut [CacheBox], logits: bool) -> Result<Array, EngineError> {
         let mode = if logits { LogitsMode::LAST } else { LogitsMode::NONE };
-        let out = self.run_graph(tokens, caches, mode, !logits)?;
+        let out = self.run_graph(tokens, caches, mode, !logits, &[])?;
         if logits {
             logit_rows(out.logits)
         } else {
@@ -284,18 +285,59 @@ impl Engine {
     /// Logits `[B * L, V]` at every position of `tokens` `[B, L]`
     /// (speculative verification).
     pub(crate) fn forward_all(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<Array, EngineError> {
-        logit_rows(self.run_graph(tokens, caches, LogitsMode::ALL, false)?.logits)
+        logit_rows(self.run_graph(tokens, caches, LogitsMode::ALL, false, &[])?.logits)
     }
 
-    /// One call of the family's graph (no taps).
+    /// `forward_all`, also returning the states a drafter wants at these
+    /// positions (`first` = the position of the first token).
+    pub(crate) fn forward_all_states(
+        &self,
+        tokens: &Array,
+        caches: &mut [CacheBox],
+        wants: &TargetWants,
+        first: u64,
+    ) -> Result<(Array, States), EngineError> {
+        let mut out = self.run_graph(tokens, caches, LogitsMode::ALL, wants.hidden, &wants.taps)?;
+        let states = States::take(&mut out, wants, first, tokens.shape()[1] as u64)?;
+        Ok((logit_rows(out.logits)?, states))
+    }
+
+    /// `prefill`, keeping the states a drafter wants over these positions
+    /// (`first` = the position of `tokens[0]`).
+    pub(crate) fn prefill_states(
+        &self,
+        tokens: &[u32],
+        caches: &mut [CacheBox],
+        wants: &TargetWants,
+        first: u64,
+    ) -> Result<States, EngineError> {
+        let mut states = States { first, ..Default::default() };
+        let mut at = first;
+        for chunk in tokens.chunks(self.prefill_step) {
+            // The hidden state is asked for either way: evaluating it
+            // evaluates the caches (`prefill_chunk`).
+            let mut out = self.run_graph(&token_array(chunk), caches, LogitsMode::NONE, true, &wants.taps)?;
+            let h = take(std::mem::replace(&mut out.hidden, ROption::RNone), "hidden state")?;
+            let mut next =
+                States::take(&mut out, &TargetWants { hidden: false, ..wants.clone() }, at, chunk.len() as u64)?;
+            mlx_rs::transforms::eval(std::iter::once(&h).chain(next.taps.iter()))?;
+            next.hidden = wants.hidden.then_some(h);
+            states.extend(next)?;
+            at += chunk.len() as u64;
+        }
+        Ok(states)
+    }
+
+    /// One call of the family's graph.
     fn run_graph(
         &self,
         tokens: &Array,
         caches: &mut [CacheBox],
         logits: LogitsMode,
         want_hidden: bool,
+        taps: &[u32],
     ) -> Result<plugin_api::ForwardOutput, EngineError> {
-        let args = ForwardArgs { tokens: tensor_ref(tokens), logits, want_hidden, taps: RSlice::from_slice(&[]) };
+        let args = ForwardArgs { tokens: tensor_ref(tokens), logits, want_hidden, taps: RSlice::from_slice(taps) };
         self.model.graph.forward(args, caches.into()).into_result().map_err(|e| EngineError::Model(e.to_string()))
     }
 

@@ -33,6 +33,7 @@ pub mod sampling;
 pub mod serial;
 pub mod speculation;
 pub mod stats;
+mod target_states;
 mod template_json;
 pub mod tokenizer;
 pub mod worker;

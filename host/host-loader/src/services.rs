@@ -91,6 +91,35 @@ impl HostServices for Services {
     fn target_lm_head(&self, hidden: TensorRef<'_>) -> PResult<Tensor> {
         self.target.graph.lm_head(hidden)
     }
+
+    fn target_plan(&self) -> PResult<ModelPlan> {
+        PResult::ROk(self.target.plan.clone())
+    }
+
+    fn target_dir(&self) -> PResult<RString> {
+        PResult::ROk(self.target.dir.to_string_lossy().as_ref().into())
+    }
+
+    fn new_cache(&self, need: &LayerNeed) -> PResult<CacheBox> {
+        let plugin = match self.registry.layout_for(need, "plain", false) {
+            Ok(p) => p,
+            Err(e) => return PResult::RErr(PluginError::unsupported(e.to_string())),
+        };
+        let Some(new) = plugin.root.new_cache() else {
+            return PResult::RErr(PluginError::unsupported(format!(
+                "plugin `{}` has no new_cache entry",
+                plugin.name()
+            )));
+        };
+        let spec = CacheSpec {
+            need: need.clone(),
+            scheme: "plain".into(),
+            dtype: self.target.cache_dtype,
+            rows: 1,
+            step: crate::compose::KV_STEP,
+        };
+        new(&spec)
+    }
 }
 
 /// Opens a drafter of `kind` (the plugin claiming it; if several, the one

@@ -285,6 +285,18 @@ impl RmsNorm {
         Ok(Self { weight, eps })
     }
 
+    /// `load` with mlx-lm's sanitize rule for raw Hugging Face checkpoints
+    /// of zero-centred norms (Qwen3.5/Qwen3-Next store `weight - 1`):
+    /// `shift` adds 1 to the stored weight, in its stored dtype and before
+    /// any cast, as mlx-lm does.
+    pub fn load_shifted(ctx: &mut LoadCtx, path: &str, dim: usize, eps: f32, shift: bool) -> Result<Self> {
+        let w = ctx.take(&format!("{path}.weight"), &[dim])?;
+        let w = if shift { w.add(crate::ops::scalar(1.0, w.dtype())?)? } else { w };
+        let weight = ctx.cast(w)?;
+        ctx.keep(&weight);
+        Ok(Self { weight, eps })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps)
     }

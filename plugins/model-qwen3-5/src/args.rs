@@ -104,6 +104,22 @@ fn dtype_of(name: Option<&str>) -> Option<Dtype> {
 }
 
 impl Args {
+    /// The gated attention layers' geometry.
+    pub fn attention_shape(&self, shift_norms: bool) -> model_kit::gated_attention::GatedAttentionShape<'_> {
+        model_kit::gated_attention::GatedAttentionShape {
+            hidden: self.hidden,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            bias: self.attention_bias,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_dims: self.rope_dims,
+            rope_theta: self.rope_theta,
+            rope_scaling: self.rope_scaling.as_ref(),
+            shift_norms,
+        }
+    }
+
     pub fn from_config(top: &Config) -> Result<Self> {
         let model_type = top.str("model_type").ok_or_else(|| error("config.json: `model_type` is required"))?;
         if !MODEL_TYPES.contains(&model_type) {

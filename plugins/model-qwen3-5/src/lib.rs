@@ -3,7 +3,7 @@
 //! `Qwen3_5ForConditionalGeneration`), a hybrid of gated DeltaNet layers
 //! (linear attention over a recurrent state, `delta.rs`) and, every
 //! `full_attention_interval`-th layer, gated full attention
-//! (`attention.rs`), each followed by a SwiGLU MLP, or in the MoE variant
+//! (`model_kit::gated_attention`), each followed by a SwiGLU MLP, or in the MoE variant
 //! (`qwen3_5_moe`, `num_experts > 0`) by a sparse one with a shared expert
 //! (`moe.rs`).
 //!
@@ -13,24 +13,21 @@
 //! attention layers a FULL one (`kv-plain`).
 
 mod args;
-mod attention;
 mod delta;
 mod moe;
-mod norm;
 
 use args::Args;
-use attention::Attention;
 use delta::DeltaNet;
 use model_kit::attention::Mask;
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
+use model_kit::gated_attention::GatedAttention as Attention;
 use model_kit::graph::{input_tokens, into_model, Family};
-use model_kit::layers::{Embedding, LmHead, LoadCtx, Mlp};
+use model_kit::layers::{Embedding, LmHead, LoadCtx, Mlp, RmsNorm as Norm};
 use model_kit::taps::Taps;
 use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
 use moe::SparseMoeBlock;
-use norm::Norm;
 use plugin_api::*;
 use plugin_sdk::rstrings;
 
@@ -169,7 +166,7 @@ impl Model {
                 let conv = convs.next().ok_or_else(|| error("conv1d weights out of step"))??;
                 Mixer::Delta(DeltaNet::load(ctx, &format!("{p}.linear_attn"), args.linear, hidden, eps, conv)?)
             } else {
-                Mixer::Attention(Attention::load(ctx, &format!("{p}.self_attn"), &args, raw_hf)?)
+                Mixer::Attention(Attention::load(ctx, &format!("{p}.self_attn"), &args.attention_shape(raw_hf))?)
             };
             layers.push(Block {
                 mixer,
@@ -177,11 +174,11 @@ impl Model {
                     Some(m) => Ffn::Sparse(Box::new(SparseMoeBlock::load(ctx, &format!("{p}.mlp"), m, hidden)?)),
                     None => Ffn::Dense(Mlp::load(ctx, &format!("{p}.mlp"), hidden, args.intermediate, false)?),
                 },
-                input_norm: Norm::load(ctx, &format!("{p}.input_layernorm"), hidden, eps, raw_hf)?,
-                post_norm: Norm::load(ctx, &format!("{p}.post_attention_layernorm"), hidden, eps, raw_hf)?,
+                input_norm: Norm::load_shifted(ctx, &format!("{p}.input_layernorm"), hidden, eps, raw_hf)?,
+                post_norm: Norm::load_shifted(ctx, &format!("{p}.post_attention_layernorm"), hidden, eps, raw_hf)?,
             });
         }
-        let norm = Norm::load(ctx, &format!("{body}.norm"), hidden, eps, raw_hf)?;
+        let norm = Norm::load_shifted(ctx, &format!("{body}.norm"), hidden, eps, raw_hf)?;
         let lm_head = LmHead::load(ctx, &names.head, args.vocab_size, hidden, args.tie_word_embeddings)?;
         let first_attention = args.is_linear.iter().position(|&l| !l);
         Ok(Self { plan: args.plan(cfg), embed, layers, norm, lm_head, first_attention })

@@ -13,8 +13,9 @@ use crate::engine::{Engine, EngineError};
 use crate::job::{Event, Finish, Flow, GenerateRequest, GenerateResult, Job, TokenOut};
 use crate::plan::{Method, ResolvedExecution};
 use crate::stats::Stats;
+use crate::target_states::States;
 use decoding::Decoding;
-use plugin_api::CacheBox;
+use plugin_api::{CacheBox, TargetWants};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -29,7 +30,12 @@ pub fn generate(
 ) -> Result<GenerateResult, EngineError> {
     engine.check_request(req)?;
     let start = Instant::now();
-    let (mut caches, cached) = start_request(engine, req, plan)?;
+    // The target states the drafter reads, when this request speculates.
+    let wants = match (plan.method, engine.drafting()) {
+        (Method::Speculative, Some(d)) if d.wants.any() => Some(d.wants.clone()),
+        _ => None,
+    };
+    let (mut caches, cached, prompt_states) = start_request(engine, req, plan, wants.as_ref())?;
     // (Its own copy: the grammar's matcher moves with the tokens.)
     let mut d = Decoding::new(engine, req.clone())?;
     let (finish, speculation) = match (plan.method, engine.drafting()) {
@@ -37,7 +43,7 @@ pub fn generate(
             let mut drafter =
                 drafting.shared.lock().map_err(|_| EngineError::Model("the drafter's lock is poisoned".into()))?;
             let (finish, stats) =
-                speculative::decode(engine, &mut d, &mut caches, drafting, &mut drafter, &mut on_token)?;
+                speculative::decode(engine, &mut d, &mut caches, drafting, &mut drafter, prompt_states, &mut on_token)?;
             (finish, Some(stats))
         }
         _ => (plain::decode(engine, &mut d, &mut caches, usize::MAX, &mut on_token)?.unwrap_or(Finish::Length), None),
@@ -59,12 +65,14 @@ pub fn generate(
 
 /// Prefills all but the prompt's last token into fresh caches, from the
 /// prefix cache where the plan allows; returns the caches and the prompt
-/// tokens the prefix cache served.
+/// tokens the prefix cache served, and the states `wants` asks for over the
+/// positions prefilled here.
 fn start_request(
     engine: &Engine,
     req: &GenerateRequest,
     plan: &ResolvedExecution,
-) -> Result<(Vec<CacheBox>, usize), EngineError> {
+    wants: Option<&TargetWants>,
+) -> Result<(Vec<CacheBox>, usize, Option<States>), EngineError> {
     let mut caches = engine.new_caches()?;
     let head = &req.prompt[..req.prompt.len() - 1];
     let cached = if plan.prompt_cache {
@@ -73,13 +81,19 @@ fn start_request(
     } else {
         0
     };
-    engine.prefill(&head[cached..], &mut caches)?;
+    let states = match wants {
+        Some(w) => Some(engine.prefill_states(&head[cached..], &mut caches, w, cached as u64)?),
+        None => {
+            engine.prefill(&head[cached..], &mut caches)?;
+            None
+        }
+    };
     if plan.prompt_cache && cached < head.len() {
         // A prompt-boundary snapshot: what the next turn of a chat reuses
         // even when its caches cannot trim (a wrapped ring).
         engine.prefix().put(head, &caches);
     }
-    Ok((caches, cached))
+    Ok((caches, cached, states))
 }
 
 /// Runs one job alone, reporting to its callback and to `stats`.

@@ -10,10 +10,11 @@ use crate::engine::{model_err, token_array, Engine, EngineError};
 use crate::job::{Finish, Flow, TokenOut};
 use crate::sampling::Sampler;
 use crate::speculation::{clock, commit_failed, draft_probability_rows, draft_sampling, emitted, rejection, SpecStats};
+use crate::target_states::States;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;
-use plugin_api::{CacheBox, DraftArgs, DrafterBox};
+use plugin_api::{CacheBox, DraftArgs, DrafterBox, TargetWants};
 use std::time::Instant;
 
 /// A verify queued on the device.
@@ -31,6 +32,7 @@ struct Round {
 
 /// Queues one verify of `input` (pending + drafts) and its verdict, under
 /// the grammar's masks (`[k+1, ceil(V/32)]` bit words) when the request has one.
+/// With `wants`, the verify also keeps those target states for the drafter.
 fn queue_round(
     engine: &Engine,
     input: Vec<u32>,
@@ -38,9 +40,19 @@ fn queue_round(
     masks: Option<Vec<u32>>,
     caches: &mut [CacheBox],
     sampler: &mut Sampler,
-) -> Result<Round, EngineError> {
+    wants: Option<&TargetWants>,
+) -> Result<(Round, Option<States>), EngineError> {
     let k = input.len() - 1;
-    let mut logits = sampler.bias(engine.forward_all(&token_array(&input), caches)?)?;
+    let tokens = token_array(&input);
+    let (logits, states) = match wants {
+        Some(w) => {
+            let first = caches.first().map_or(0, |c| c.offset());
+            let (l, s) = engine.forward_all_states(&tokens, caches, w, first)?;
+            (l, Some(s))
+        }
+        None => (engine.forward_all(&tokens, caches)?, None),
+    };
+    let mut logits = sampler.bias(logits)?;
     if let Some(mut m) = masks {
         // (Rows past k+1 belong to drafts a layout's refusal dropped.)
         let words = (logits.shape()[logits.ndim() - 1] as usize).div_ceil(32);
@@ -62,7 +74,7 @@ fn queue_round(
         }
     };
     mlx_rs::transforms::async_eval([&out])?;
-    Ok(Round { input, k, lps, out, rejection })
+    Ok((Round { input, k, lps, out, rejection }, states))
 }
 
 /// Decodes `d` to its end with speculative rounds, falling back to plain
@@ -73,13 +85,20 @@ pub(crate) fn decode(
     caches: &mut [CacheBox],
     drafting: &Drafting,
     drafter: &mut DrafterBox,
+    prompt_states: Option<States>,
     on_token: &mut impl FnMut(&TokenOut) -> Flow,
 ) -> Result<(Finish, SpecStats), EngineError> {
     let max_depth = drafting.depth;
     let mut stats =
         SpecStats { kind: drafting.kind.clone(), accepted_by_position: vec![0; max_depth], ..Default::default() };
+    let wants = drafting.wants.any().then_some(&drafting.wants);
+    let prompt = RSlice::from_slice(&d.req.prompt);
     // A drafter that fails costs this request its speculation, not its answer.
-    if let Err(e) = drafter.prefill(RSlice::from_slice(&d.req.prompt)).into_result() {
+    let prefilled = match &prompt_states {
+        Some(s) => s.lend(|s| drafter.prefill_states(prompt, s)),
+        None => drafter.prefill(prompt),
+    };
+    if let Err(e) = prefilled.into_result() {
         stats.disabled = Some(format!("the drafter failed to prefill ({e}): plain steps"));
     }
     let mut depth = max_depth.max(1);
@@ -143,7 +162,7 @@ pub(crate) fn decode(
         }
         let mut input = vec![*d.history.last().expect("a decoding has a prompt")];
         input.extend_from_slice(&drafts);
-        let round = queue_round(engine, input, q.as_ref(), masks, caches, &mut d.sampler)?;
+        let (round, states) = queue_round(engine, input, q.as_ref(), masks, caches, &mut d.sampler, wants)?;
         let waited = Instant::now();
         round.out.eval()?;
         let (t, n) = emitted(round.out.as_slice::<u32>(), &round.input[1..], round.rejection);
@@ -152,14 +171,23 @@ pub(crate) fn decode(
             stats.rejection_sampling |= round.rejection;
             depth = stats.record_round(k, n, max_depth, judge);
             settle_caches(engine, caches, &starts, &round.input[..n + 1], n == k)?;
-            if let Err(e) = drafter.commit(n as u32).into_result() {
-                stats.disabled = Some(commit_failed(e));
+            if states.is_none() {
+                if let Err(e) = drafter.commit(n as u32).into_result() {
+                    stats.disabled = Some(commit_failed(e));
+                }
             }
             // Time the round: plain samples are the reference; a request
             // whose rounds emit fewer tokens per second stops speculating.
             clock.round(since.elapsed().as_secs_f64(), k + 1, n + 1);
             if stats.disabled.is_none() && judge {
                 stats.disabled = clock.verdict();
+            }
+        }
+        // A drafter reading the target's states hears of every verify, one
+        // of no drafts too (its own cache grows with every position).
+        if let Some(s) = &states {
+            if let Err(e) = s.lend(|s| drafter.commit_states(n as u32, s)).into_result() {
+                stats.disabled = Some(commit_failed(e));
             }
         }
         tracing::trace!(

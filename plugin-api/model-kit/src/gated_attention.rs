@@ -1,40 +1,54 @@
-//! Gated full attention (mlx-lm `qwen3_next.Qwen3NextAttention`): q_proj
-//! yields the queries and a gate side by side per head, q/k RMSNorms over
-//! the head, RoPE on the first `partial_rotary_factor` of each head, and the
+//! Gated full attention (mlx-lm `qwen3_next.Qwen3NextAttention`, used by
+//! Qwen3-Next and Qwen3.5, and by Qwen3.5's multi-token-prediction layer):
+//! q_proj yields the queries and a gate side by side per head, q/k RMSNorms
+//! over the head, RoPE on the first `rope_dims` of each head, and the
 //! attention output scaled by `sigmoid(gate)` before o_proj. K/V live in a
-//! full-attention cache layout (kv-plain).
+//! full-attention cache layout.
 
-use crate::args::Args;
-use crate::norm::Norm;
-use model_kit::attention::{positions, sdpa, update, Mask};
-use model_kit::layers::{Linear, LoadCtx};
-use model_kit::rope::Rope;
-use model_kit::{Array, Result};
+use crate::attention::{positions, sdpa, update, Mask};
+use crate::layers::{Linear, LoadCtx, RmsNorm};
+use crate::rope::Rope;
+use crate::{Array, Result};
+use mlx_rs::ops;
 use plugin_api::CacheBox;
-use plugin_sdk::mlx_rs::ops;
+use serde_json::Value;
 
-pub struct Attention {
+/// The geometry config.json implies.
+pub struct GatedAttentionShape<'a> {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub bias: bool,
+    pub rms_norm_eps: f32,
+    pub rope_dims: usize,
+    pub rope_theta: f32,
+    pub rope_scaling: Option<&'a Value>,
+    /// Raw Hugging Face norms (stored minus one): see `RmsNorm::load_shifted`.
+    pub shift_norms: bool,
+}
+
+pub struct GatedAttention {
     q: Linear,
     k: Linear,
     v: Linear,
     o: Linear,
-    q_norm: Norm,
-    k_norm: Norm,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
     rope: Rope,
     heads: i32,
     kv_heads: i32,
     scale: f32,
 }
 
-impl Attention {
-    pub fn load(ctx: &mut LoadCtx, p: &str, a: &Args, shift_norms: bool) -> Result<Self> {
-        let bias = a.attention_bias;
+impl GatedAttention {
+    pub fn load(ctx: &mut LoadCtx, p: &str, a: &GatedAttentionShape) -> Result<Self> {
         let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
         let proj = |ctx: &mut LoadCtx, name: &str, out: usize, inp: usize| {
-            Linear::load(ctx, &format!("{p}.{name}"), out, inp, bias)
+            Linear::load(ctx, &format!("{p}.{name}"), out, inp, a.bias)
         };
         let norm = |ctx: &mut LoadCtx, name: &str| {
-            Norm::load(ctx, &format!("{p}.{name}"), a.head_dim, a.rms_norm_eps, shift_norms)
+            RmsNorm::load_shifted(ctx, &format!("{p}.{name}"), a.head_dim, a.rms_norm_eps, a.shift_norms)
         };
         Ok(Self {
             // The queries and their gate, side by side per head.
@@ -44,7 +58,7 @@ impl Attention {
             o: proj(ctx, "o_proj", a.hidden, q_width)?,
             q_norm: norm(ctx, "q_norm")?,
             k_norm: norm(ctx, "k_norm")?,
-            rope: Rope::new(a.rope_dims as i32, a.rope_theta, false, a.rope_scaling.as_ref())?,
+            rope: Rope::new(a.rope_dims as i32, a.rope_theta, false, a.rope_scaling)?,
             heads: a.heads as i32,
             kv_heads: a.kv_heads as i32,
             scale: (a.head_dim as f64).powf(-0.5) as f32,

@@ -1,0 +1,74 @@
+//! Opening a head against the target: its folder located, its config and
+//! tensors checked against the target's plan (one line naming the
+//! mismatch), its caches made by the host.
+
+use crate::head::{Args, Head};
+use crate::rounds::Mtp;
+use crate::source::{locate, tensor_names};
+use model_kit::config::Config;
+use model_kit::layers::LoadCtx;
+use model_kit::weights::Weights;
+use plugin_api::*;
+use plugin_sdk::into_array;
+use plugin_sdk::mlx_rs::Array;
+use std::path::PathBuf;
+
+fn bad(msg: String) -> PluginError {
+    PluginError::invalid_config(msg)
+}
+
+pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<Mtp, PluginError> {
+    let dir: PathBuf = match args.dir.as_ref().into_option() {
+        Some(d) => d.as_str().into(),
+        None => host.target_dir().into_result()?.as_str().into(),
+    };
+    let src = locate(&dir).ok_or_else(|| {
+        bad(format!(
+            "mtp: {} holds no MTP head (no `*_mtp` config.json, no mtp/ folder, no mtp.* tensors)",
+            dir.display()
+        ))
+    })?;
+    let a = Args::from_config(&src.config).map_err(|e| bad(format!("mtp: {}", e.what())))?;
+    let plan = host.target_plan().into_result()?;
+    if a.hidden != plan.hidden_size as usize {
+        return Err(bad(format!(
+            "mtp: the head's hidden size {} differs from the target's {}",
+            a.hidden, plan.hidden_size
+        )));
+    }
+    if a.vocab_size != 0 && a.vocab_size != plan.vocab_size as usize {
+        return Err(bad(format!(
+            "mtp: the head's vocabulary ({}) differs from the target's ({})",
+            a.vocab_size, plan.vocab_size
+        )));
+    }
+    // The compute dtype is the target's: its embeddings say which.
+    let probe = Array::from_slice(&[0i32], &[1, 1]);
+    let dtype = into_array(host.target_embed(crate::rounds::tensor_ref(&probe)).into_result()?).dtype();
+    let cfg = Config::parse(&src.config).map_err(|e| bad(format!("mtp: {}", e.what())))?;
+    let quant = cfg.quantization().map_err(|e| bad(format!("mtp: {}", e.what())))?;
+    let mut weights = Weights::load(&src.dir).map_err(|e| PluginError::io(format!("mtp: {}", e.what())))?;
+    let prefixed = src.inside_target || tensor_names(&src.dir).iter().any(|n| n.starts_with("mtp."));
+    if src.inside_target {
+        weights.drop_matching(|k| !k.starts_with("mtp."));
+    }
+    let prefix = if prefixed { "mtp." } else { "" };
+    let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), Some(dtype));
+    let head = Head::load(&mut ctx, &a, prefix, prefixed).map_err(|e| bad(format!("mtp: {}", e.what())))?;
+    ctx.materialize().map_err(|e| PluginError::io(format!("mtp: {}", e.what())))?;
+    let left = weights.remaining();
+    if !left.is_empty() {
+        return Err(bad(format!("mtp: {} unexpected tensors in the head (first: {})", left.len(), left[0])));
+    }
+    let need = LayerNeed {
+        kind: NeedKind::FULL,
+        window: 0,
+        kv_heads: a.kv_heads as u32,
+        k_head_dim: a.head_dim as u32,
+        v_head_dim: a.head_dim as u32,
+        state_shapes: Default::default(),
+    };
+    let caches = (0..head.layers()).map(|_| host.new_cache(&need).into_result()).collect::<Result<Vec<_>, _>>()?;
+    let trace = args.options.iter().find(|o| o.0.as_str() == "trace").map(|o| PathBuf::from(o.1.as_str()));
+    Ok(Mtp::new(head, caches, host, args.max_depth.max(1) as usize, trace))
+}
