@@ -23,6 +23,7 @@ mod parity_hybrid;
 mod parity_moe;
 mod plugins;
 mod prefix_cache;
+mod reasoning;
 mod responses;
 mod sampling_oracle;
 mod speculation;

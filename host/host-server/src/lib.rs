@@ -16,6 +16,7 @@ mod fim;
 mod gen;
 mod keepalive;
 mod prompt;
+pub mod reasoning;
 mod respond;
 mod response_store;
 mod routes;
@@ -117,6 +118,16 @@ pub async fn serve(
     let worker = Arc::new(worker);
     let tools = Arc::new(state::ToolSupport::detect(text.as_deref()));
     tracing::info!(syntax = tools.syntax.name(), "tool calls");
+    let reasoning = Arc::new(match text.as_deref() {
+        Some(t) => reasoning::ReasoningSupport::detect(t.template_source().unwrap_or(""), &t.added_tokens()),
+        None => Default::default(),
+    });
+    tracing::info!(
+        markers = reasoning.markers.as_ref().map_or("none", |m| m.end),
+        switch = reasoning.switch,
+        preserve = reasoning.preserve,
+        "reasoning"
+    );
     if let Some(t) = text.clone() {
         // The token trie behind every grammar, built before the first
         // constrained request needs it.
@@ -134,6 +145,7 @@ pub async fn serve(
         worker: worker.clone(),
         text,
         tools,
+        reasoning,
         info,
         cfg: Arc::new(cfg),
         stats: Arc::new(ServerStats::default()),

@@ -1,7 +1,9 @@
 //! An answer as Anthropic writes it: a `message` with content blocks
-//! (`text`, `tool_use`), `stop_reason` and usage, whole or as its event
-//! stream (`message_start`, `content_block_start` / `_delta` / `_stop`,
-//! `message_delta`, `message_stop`, and `ping`s while nothing else is due).
+//! (`thinking`, `text`, `tool_use`), `stop_reason` and usage, whole or as
+//! its event stream (`message_start`, `content_block_start` / `_delta`
+//! (`thinking_delta` and `signature_delta`, `text_delta`,
+//! `input_json_delta`) / `_stop`, `message_delta`, `message_stop`, and
+//! `ping`s while nothing else is due).
 
 use crate::answer::{arguments_value, Answer, Ended, Ending, Step};
 use crate::choice::{Call, Piece};
@@ -42,6 +44,22 @@ fn tool_use(c: &Call) -> Value {
     json!({ "type": "tool_use", "id": id, "name": c.name, "input": arguments_value(c) })
 }
 
+/// A thinking block's `signature`. Anthropic's is a cryptographic check
+/// that the thinking came from the model; this one is a digest of the text
+/// (FNV-1a, 64 bits) that clients carry along as they would Anthropic's.
+/// Thinking sent back in a history is taken as it is, signed or not.
+fn signature(thinking: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in thinking.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("fnv1a64:{h:016x}")
+}
+
+fn thinking_block(thinking: &str) -> Value {
+    json!({ "type": "thinking", "thinking": thinking, "signature": signature(thinking) })
+}
+
 /// A `message`; `ending` is `None` while it streams.
 fn message(id: &str, model: &str, content: Vec<Value>, ending: Option<&Ending>, usage: Value) -> Value {
     let (reason, sequence) = ending.map_or((Value::Null, Value::Null), |e| {
@@ -68,11 +86,12 @@ pub async fn whole(answer: Answer, model: &str) -> Result<Response, AnthropicErr
     let mut content: Vec<Value> = pieces
         .iter()
         .map(|p| match p {
+            Piece::Reasoning(t) => thinking_block(t),
             Piece::Text(t) => json!({ "type": "text", "text": t }),
             Piece::Call(c) => tool_use(c),
         })
         .collect();
-    if content.is_empty() {
+    if content.iter().all(|b| b["type"] == "thinking") {
         content.push(json!({ "type": "text", "text": "" }));
     }
     let u = usage(prompt, ended.cached_tokens(), ended.output_tokens());
@@ -90,11 +109,22 @@ pub fn stream(answer: Answer, model: String) -> Response {
     resp
 }
 
+/// The block a streamed message has open.
+#[derive(PartialEq, Eq)]
+enum Open {
+    None,
+    Text,
+    /// A thinking block and its text so far (its signature closes it).
+    Thinking(String),
+}
+
 /// The blocks of a streamed message: which one is open, how many started.
 struct Blocks<'a> {
     tx: &'a Events,
     started: usize,
-    open_text: bool,
+    open: Open,
+    /// A text or tool-use block started.
+    answered: bool,
 }
 
 impl Blocks<'_> {
@@ -102,27 +132,40 @@ impl Blocks<'_> {
         self.tx.send(Ok(sse::event(name, &data))).await.map_err(|_| Gone)
     }
 
+    async fn delta(&self, delta: Value) -> Result<(), Gone> {
+        let index = self.started - 1;
+        self.send("content_block_delta", json!({ "type": "content_block_delta", "index": index, "delta": delta })).await
+    }
+
     async fn close(&mut self) -> Result<(), Gone> {
-        if self.open_text {
-            self.open_text = false;
-            self.send("content_block_stop", json!({ "type": "content_block_stop", "index": self.started - 1 })).await?;
+        match std::mem::replace(&mut self.open, Open::None) {
+            Open::None => return Ok(()),
+            Open::Text => {}
+            Open::Thinking(t) => self.delta(json!({ "type": "signature_delta", "signature": signature(&t) })).await?,
         }
-        Ok(())
+        self.send("content_block_stop", json!({ "type": "content_block_stop", "index": self.started - 1 })).await
     }
 
     async fn piece(&mut self, p: Piece) -> Result<(), Gone> {
         match p {
-            Piece::Text(t) => {
-                if !self.open_text {
-                    self.start(json!({ "type": "text", "text": "" })).await?;
-                    self.open_text = true;
+            Piece::Reasoning(t) => {
+                if !matches!(self.open, Open::Thinking(_)) {
+                    self.close().await?;
+                    self.start(json!({ "type": "thinking", "thinking": "", "signature": "" })).await?;
+                    self.open = Open::Thinking(String::new());
                 }
-                let delta = json!({ "type": "text_delta", "text": t });
-                self.send(
-                    "content_block_delta",
-                    json!({ "type": "content_block_delta", "index": self.started - 1, "delta": delta }),
-                )
-                .await
+                if let Open::Thinking(all) = &mut self.open {
+                    all.push_str(&t);
+                }
+                self.delta(json!({ "type": "thinking_delta", "thinking": t })).await
+            }
+            Piece::Text(t) => {
+                if self.open != Open::Text {
+                    self.close().await?;
+                    self.start(json!({ "type": "text", "text": "" })).await?;
+                    self.open = Open::Text;
+                }
+                self.delta(json!({ "type": "text_delta", "text": t })).await
             }
             Piece::Call(c) => {
                 self.close().await?;
@@ -144,6 +187,7 @@ impl Blocks<'_> {
     async fn start(&mut self, block: Value) -> Result<(), Gone> {
         let index = self.started;
         self.started += 1;
+        self.answered |= block["type"] != "thinking";
         self.send(
             "content_block_start",
             json!({ "type": "content_block_start", "index": index, "content_block": block }),
@@ -157,7 +201,7 @@ struct Gone;
 
 async fn pump(mut answer: Answer, model: String, tx: &Events) -> Result<(), Gone> {
     let prompt = answer.prompt_tokens();
-    let mut blocks = Blocks { tx, started: 0, open_text: false };
+    let mut blocks = Blocks { tx, started: 0, open: Open::None, answered: false };
     // The cached part of the input is known when the answer ends (its
     // `message_delta` says it); until then all of it counts as input.
     let head = message(&answer.id, &model, Vec::new(), None, usage(prompt, 0, 0));
@@ -189,10 +233,11 @@ async fn pump(mut answer: Answer, model: String, tx: &Events) -> Result<(), Gone
             }
         }
     };
-    if blocks.started == 0 {
-        // A message always has a block, as a whole answer does.
+    if !blocks.answered {
+        // A message always has an answer block, as a whole answer does.
+        blocks.close().await?;
         blocks.start(json!({ "type": "text", "text": "" })).await?;
-        blocks.open_text = true;
+        blocks.open = Open::Text;
     }
     blocks.close().await?;
     let (reason, sequence) = stop(&ended.ending);

@@ -1,5 +1,6 @@
 //! An answer as the Responses API writes it: a `response` object whose
-//! `output` holds `message` items (one `output_text` part each) and
+//! `output` holds `reasoning` items (one `reasoning_text` part each, no
+//! summary), `message` items (one `output_text` part each) and
 //! `function_call` items, whole or as the documented event stream
 //! (`response.created`, `response.in_progress`, per item
 //! `response.output_item.added` … `response.output_item.done`, then
@@ -46,7 +47,7 @@ impl Meta {
             "output": output,
             "parallel_tool_calls": e.parallel_tool_calls,
             "previous_response_id": self.previous_response_id,
-            "reasoning": { "effort": null, "summary": null },
+            "reasoning": e.reasoning,
             "store": self.store,
             "temperature": e.temperature,
             "text": e.text,
@@ -66,7 +67,7 @@ fn usage(prompt: usize, ended: &Ended) -> Value {
         "input_tokens": prompt,
         "input_tokens_details": { "cached_tokens": ended.cached_tokens() },
         "output_tokens": output,
-        "output_tokens_details": { "reasoning_tokens": 0 },
+        "output_tokens_details": { "reasoning_tokens": ended.reasoning_tokens },
         "total_tokens": prompt + output,
     })
 }
@@ -86,22 +87,64 @@ struct Output {
     items: Vec<Value>,
     /// The message item being written: its id and its text so far.
     open: Option<(String, String)>,
+    /// The reasoning item being written: its id and its text so far.
+    thinking: Option<(String, String)>,
 }
 
 impl Output {
     fn piece(&mut self, p: &Piece) -> Vec<Value> {
         match p {
+            Piece::Reasoning(t) => self.reasoning(t),
             Piece::Text(t) => self.text(t),
             Piece::Call(c) => {
-                let mut events = self.close("completed");
+                let mut events = self.close_reasoning("completed");
+                events.extend(self.close("completed"));
                 events.extend(self.call(c));
                 events
             }
         }
     }
 
+    fn reasoning(&mut self, t: &str) -> Vec<Value> {
+        let mut events = self.close("completed");
+        let index = self.items.len();
+        if self.thinking.is_none() {
+            let id = new_id("rs");
+            let item = json!({ "id": id, "type": "reasoning", "status": "in_progress", "summary": [], "content": [] });
+            events.push(json!({ "type": "response.output_item.added", "output_index": index, "item": item }));
+            events.push(json!({
+                "type": "response.content_part.added", "item_id": id, "output_index": index, "content_index": 0,
+                "part": { "type": "reasoning_text", "text": "" },
+            }));
+            self.thinking = Some((id, String::new()));
+        }
+        if let Some((id, text)) = self.thinking.as_mut() {
+            text.push_str(t);
+            events.push(json!({
+                "type": "response.reasoning_text.delta", "item_id": id, "output_index": index,
+                "content_index": 0, "delta": t,
+            }));
+        }
+        events
+    }
+
+    /// Ends the open reasoning item, if any, with `status`.
+    fn close_reasoning(&mut self, status: &str) -> Vec<Value> {
+        let Some((id, text)) = self.thinking.take() else { return Vec::new() };
+        let index = self.items.len();
+        let part = json!({ "type": "reasoning_text", "text": text });
+        let item = json!({ "id": id, "type": "reasoning", "status": status, "summary": [], "content": [part] });
+        self.items.push(item.clone());
+        vec![
+            json!({ "type": "response.reasoning_text.done", "item_id": id, "output_index": index, "content_index": 0, "text": text }),
+            json!({ "type": "response.content_part.done", "item_id": id, "output_index": index, "content_index": 0, "part": part }),
+            json!({ "type": "response.output_item.done", "output_index": index, "item": item }),
+        ]
+    }
+
     fn text(&mut self, t: &str) -> Vec<Value> {
-        let mut events = self.open_message();
+        let mut events = self.close_reasoning("completed");
+        events.extend(self.open_message());
         if let Some((id, text)) = self.open.as_mut() {
             text.push_str(t);
             events.push(json!({
@@ -162,8 +205,8 @@ impl Output {
     /// Ends the output: the open message closes as the response ends; an
     /// answer with nothing in it is still one (empty) message.
     fn finish(&mut self, status: &str) -> Vec<Value> {
-        let mut events = Vec::new();
-        if self.items.is_empty() {
+        let mut events = self.close_reasoning(status);
+        if self.items.iter().all(|i| i["type"] == "reasoning") {
             events.extend(self.open_message());
         }
         events.extend(self.close(status));
