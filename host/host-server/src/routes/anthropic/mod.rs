@@ -41,7 +41,7 @@ pub async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response,
     // The served model's id, whatever the request named (one is served).
     let model = st.cfg.model_id.clone();
     if common.stream {
-        Ok(reply::stream(answer, model))
+        Ok(reply::stream(answer, model, crate::keepalive::Quiet::new(st.cfg.sse_keepalive)))
     } else {
         reply::whole(answer, &model).await
     }

@@ -8,13 +8,10 @@
 use crate::answer::{arguments_value, Answer, Ended, Ending, Step};
 use crate::choice::{Call, Piece};
 use crate::error::AnthropicError;
+use crate::keepalive::Quiet;
 use crate::sse::{self, Events};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use std::time::Duration;
-
-/// How long a stream may stay silent (a long prompt's prefill) before a `ping`.
-const PING_EVERY: Duration = Duration::from_secs(10);
 
 /// Anthropic's `stop_reason` and `stop_sequence`.
 fn stop(ending: &Ending) -> (&'static str, Value) {
@@ -99,12 +96,13 @@ pub async fn whole(answer: Answer, model: &str) -> Result<Response, AnthropicErr
 }
 
 /// The answer as Anthropic's event stream.
-pub fn stream(answer: Answer, model: String) -> Response {
+/// `quiet`: when a silent stream sends a `ping` (`--sse-keepalive`).
+pub fn stream(answer: Answer, model: String, quiet: Quiet) -> Response {
     let (tx, resp) = sse::open();
     tokio::spawn(async move {
         // A send fails only when the client is gone; then dropping the
         // answer stops its job.
-        let _ = pump(answer, model, &tx).await;
+        let _ = pump(answer, model, &tx, quiet).await;
     });
     resp
 }
@@ -199,7 +197,7 @@ impl Blocks<'_> {
 /// The client went away.
 struct Gone;
 
-async fn pump(mut answer: Answer, model: String, tx: &Events) -> Result<(), Gone> {
+async fn pump(mut answer: Answer, model: String, tx: &Events, mut quiet: Quiet) -> Result<(), Gone> {
     let prompt = answer.prompt_tokens();
     let mut blocks = Blocks { tx, started: 0, open: Open::None, answered: false };
     // The cached part of the input is known when the answer ends (its
@@ -207,20 +205,26 @@ async fn pump(mut answer: Answer, model: String, tx: &Events) -> Result<(), Gone
     let head = message(&answer.id, &model, Vec::new(), None, usage(prompt, 0, 0));
     blocks.send("message_start", json!({ "type": "message_start", "message": head })).await?;
     blocks.send("ping", json!({ "type": "ping" })).await?;
+    quiet.sent();
     let ended: Ended = loop {
-        let step = match tokio::time::timeout(PING_EVERY, answer.next()).await {
-            Err(_) => {
+        // Silence (a long prefill, a wait in the queue, text held back for
+        // stop sequences or call syntax) is broken by a `ping`, as Anthropic's.
+        let step = match quiet.within(answer.next()).await {
+            None => {
                 blocks.send("ping", json!({ "type": "ping" })).await?;
                 continue;
             }
-            Ok(Err(e)) => {
+            Some(Err(e)) => {
                 let e = AnthropicError(e);
                 return blocks.send("error", e.body()).await;
             }
-            Ok(Ok(step)) => step,
+            Some(Ok(step)) => step,
         };
         match step {
             Step::Out(pieces) => {
+                if !pieces.is_empty() {
+                    quiet.sent();
+                }
                 for p in pieces {
                     blocks.piece(p).await?;
                 }

@@ -66,7 +66,7 @@ pub async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response,
         echo: req.echo,
     };
     if req.common.stream {
-        Ok(reply::stream(answer, meta, keep))
+        Ok(reply::stream(answer, meta, keep, crate::keepalive::Quiet::new(st.cfg.sse_keepalive)))
     } else {
         reply::whole(answer, meta, keep).await
     }

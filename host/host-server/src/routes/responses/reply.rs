@@ -12,7 +12,9 @@ use super::Keep;
 use crate::answer::{new_id, Answer, Ended, Ending, Step};
 use crate::choice::{Call, Piece};
 use crate::error::ApiError;
+use crate::keepalive::{self, Quiet};
 use crate::sse::{self, Events};
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
@@ -230,20 +232,22 @@ pub async fn whole(answer: Answer, meta: Meta, keep: Keep) -> Result<Response, A
 }
 
 /// The answer as the Responses event stream.
-pub fn stream(answer: Answer, meta: Meta, keep: Keep) -> Response {
+/// `quiet`: when a silent stream sends an SSE comment (`--sse-keepalive`).
+pub fn stream(answer: Answer, meta: Meta, keep: Keep, quiet: Quiet) -> Response {
     let (tx, resp) = sse::open();
     tokio::spawn(async move {
         // A send fails only when the client is gone; then dropping the
         // answer stops its job.
-        let _ = pump(answer, meta, keep, Numbered { tx: &tx, next: 0 }).await;
+        let _ = pump(answer, meta, keep, Numbered { tx: &tx, next: 0, quiet }).await;
     });
     resp
 }
 
-/// Sends events numbered in order.
+/// Sends events numbered in order, and keep-alive comments between them.
 struct Numbered<'a> {
     tx: &'a Events,
     next: u64,
+    quiet: Quiet,
 }
 
 /// The client went away.
@@ -254,7 +258,20 @@ impl Numbered<'_> {
         event["sequence_number"] = json!(self.next);
         self.next += 1;
         let name = event["type"].as_str().unwrap_or("message").to_owned();
+        self.quiet.sent();
         self.tx.send(Ok(sse::event(&name, &event))).await.map_err(|_| Gone)
+    }
+
+    /// The answer's next step; while the stream stays silent (a long
+    /// prefill, a wait in the queue, call syntax held back), a comment
+    /// goes out every keep-alive interval.
+    async fn next(&mut self, answer: &mut Answer) -> Result<Result<Step, ApiError>, Gone> {
+        loop {
+            match self.quiet.within(answer.next()).await {
+                Some(step) => return Ok(step),
+                None => self.tx.send(Ok(Bytes::from_static(keepalive::COMMENT))).await.map_err(|_| Gone)?,
+            }
+        }
     }
 
     async fn all(&mut self, events: Vec<Value>) -> Result<(), Gone> {
@@ -272,7 +289,7 @@ async fn pump(mut answer: Answer, meta: Meta, keep: Keep, mut tx: Numbered<'_>) 
     tx.send(json!({ "type": "response.in_progress", "response": head })).await?;
     let mut out = Output::default();
     let ended = loop {
-        match answer.next().await {
+        match tx.next(&mut answer).await? {
             Ok(Step::Out(pieces)) => {
                 for p in &pieces {
                     let events = out.piece(p);
