@@ -2,6 +2,7 @@
 //! module is one area of the product.
 
 mod admission;
+mod agent_cache;
 mod anthropic;
 mod architecture;
 mod batching;

@@ -11,6 +11,7 @@ use host_engine::worker::Worker;
 use host_engine::{DtypeChoice, Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
 use host_server::reasoning::ThinkingDefault;
 use host_server::state::{ModelInfo, ServerConfig};
+use host_server::system_rules::SystemRules;
 use host_server::SamplingDefaults;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -124,6 +125,13 @@ pub struct ServeArgs {
     #[arg(long = "preserve-thinking")]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub preserve_thinking: bool,
+    /// Rewrite every system prompt before rendering (repeatable): a built-in rule by name
+    /// (`claude-billing-header`), `regex:PATTERN` (matches removed) or
+    /// `regex:PATTERN=>REPLACEMENT`. For agent harnesses that put per-request noise at the top
+    /// of the system prompt, which otherwise defeats the prefix cache.
+    #[arg(long = "system-prompt-rule", value_name = "RULE")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub system_prompt_rule: Vec<String>,
     /// Seconds a stored /v1/responses response can be continued (previous_response_id) or read back (default 3600).
     #[arg(long = "responses-ttl")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -178,6 +186,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let a = merge(args)?;
     let t0 = Instant::now();
     let Some(model_dir) = a.model.clone() else { bail!("--model DIR is required (or `model` in the --config file)") };
+    // Checked before the model loads: a typo fails at once.
+    let system_rules = SystemRules::parse(&a.system_prompt_rule).map_err(anyhow::Error::msg)?;
     let plugins = a.plugins.clone().unwrap_or_else(|| PathBuf::from("plugins"));
     stage(0, 4, "discovering plugins", t0);
     let reg = crate::registry(&plugins)?;
@@ -287,6 +297,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             ThinkingArg::Off => ThinkingDefault::Off,
         },
         preserve_thinking: a.preserve_thinking,
+        system_rules,
     };
     let planner = engine.planner(cfg.batch);
     let worker = Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget)));

@@ -23,6 +23,7 @@ mod routes;
 mod sse;
 pub mod state;
 mod structured;
+pub mod system_rules;
 mod tool_plan;
 mod wire;
 

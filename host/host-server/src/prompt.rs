@@ -22,10 +22,11 @@ pub struct Rendered {
 /// Renders `messages` with the generation prompt; `tools` (OpenAI's
 /// function-tool objects, which HF templates take) go to the template as
 /// its `tools` variable, and the request's reasoning switch as the
-/// variables the template reads (`reasoning::template_kwargs`).
+/// variables the template reads (`reasoning::template_kwargs`). System
+/// messages go through `--system-prompt-rule`s first.
 pub fn render(
     st: &AppState,
-    messages: Vec<Value>,
+    mut messages: Vec<Value>,
     tools: Option<Value>,
     mut kwargs: Map<String, Value>,
     ask: &reasoning::Ask,
@@ -42,6 +43,7 @@ pub fn render(
         kwargs.insert("tools".into(), t);
     }
     reasoning::template_kwargs(&st.reasoning, st.cfg.thinking, st.cfg.preserve_thinking, ask, &mut kwargs);
+    st.cfg.system_rules.apply_to_system(&mut messages);
     let rendered = template
         .render(&Value::Array(messages), true, &kwargs)
         .map_err(|e| ApiError::param("messages", e.to_string()))?;

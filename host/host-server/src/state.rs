@@ -45,6 +45,8 @@ pub struct ServerConfig {
     pub thinking: crate::reasoning::ThinkingDefault,
     /// Keep past reasoning in the history where the template can.
     pub preserve_thinking: bool,
+    /// Rewrites of system prompts (per-request noise out of the prefix).
+    pub system_rules: crate::system_rules::SystemRules,
 }
 
 /// Facts about the served model the HTTP layer needs.

@@ -119,6 +119,17 @@ pub fn thinking_folder(tag: &str) -> PathBuf {
     dir
 }
 
+/// Makes a model folder made of links (`hermes_folder`, `thinking_folder`)
+/// declare a context of `n` tokens: its config.json becomes a copy with
+/// `max_position_embeddings` = n (RoPE has no length of its own).
+pub fn with_context(dir: &std::path::Path, n: u64) {
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = n.into();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, cfg.to_string()).unwrap();
+}
+
 /// Runs a command and returns its stdout, failing the test with stderr.
 pub fn run_ok(cmd: &mut std::process::Command) -> String {
     let out = cmd.output().expect("spawn");
