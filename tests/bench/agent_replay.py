@@ -37,7 +37,7 @@ def request(trace, k):
         body = {"model": "m", "max_tokens": 1, "temperature": 0, "system": blocks, "tools": trace["tools"], "messages": conversation}
         return "/v1/messages", body, lambda u: (u["input_tokens"] + u["cache_read_input_tokens"], u["cache_read_input_tokens"])
     if trace["api"] == "responses":
-        body = {"model": "m", "max_output_tokens": 1, "temperature": 0, "instructions": noise + system, "tools": trace["tools"], "input": conversation, "store": False}
+        body = {"model": "m", "max_output_tokens": 1, "temperature": 0, "instructions": noise + system, "tools": trace["tools"], "input": conversation, "store": False, "include": ["reasoning.encrypted_content"]}
         return "/v1/responses", body, lambda u: (u["input_tokens"], u["input_tokens_details"]["cached_tokens"])
     messages = [{"role": "system", "content": noise + system}] + conversation
     body = {"model": "m", "max_tokens": 1, "temperature": 0, "tools": trace["tools"], "messages": messages}

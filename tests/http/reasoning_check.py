@@ -241,5 +241,13 @@ items = [
 r = oa.responses.create(model=MODEL, input=items, tools=resp_tools, max_output_tokens=1, extra_body=STEER)
 want = prompt_ids(hf, tools=TOOLS)
 check(r.usage.input_tokens == len(want), f"a reasoning input item is its assistant turn's reasoning_content ({r.usage.input_tokens})")
+# Stateless clients (Codex) ask for encrypted_content and send only that back.
+r = oa.responses.create(model=MODEL, input="What is 2 + 2?", max_output_tokens=N, include=["reasoning.encrypted_content"], store=False, extra_body=STEER)
+blob = r.output[0].encrypted_content
+check(isinstance(blob, str) and blob and r.output[0].content[0].text == reasoning, "include=reasoning.encrypted_content gives the reasoning item a blob")
+sealed_items = [items[0], {"type": "reasoning", "summary": [], "encrypted_content": blob}] + items[2:]
+r2 = oa.responses.create(model=MODEL, input=sealed_items, tools=resp_tools, max_output_tokens=1, extra_body=STEER)
+hf_sealed = [hf[0], dict(hf[1], reasoning_content=reasoning), hf[2]]
+check(r2.usage.input_tokens == len(prompt_ids(hf_sealed, tools=TOOLS)), "a reasoning item sent back as that blob alone gives the template its reasoning again")
 
 print("ALL OK")

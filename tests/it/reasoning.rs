@@ -199,6 +199,13 @@ fn bad_reasoning_fields_are_refused_in_each_apis_shape() {
             ),
             "input[0].content[0].text",
         ),
+        ("include not a list", "/v1/responses", resp(json!({ "include": "reasoning.encrypted_content" })), "include"),
+        (
+            "encrypted_content not a string",
+            "/v1/responses",
+            resp(json!({ "input": [{ "type": "reasoning", "summary": [], "encrypted_content": 7 }] })),
+            "input[0].encrypted_content",
+        ),
         (
             "a reasoning item whose summary is not a list",
             "/v1/responses",

@@ -6,6 +6,7 @@
 
 mod reply;
 mod request;
+mod sealed;
 
 use super::json_object;
 use crate::answer::{new_id, Answer};
@@ -63,6 +64,7 @@ pub async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response,
         model: st.cfg.model_id.clone(),
         previous_response_id: req.previous_response_id,
         store: req.store,
+        seal_reasoning: req.seal_reasoning,
         echo: req.echo,
     };
     if req.common.stream {

@@ -25,6 +25,8 @@ pub struct Meta {
     pub model: String,
     pub previous_response_id: Option<String>,
     pub store: bool,
+    /// Reasoning items carry their text as `encrypted_content` (`sealed`).
+    pub seal_reasoning: bool,
     pub echo: Echo,
 }
 
@@ -86,6 +88,8 @@ fn status(ending: &Ending) -> &'static str {
 /// build their items here alike.
 #[derive(Default)]
 struct Output {
+    /// Seal each reasoning item's text into its `encrypted_content`.
+    seal: bool,
     items: Vec<Value>,
     /// The message item being written: its id and its text so far.
     open: Option<(String, String)>,
@@ -135,7 +139,10 @@ impl Output {
         let Some((id, text)) = self.thinking.take() else { return Vec::new() };
         let index = self.items.len();
         let part = json!({ "type": "reasoning_text", "text": text });
-        let item = json!({ "id": id, "type": "reasoning", "status": status, "summary": [], "content": [part] });
+        let mut item = json!({ "id": id, "type": "reasoning", "status": status, "summary": [], "content": [part] });
+        if self.seal {
+            item["encrypted_content"] = json!(super::sealed::seal(&text));
+        }
         self.items.push(item.clone());
         vec![
             json!({ "type": "response.reasoning_text.done", "item_id": id, "output_index": index, "content_index": 0, "text": text }),
@@ -220,7 +227,7 @@ impl Output {
 pub async fn whole(answer: Answer, meta: Meta, keep: Keep) -> Result<Response, ApiError> {
     let prompt = answer.prompt_tokens();
     let (pieces, ended) = answer.collect().await?;
-    let mut out = Output::default();
+    let mut out = Output { seal: meta.seal_reasoning, ..Default::default() };
     for p in &pieces {
         out.piece(p);
     }
@@ -287,7 +294,7 @@ async fn pump(mut answer: Answer, meta: Meta, keep: Keep, mut tx: Numbered<'_>) 
     let head = meta.response("in_progress", &[], Value::Null);
     tx.send(json!({ "type": "response.created", "response": head })).await?;
     tx.send(json!({ "type": "response.in_progress", "response": head })).await?;
-    let mut out = Output::default();
+    let mut out = Output { seal: meta.seal_reasoning, ..Default::default() };
     let ended = loop {
         match tx.next(&mut answer).await? {
             Ok(Step::Out(pieces)) => {

@@ -25,6 +25,8 @@ pub struct CreateRequest {
     pub store: bool,
     /// `reasoning.effort` as the reasoning switch.
     pub thinking: Ask,
+    /// `include` asks for reasoning items' `encrypted_content`.
+    pub seal_reasoning: bool,
     /// What the response repeats of the request.
     pub echo: Echo,
 }
@@ -111,6 +113,13 @@ impl CreateRequest {
         };
         let reasoning = json!({ "effort": effort, "summary": null });
         let thinking = Ask { enable: None, effort };
+        let seal_reasoning = match f.value("include") {
+            None => false,
+            Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+                a.iter().any(|v| v == "reasoning.encrypted_content")
+            }
+            Some(_) => return Err(ApiError::param("include", "`include` must be an array of strings")),
+        };
         let store = match f.value("store") {
             None => true,
             Some(Value::Bool(b)) => *b,
@@ -129,7 +138,18 @@ impl CreateRequest {
             truncation,
             reasoning,
         };
-        Ok(Self { input, instructions, tools, format, common, previous_response_id, store, thinking, echo })
+        Ok(Self {
+            input,
+            instructions,
+            tools,
+            format,
+            common,
+            previous_response_id,
+            store,
+            thinking,
+            seal_reasoning,
+            echo,
+        })
     }
 }
 
@@ -222,15 +242,22 @@ fn reasoning_alone(m: &Map<String, Value>) -> bool {
         && !m.contains_key("tool_calls")
 }
 
-/// A reasoning item's text: its `reasoning_text` content parts, joined
-/// (its `summary` is a summary of them, not the reasoning; an item without
-/// content, e.g. one carried only as `encrypted_content`, adds none).
+/// A reasoning item's text: its `reasoning_text` content parts, joined,
+/// else what its `encrypted_content` holds when this server sealed it
+/// (`sealed`); its `summary` is a summary, not the reasoning, and is not read.
 fn reasoning_text(obj: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
     if !matches!(obj.get("summary"), None | Some(Value::Null) | Some(Value::Array(_))) {
         return Err(ApiError::param(&format!("{at}.summary"), "`summary` must be an array"));
     }
+    let sealed = match obj.get("encrypted_content") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(blob)) => super::sealed::unseal(blob),
+        Some(_) => {
+            return Err(ApiError::param(&format!("{at}.encrypted_content"), "`encrypted_content` must be a string"))
+        }
+    };
     let parts = match obj.get("content") {
-        None | Some(Value::Null) => return Ok(String::new()),
+        None | Some(Value::Null) => return Ok(sealed.unwrap_or_default()),
         Some(Value::Array(parts)) => parts,
         Some(_) => {
             return Err(ApiError::param(&format!("{at}.content"), "`content` must be an array of reasoning_text parts"))
@@ -413,7 +440,9 @@ mod tests {
             {"role": "user", "content": "Weather?"},
             reasoning("Look it up."),
             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
-            {"type": "reasoning", "id": "rs_3", "summary": []}
+            {"type": "reasoning", "id": "rs_3", "summary": []},
+            {"type": "reasoning", "summary": [], "encrypted_content": super::super::sealed::seal("Sealed.")},
+            {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA-another-servers"}
         ]);
         assert_eq!(
             Value::Array(input(&items).unwrap()),
@@ -424,6 +453,8 @@ mod tests {
                 {"role": "assistant", "content": null, "reasoning_content": "Look it up.", "tool_calls": [
                     {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
                 ]},
+                {"role": "assistant", "content": "", "reasoning_content": ""},
+                {"role": "assistant", "content": "", "reasoning_content": "Sealed."},
                 {"role": "assistant", "content": "", "reasoning_content": ""}
             ])
         );
