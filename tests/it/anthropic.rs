@@ -331,13 +331,13 @@ fn bad_anthropic_requests_get_anthropic_errors_and_the_server_keeps_serving() {
             "json_schema",
         ),
         (
-            "thinking enabled",
+            "thinking budget under 1024",
             "POST",
             MESSAGES,
-            j(message(json!("x"), json!({"thinking": {"type": "enabled", "budget_tokens": 1024}}))),
+            j(message(json!("x"), json!({"thinking": {"type": "enabled", "budget_tokens": 100}}))),
             400,
             bad,
-            "thinking",
+            "budget_tokens",
         ),
         ("metadata a string", "POST", MESSAGES, j(message(json!("x"), json!({"metadata": "m"}))), 400, bad, "metadata"),
         (

@@ -2,6 +2,7 @@
 //! module is one area of the product.
 
 mod admission;
+mod agent_cache;
 mod anthropic;
 mod architecture;
 mod bad_input;
@@ -25,6 +26,7 @@ mod parity_hybrid;
 mod parity_moe;
 mod plugins;
 mod prefix_cache;
+mod reasoning;
 mod responses;
 mod sampling_oracle;
 mod speculation;

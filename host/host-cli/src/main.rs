@@ -72,6 +72,8 @@ struct PromptArgs {
     prompt_ids: Option<String>,
 }
 
+// (Parsed once at start-up: the size of its largest variant costs nothing.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Print the MLX runtime this process loaded.

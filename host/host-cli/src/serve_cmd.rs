@@ -9,7 +9,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use host_engine::worker::Worker;
 use host_engine::{DtypeChoice, Engine, EngineConfig, Flow, GenerateRequest, SamplingParams};
+use host_server::reasoning::ThinkingDefault;
 use host_server::state::{ModelInfo, ServerConfig};
+use host_server::system_rules::SystemRules;
 use host_server::SamplingDefaults;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -113,6 +115,23 @@ pub struct ServeArgs {
     #[arg(long = "sse-keepalive", value_name = "SECS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sse_keepalive: Option<u64>,
+    /// The reasoning switch for requests that do not set it, on models whose template has one
+    /// (`enable_thinking`): `template` (the template's own default), `on` or `off`.
+    #[arg(long = "thinking", value_name = "template|on|off")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<ThinkingArg>,
+    /// Keep past reasoning in the history (`preserve_thinking: true`) for templates that read
+    /// it, so an agent loop's earlier turns render the same way every turn.
+    #[arg(long = "preserve-thinking")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub preserve_thinking: bool,
+    /// Rewrite every system prompt before rendering (repeatable): a built-in rule by name
+    /// (`claude-billing-header`), `regex:PATTERN` (matches removed) or
+    /// `regex:PATTERN=>REPLACEMENT`. For agent harnesses that put per-request noise at the top
+    /// of the system prompt, which otherwise defeats the prefix cache.
+    #[arg(long = "system-prompt-rule", value_name = "RULE")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub system_prompt_rule: Vec<String>,
     /// Seconds a stored /v1/responses response can be continued (previous_response_id) or read back (default 3600).
     #[arg(long = "responses-ttl")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -167,6 +186,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let a = merge(args)?;
     let t0 = Instant::now();
     let Some(model_dir) = a.model.clone() else { bail!("--model DIR is required (or `model` in the --config file)") };
+    // Checked before the model loads: a typo fails at once.
+    let system_rules = SystemRules::parse(&a.system_prompt_rule).map_err(anyhow::Error::msg)?;
     let plugins = a.plugins.clone().unwrap_or_else(|| PathBuf::from("plugins"));
     stage(0, 4, "discovering plugins", t0);
     let reg = crate::registry(&plugins)?;
@@ -270,6 +291,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         model_id,
         responses_ttl: std::time::Duration::from_secs(a.responses_ttl.unwrap_or(3600)),
         responses_store_bytes: (a.responses_store.unwrap_or(64.0).max(0.0) * (1u64 << 20) as f64) as usize,
+        thinking: match a.thinking.unwrap_or(ThinkingArg::Template) {
+            ThinkingArg::Template => ThinkingDefault::Template,
+            ThinkingArg::On => ThinkingDefault::On,
+            ThinkingArg::Off => ThinkingDefault::Off,
+        },
+        preserve_thinking: a.preserve_thinking,
+        system_rules,
     };
     let planner = engine.planner(cfg.batch);
     let worker = Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget)));
@@ -287,4 +315,13 @@ fn dedup(v: &[String]) -> Vec<String> {
         }
     }
     out
+}
+
+/// `--thinking`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThinkingArg {
+    Template,
+    On,
+    Off,
 }

@@ -1,6 +1,6 @@
 //! One answer as its job runs, for the APIs that generate one choice per
-//! request (Anthropic Messages, OpenAI Responses): text and tool calls as
-//! they can be released, then how it ended. Each API writes these as its
+//! request (Anthropic Messages, OpenAI Responses): reasoning, text and tool
+//! calls as they can be released, then how it ended. Each API writes these as its
 //! own blocks or items, whole or streamed.
 //!
 //! Whitespace the model writes around tool calls is the call syntax's
@@ -44,6 +44,8 @@ impl Ending {
 pub struct Ended {
     pub ending: Ending,
     pub result: GenerateResult,
+    /// Tokens written inside the reasoning block.
+    pub reasoning_tokens: usize,
 }
 
 impl Ended {
@@ -105,7 +107,7 @@ impl Answer {
                     (None, Finish::Length) => Ending::MaxTokens,
                 };
                 log_done(&self.id, &self.run, result.tokens.len(), self.first_ms, ending.name());
-                Ok(Step::Done(pieces, Ended { ending, result }))
+                Ok(Step::Done(pieces, Ended { ending, result, reasoning_tokens: self.out.reasoning_tokens }))
             }
             Some(Event::Failed(e)) => Err(ApiError::internal(format!("generation failed: {e}"))),
             None => Err(ApiError::internal("the engine dropped the request")),
@@ -123,6 +125,7 @@ impl Answer {
             for p in pieces {
                 match (all.last_mut(), p) {
                     (Some(Piece::Text(acc)), Piece::Text(s)) => acc.push_str(&s),
+                    (Some(Piece::Reasoning(acc)), Piece::Reasoning(s)) => acc.push_str(&s),
                     (_, p) => all.push(p),
                 }
             }
@@ -136,6 +139,7 @@ impl Answer {
         let mut out = Vec::with_capacity(pieces.len());
         for p in pieces {
             match p {
+                Piece::Reasoning(r) => out.push(Piece::Reasoning(r)),
                 Piece::Text(s) => {
                     self.held_space.push_str(&s);
                     if !self.held_space.trim().is_empty() {

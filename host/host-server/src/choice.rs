@@ -1,8 +1,10 @@
 //! One choice's output as it is generated: tokens to text (stop strings
-//! held back by the assembler), then, when the request has tools, the
-//! model's tool-call syntax parsed out of that text into calls.
+//! held back by the assembler), then, when the model reasons, the text
+//! split into its reasoning block and the answer, and, when the request has
+//! tools, the model's tool-call syntax parsed out of the answer into calls.
 
 use crate::assemble::Assembler;
+use crate::reasoning::{Segment, Splitter};
 use host_engine::TokenOut;
 use host_tools::{ParsedEvent, ToolCallParser};
 
@@ -16,9 +18,10 @@ pub struct Call {
     pub arguments: String,
 }
 
-/// What a choice releases: text for `content`, or a whole tool call.
+/// What a choice releases: reasoning, text for `content`, or a whole tool call.
 #[derive(Debug, Clone)]
 pub enum Piece {
+    Reasoning(String),
     Text(String),
     Call(Call),
 }
@@ -26,17 +29,21 @@ pub enum Piece {
 pub struct ChoiceOut {
     pub index: usize,
     asm: Assembler,
+    /// Splits reasoning from the answer (a model that reasons).
+    split: Option<Splitter>,
     tools: Option<ToolCallParser>,
     /// Tokens emitted before any stop string (for logprobs).
     pub toks: Vec<TokenOut>,
     pub calls: Vec<Call>,
     /// Completions' `text_offset` so far.
     pub offset: usize,
+    /// Tokens written inside the reasoning block (its markers included).
+    pub reasoning_tokens: usize,
 }
 
 impl ChoiceOut {
-    pub fn new(index: usize, asm: Assembler, tools: Option<ToolCallParser>) -> Self {
-        Self { index, asm, tools, toks: Vec::new(), calls: Vec::new(), offset: 0 }
+    pub fn new(index: usize, asm: Assembler, split: Option<Splitter>, tools: Option<ToolCallParser>) -> Self {
+        Self { index, asm, split, tools, toks: Vec::new(), calls: Vec::new(), offset: 0, reasoning_tokens: 0 }
     }
 
     /// A stop string matched: nothing more is released.
@@ -55,7 +62,12 @@ impl ChoiceOut {
         if !self.asm.stopped {
             self.toks.push(t.clone());
         }
-        self.shape(text, false)
+        let was_reasoning = self.split.as_ref().is_some_and(Splitter::in_reasoning);
+        let pieces = self.shape(text, false);
+        if was_reasoning || self.split.as_ref().is_some_and(Splitter::in_reasoning) {
+            self.reasoning_tokens += 1;
+        }
+        pieces
     }
 
     /// Releases everything held at the end of generation.
@@ -65,16 +77,45 @@ impl ChoiceOut {
     }
 
     fn shape(&mut self, text: String, last: bool) -> Vec<Piece> {
-        let Some(parser) = self.tools.as_mut() else {
-            return if text.is_empty() { Vec::new() } else { vec![Piece::Text(text)] };
+        let segments = match self.split.as_mut() {
+            None if text.is_empty() => Vec::new(),
+            None => vec![Segment::Content(text)],
+            Some(s) => {
+                let mut v = if text.is_empty() { Vec::new() } else { s.push(&text) };
+                if last {
+                    v.extend(s.finish());
+                }
+                v
+            }
         };
-        let mut events = if text.is_empty() { Vec::new() } else { parser.push(&text) };
-        if last {
-            if let Some(p) = self.tools.take() {
-                events.extend(p.finish());
+        let mut out = Vec::with_capacity(segments.len());
+        for seg in segments {
+            match seg {
+                Segment::Reasoning(r) => out.push(Piece::Reasoning(r)),
+                Segment::Content(c) => self.answer(c, &mut out),
             }
         }
-        let mut out = Vec::with_capacity(events.len());
+        if last {
+            if let Some(p) = self.tools.take() {
+                let events = p.finish();
+                self.calls_and_text(events, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Answer text, through the tool-call parser when calls may appear.
+    fn answer(&mut self, text: String, out: &mut Vec<Piece>) {
+        match self.tools.as_mut() {
+            None => out.push(Piece::Text(text)),
+            Some(parser) => {
+                let events = parser.push(&text);
+                self.calls_and_text(events, out);
+            }
+        }
+    }
+
+    fn calls_and_text(&mut self, events: Vec<ParsedEvent>, out: &mut Vec<Piece>) {
         for e in events {
             match e {
                 ParsedEvent::Text(s) if s.is_empty() => {}
@@ -86,6 +127,5 @@ impl ChoiceOut {
                 }
             }
         }
-        out
     }
 }

@@ -6,6 +6,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use crate::structured::{self, Requested};
 use crate::wire::Common;
+use host_engine::constraint::ReasoningGate;
 use host_engine::worker::SubmitError;
 use host_engine::{Event, Job};
 use host_engine::{Flow, GenerateRequest, SamplingParams};
@@ -23,13 +24,16 @@ pub struct Running {
 
 /// Validates the request against the model and builds one engine request
 /// per choice (`n`), each under its own matcher of `grammar` when one is
-/// asked for. Seeded choices draw from `seed`, `seed + 1`, ...
+/// asked for (behind `gate` when the model reasons first: the grammar
+/// constrains the answer after its reasoning block). Seeded choices draw
+/// from `seed`, `seed + 1`, ...
 pub fn requests(
     st: &AppState,
     c: &Common,
     prompt: Vec<u32>,
     logprobs: Option<usize>,
     grammar: Option<&Requested>,
+    gate: Option<ReasoningGate>,
 ) -> Result<Vec<GenerateRequest>, ApiError> {
     let first = request(st, c, prompt, logprobs)?;
     let mut out = Vec::with_capacity(c.n);
@@ -37,7 +41,13 @@ pub fn requests(
         let mut params = first.params.clone();
         params.seed = first.params.seed.map(|s| s.wrapping_add(i as u64));
         let constraint = match grammar {
-            Some(g) => Some(structured::compile(st.text.as_deref(), g)?),
+            Some(g) => {
+                let c = structured::compile(st.text.as_deref(), g)?;
+                Some(match gate {
+                    Some(gate) => c.after_reasoning(gate),
+                    None => c,
+                })
+            }
             None => None,
         };
         out.push(GenerateRequest {

@@ -1,8 +1,10 @@
 //! SSE keep-alive: a stream that has sent nothing for a while (a long
 //! prefill, a wait in the queue, text held back for stop strings or
-//! tool-call syntax) sends a comment, which SSE clients skip and proxies
-//! and load balancers count as traffic, so an idle-timeout does not cut a
-//! request that is still being worked on.
+//! tool-call syntax) sends a comment (Anthropic's streams: a `ping`
+//! event), which SSE clients skip and proxies and load balancers count as
+//! traffic, so an idle-timeout does not cut a request that is still being
+//! worked on. Every streaming API times its silences here
+//! (`--sse-keepalive`).
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::{Duration, Instant};
@@ -33,18 +35,25 @@ impl Quiet {
     /// The next item, or `KeepAlive` once nothing has been sent for the
     /// interval (counted as sent: the next one comes an interval later).
     pub async fn next<T>(&mut self, rx: &mut UnboundedReceiver<T>) -> Next<T> {
-        let item = match self.every {
-            None => rx.recv().await,
-            // recv is cancel-safe: a timeout loses no item.
-            Some(every) => match tokio::time::timeout_at(self.since + every, rx.recv()).await {
-                Ok(item) => item,
-                Err(_) => {
-                    self.sent();
-                    return Next::KeepAlive;
-                }
-            },
-        };
-        item.map_or(Next::Closed, Next::Item)
+        // recv is cancel-safe: a timeout loses no item.
+        match self.within(rx.recv()).await {
+            None => Next::KeepAlive,
+            Some(item) => item.map_or(Next::Closed, Next::Item),
+        }
+    }
+
+    /// What `work` gives, or None once nothing has been sent for the
+    /// interval (then a keep-alive is due, and counted as sent). `work`
+    /// must be cancel-safe: it is dropped when the interval runs out.
+    pub async fn within<F: std::future::Future>(&mut self, work: F) -> Option<F::Output> {
+        let Some(every) = self.every else { return Some(work.await) };
+        match tokio::time::timeout_at(self.since + every, work).await {
+            Ok(out) => Some(out),
+            Err(_) => {
+                self.sent();
+                None
+            }
+        }
     }
 
     /// Something went out on the stream.

@@ -17,12 +17,14 @@ mod gen;
 mod keepalive;
 mod page;
 mod prompt;
+pub mod reasoning;
 mod respond;
 mod response_store;
 mod routes;
 mod sse;
 pub mod state;
 mod structured;
+pub mod system_rules;
 mod tool_plan;
 mod wire;
 
@@ -119,6 +121,16 @@ pub async fn serve(
     let worker = Arc::new(worker);
     let tools = Arc::new(state::ToolSupport::detect(text.as_deref()));
     tracing::info!(syntax = tools.syntax.name(), "tool calls");
+    let reasoning = Arc::new(match text.as_deref() {
+        Some(t) => reasoning::ReasoningSupport::detect(t.template_source().unwrap_or(""), &t.added_tokens()),
+        None => Default::default(),
+    });
+    tracing::info!(
+        markers = reasoning.markers.as_ref().map_or("none", |m| m.end),
+        switch = reasoning.switch,
+        preserve = reasoning.preserve,
+        "reasoning"
+    );
     if let Some(t) = text.clone() {
         // The token trie behind every grammar, built before the first
         // constrained request needs it.
@@ -136,6 +148,7 @@ pub async fn serve(
         worker: worker.clone(),
         text,
         tools,
+        reasoning,
         info,
         cfg: Arc::new(cfg),
         stats: Arc::new(ServerStats::default()),

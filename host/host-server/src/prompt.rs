@@ -4,26 +4,32 @@
 //! (`host_tools::template_messages`' output) and function tools.
 
 use crate::error::ApiError;
+use crate::reasoning;
 use crate::state::AppState;
 use host_engine::tokenizer::TextSide;
 use host_tools::Tool;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-/// A rendered prompt and the text side that made it (it also decodes the answer).
+/// A rendered prompt and the text side that made it (it also decodes the
+/// answer), and where the answer starts if the model reasons.
 pub struct Rendered {
     pub text: Arc<TextSide>,
     pub prompt: Vec<u32>,
+    pub reasoning: Option<reasoning::Plan>,
 }
 
 /// Renders `messages` with the generation prompt; `tools` (OpenAI's
 /// function-tool objects, which HF templates take) go to the template as
-/// its `tools` variable.
+/// its `tools` variable, and the request's reasoning switch as the
+/// variables the template reads (`reasoning::template_kwargs`). System
+/// messages go through `--system-prompt-rule`s first.
 pub fn render(
     st: &AppState,
-    messages: Vec<Value>,
+    mut messages: Vec<Value>,
     tools: Option<Value>,
     mut kwargs: Map<String, Value>,
+    ask: &reasoning::Ask,
 ) -> Result<Rendered, ApiError> {
     let text = st
         .text
@@ -36,11 +42,14 @@ pub fn render(
     if let Some(t) = tools {
         kwargs.insert("tools".into(), t);
     }
+    reasoning::template_kwargs(&st.reasoning, st.cfg.thinking, st.cfg.preserve_thinking, ask, &mut kwargs);
+    st.cfg.system_rules.apply_to_system(&mut messages);
     let rendered = template
         .render(&Value::Array(messages), true, &kwargs)
         .map_err(|e| ApiError::param("messages", e.to_string()))?;
     let prompt = text.encode_rendered(&rendered).map_err(|e| ApiError::invalid(e.to_string()))?;
-    Ok(Rendered { text, prompt })
+    let reasoning = reasoning::Plan::of(&st.reasoning, &rendered);
+    Ok(Rendered { text, prompt, reasoning })
 }
 
 /// Parsed tools as OpenAI's function-tool objects, for a template (APIs

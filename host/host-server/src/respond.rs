@@ -36,7 +36,8 @@ pub struct Ctx {
 impl Ctx {
     /// Usage over every choice: the prompt once, the completions summed;
     /// the first choice's cached tokens and speculation report.
-    fn usage(&self, prompt: usize, results: &[&host_engine::GenerateResult]) -> Value {
+    /// `reasoning`: the tokens every choice wrote inside its reasoning block.
+    fn usage(&self, prompt: usize, results: &[&host_engine::GenerateResult], reasoning: usize) -> Value {
         let completion: usize = results.iter().map(|r| r.tokens.len()).sum();
         let first = results.first();
         let mut u = json!({
@@ -44,6 +45,7 @@ impl Ctx {
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": { "cached_tokens": first.map_or(0, |r| r.cached_tokens) },
+            "completion_tokens_details": { "reasoning_tokens": reasoning },
         });
         if let Some(sp) = first.and_then(|r| r.speculation.as_ref()) {
             u["speculation"] = sp.report();
@@ -145,13 +147,17 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
     let prompt_tokens = runs.first().map_or(0, |(r, _)| r.prompt_tokens);
     let mut choices = Vec::with_capacity(runs.len());
     let mut results = Vec::with_capacity(runs.len());
+    let mut reasoning_tokens = 0;
     for (mut run, mut c) in runs {
         let mut text = String::new();
+        let mut reasoning: Option<String> = None;
         let mut first_ms = None;
-        let take = |pieces: Vec<Piece>, text: &mut String| {
+        let mut take = |pieces: Vec<Piece>, text: &mut String| {
             for p in pieces {
-                if let Piece::Text(s) = p {
-                    text.push_str(&s);
+                match p {
+                    Piece::Text(s) => text.push_str(&s),
+                    Piece::Reasoning(s) => reasoning.get_or_insert_with(String::new).push_str(&s),
+                    Piece::Call(_) => {}
                 }
             }
         };
@@ -173,6 +179,7 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
         };
         let pieces = c.finish();
         take(pieces, &mut text);
+        reasoning_tokens += c.reasoning_tokens;
         let finish = finish_reason(&c, result.finish);
         log_done(&ctx.id, &run, result.tokens.len(), first_ms, finish);
         let mut offset = 0;
@@ -181,6 +188,9 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
         choices.push(match ctx.api {
             Api::Chat => {
                 let mut message = json!({ "role": "assistant", "content": text });
+                if let Some(r) = reasoning {
+                    message["reasoning_content"] = json!(r);
+                }
                 if !c.calls.is_empty() {
                     if text.trim().is_empty() {
                         message["content"] = Value::Null;
@@ -199,7 +209,7 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
         "created": ctx.created,
         "model": ctx.st.cfg.model_id,
         "choices": choices,
-        "usage": ctx.usage(prompt_tokens, &results.iter().collect::<Vec<_>>()),
+        "usage": ctx.usage(prompt_tokens, &results.iter().collect::<Vec<_>>(), reasoning_tokens),
     });
     Ok(axum::Json(body).into_response())
 }
@@ -257,6 +267,10 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
             for p in pieces {
                 match p {
                     Piece::Text(s) => out.push(chunk(text_delta(index, s, std::mem::take(&mut lp)))),
+                    Piece::Reasoning(s) => out.push(chunk(json!({
+                        "index": index, "delta": { "reasoning_content": s },
+                        "logprobs": std::mem::take(&mut lp), "finish_reason": null,
+                    }))),
                     Piece::Call(c) => out.extend(call_deltas(index, &c).map(&chunk)),
                 }
             }
@@ -276,6 +290,7 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
             }
         }
         let mut first_ms: Vec<Option<u128>> = vec![None; choices.len()];
+        let mut reasoning_tokens = 0;
         let mut results: Vec<Option<host_engine::GenerateResult>> = (0..choices.len()).map(|_| None).collect();
         let mut quiet = Quiet::new(ctx.st.cfg.sse_keepalive);
         loop {
@@ -311,6 +326,7 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
                     let mut out = send_pieces(i, c.finish(), Value::Null);
                     let finish = finish_reason(c, r.finish);
                     log_done(&ctx.id, run, r.tokens.len(), first_ms[i], finish);
+                    reasoning_tokens += c.reasoning_tokens;
                     out.push(chunk(last(i, finish)));
                     results[i] = Some(r);
                     out
@@ -338,7 +354,7 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
         } else if ctx.include_usage {
             let prompt = choices.first().map_or(0, |(r, _)| r.prompt_tokens);
             let mut u = json!({ "id": ctx.id, "object": ctx.object(true), "created": ctx.created, "model": ctx.st.cfg.model_id, "choices": [] });
-            u["usage"] = ctx.usage(prompt, &done);
+            u["usage"] = ctx.usage(prompt, &done, reasoning_tokens);
             let _ = tx.send(Ok(sse(&u))).await;
         }
         let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;

@@ -41,6 +41,12 @@ pub struct ServerConfig {
     pub responses_ttl: std::time::Duration,
     /// Bytes all stored responses may hold together.
     pub responses_store_bytes: usize,
+    /// The reasoning switch for requests that leave it unset.
+    pub thinking: crate::reasoning::ThinkingDefault,
+    /// Keep past reasoning in the history where the template can.
+    pub preserve_thinking: bool,
+    /// Rewrites of system prompts (per-request noise out of the prefix).
+    pub system_rules: crate::system_rules::SystemRules,
 }
 
 /// Facts about the served model the HTTP layer needs.
@@ -80,6 +86,8 @@ pub struct AppState {
     /// How the model writes tool calls (from its chat template and added
     /// tokens), and those tokens (grammars name special markers by id).
     pub tools: Arc<ToolSupport>,
+    /// How the model writes reasoning (from its chat template and added tokens).
+    pub reasoning: Arc<crate::reasoning::ReasoningSupport>,
     pub info: ModelInfo,
     pub cfg: Arc<ServerConfig>,
     pub stats: Arc<ServerStats>,

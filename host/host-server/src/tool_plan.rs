@@ -5,6 +5,7 @@
 use crate::assemble::Assembler;
 use crate::choice::ChoiceOut;
 use crate::error::ApiError;
+use crate::reasoning::Plan;
 use crate::state::AppState;
 use crate::structured::Requested;
 use host_engine::constraint::Grammar;
@@ -54,21 +55,20 @@ pub fn plan_tools(
     Ok((Some(Requested { grammar: Grammar::Lark(lark), param: "tool_choice".into() }), Some(syntax)))
 }
 
-/// One choice's output reader: with the syntax's parser (and special
-/// tokens kept, since markers may be special) when calls may appear.
+/// One choice's output reader: the reasoning split when the model reasons
+/// (`reasoning`, from the rendered prompt), the syntax's parser when calls
+/// may appear, and special tokens kept in the text when markers may be
+/// special.
 pub fn choice_out(
     index: usize,
     text: Arc<TextSide>,
     stop: Vec<String>,
     syntax: Option<ToolSyntax>,
     tools: &[Tool],
+    reasoning: Option<&Plan>,
 ) -> ChoiceOut {
-    match syntax {
-        Some(syntax) => ChoiceOut::new(
-            index,
-            Assembler::keeping_special(text, stop),
-            Some(ToolCallParser::new(syntax).with_tools(tools)),
-        ),
-        None => ChoiceOut::new(index, Assembler::new(text, stop), None),
-    }
+    let keep_special = syntax.is_some() || reasoning.is_some_and(|p| p.markers.special);
+    let asm = if keep_special { Assembler::keeping_special(text, stop) } else { Assembler::new(text, stop) };
+    let parser = syntax.map(|syntax| ToolCallParser::new(syntax).with_tools(tools));
+    ChoiceOut::new(index, asm, reasoning.map(Plan::splitter), parser)
 }

@@ -82,26 +82,7 @@ impl Common {
         if f.integer("best_of")?.is_some_and(|b| b != 1 && b != n as i64) {
             return Err(ApiError::unsupported("best_of", "best_of other than n is not supported"));
         }
-        let logit_bias = match f.value("logit_bias") {
-            None => Vec::new(),
-            Some(Value::Object(o)) => {
-                let mut out = Vec::with_capacity(o.len());
-                for (k, v) in o {
-                    let id = k.parse::<u32>().map_err(|_| {
-                        ApiError::param("logit_bias", format!("`logit_bias` keys are token ids; `{k}` is not one"))
-                    })?;
-                    let b = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
-                        ApiError::param(
-                            "logit_bias",
-                            format!("the bias of token {id} must be a number from -100 to 100"),
-                        )
-                    })?;
-                    out.push((id, b as f32));
-                }
-                out
-            }
-            Some(_) => return Err(ApiError::param("logit_bias", "`logit_bias` must be an object of token id → bias")),
-        };
+        let logit_bias = logit_bias(f)?;
         let stop = match f.value("stop") {
             None => Vec::new(),
             Some(Value::String(s)) => vec![s.clone()],
@@ -148,5 +129,44 @@ impl Common {
             logit_bias,
             n,
         })
+    }
+
+    /// Chat's sampling fields that another API (Anthropic Messages, OpenAI
+    /// Responses) lacks, read as extensions of it: `top_k`, `min_p`,
+    /// `repetition_penalty`, `presence_penalty`, `frequency_penalty`,
+    /// `seed`, `logit_bias`. Those the request does not give keep their values.
+    pub fn sampling_extensions(mut self, f: &Fields) -> Result<Self, ApiError> {
+        self.top_k = f.integer("top_k")?.or(self.top_k);
+        self.min_p = f.number("min_p")?.or(self.min_p);
+        self.repetition_penalty = f.number("repetition_penalty")?.or(self.repetition_penalty);
+        self.presence_penalty = f.number("presence_penalty")?.or(self.presence_penalty);
+        self.frequency_penalty = f.number("frequency_penalty")?.or(self.frequency_penalty);
+        self.seed = f.integer("seed")?.or(self.seed);
+        let bias = logit_bias(f)?;
+        if !bias.is_empty() {
+            self.logit_bias = bias;
+        }
+        Ok(self)
+    }
+}
+
+/// `logit_bias`: token id → bias from -100 to 100.
+fn logit_bias(f: &Fields) -> Result<Vec<(u32, f32)>, ApiError> {
+    match f.value("logit_bias") {
+        None => Ok(Vec::new()),
+        Some(Value::Object(o)) => {
+            let mut out = Vec::with_capacity(o.len());
+            for (k, v) in o {
+                let id = k.parse::<u32>().map_err(|_| {
+                    ApiError::param("logit_bias", format!("`logit_bias` keys are token ids; `{k}` is not one"))
+                })?;
+                let b = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
+                    ApiError::param("logit_bias", format!("the bias of token {id} must be a number from -100 to 100"))
+                })?;
+                out.push((id, b as f32));
+            }
+            Ok(out)
+        }
+        Some(_) => Err(ApiError::param("logit_bias", "`logit_bias` must be an object of token id → bias")),
     }
 }

@@ -12,7 +12,8 @@ use std::collections::HashMap;
 
 /// Checks `messages` and rewrites them for a chat template: `developer`
 /// becomes `system`, text-part arrays become strings, assistant tool-call
-/// arguments become objects, tool results get the called function's `name`.
+/// arguments become objects, tool results get the called function's `name`,
+/// an assistant's past reasoning sent as `reasoning` becomes `reasoning_content`.
 /// Fields the rewrite does not touch pass through (templates read some,
 /// e.g. `reasoning_content`).
 pub fn template_messages(messages: &[Value]) -> Result<Vec<Value>, ToolError> {
@@ -79,6 +80,17 @@ fn assistant(
         return Err(ToolError::new(format!("{at}.content"), "an assistant message needs content or tool_calls"));
     }
     m.insert("content".into(), content.map_or(Value::Null, Value::String));
+    // Past reasoning is `reasoning_content` to templates; some clients send
+    // it back as `reasoning` (vLLM's newer name, OpenRouter's).
+    match (obj.get("reasoning_content"), obj.get("reasoning")) {
+        (None | Some(Value::Null), Some(Value::String(r))) => {
+            m.insert("reasoning_content".into(), Value::String(r.clone()));
+        }
+        (Some(r), _) if !r.is_string() && !r.is_null() => {
+            return Err(ToolError::new(format!("{at}.reasoning_content"), "expected a string"));
+        }
+        _ => {}
+    }
     if calls.is_empty() {
         m.remove("tool_calls");
     } else {
@@ -189,7 +201,7 @@ mod tests {
             ]},
             { "role": "tool", "tool_call_id": "call_1", "content": "18C" },
             { "role": "tool", "tool_call_id": "call_x", "name": "kept", "content": [{ "type": "text", "text": "ok" }] },
-            { "role": "assistant", "content": "It is 18C." }
+            { "role": "assistant", "content": "It is 18C.", "reasoning": "Report it." }
         ]);
         let out = template_messages(messages.as_array().unwrap()).unwrap();
         assert_eq!(
@@ -202,7 +214,7 @@ mod tests {
                 ]},
                 { "role": "tool", "tool_call_id": "call_1", "content": "18C", "name": "get_weather" },
                 { "role": "tool", "tool_call_id": "call_x", "name": "kept", "content": "ok" },
-                { "role": "assistant", "content": "It is 18C." }
+                { "role": "assistant", "content": "It is 18C.", "reasoning": "Report it.", "reasoning_content": "Report it." }
             ])
         );
     }

@@ -69,6 +69,67 @@ pub fn hermes_folder(tag: &str) -> PathBuf {
     dir
 }
 
+/// The ids `thinking_folder`'s tokenizer gives the reasoning markers.
+pub const THINK_ID: u32 = 8;
+pub const END_THINK_ID: u32 = 9;
+
+/// tiny-qwen3-f32 as a reasoning model, under `tag` (one per test module):
+/// its tokenizer has `<think>` and `</think>` as added tokens that are not
+/// special (as Qwen3's: ids `THINK_ID`, `END_THINK_ID`, two unused added
+/// tokens renamed), and `tests/http/templates/think_tools.jinja` is its
+/// chat template (the generation prompt opens `<think>`; `enable_thinking`
+/// and `preserve_thinking` switches; Hermes tool calls).
+pub fn thinking_folder(tag: &str) -> PathBuf {
+    let src = model("tiny/tiny-qwen3-f32");
+    let dir = profile_dir().join("tmp").join(tag).join("tiny-qwen3-thinking");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let rewritten = ["tokenizer.json", "tokenizer_config.json"];
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if !rewritten.contains(&name.as_str()) {
+            std::os::unix::fs::symlink(&p, dir.join(&name)).unwrap();
+        }
+    }
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(src.join(name)).unwrap()).unwrap()
+    };
+    let renames = [(THINK_ID, "<think>"), (END_THINK_ID, "</think>")];
+    let mut tok = read("tokenizer.json");
+    for (id, to) in renames {
+        let entry = tok["added_tokens"].as_array_mut().unwrap().iter_mut().find(|t| t["id"] == id).unwrap();
+        let from = entry["content"].as_str().unwrap().to_owned();
+        entry["content"] = to.into();
+        entry["special"] = false.into();
+        let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+        let v = vocab.remove(&from).unwrap();
+        vocab.insert(to.into(), v);
+    }
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    let mut cfg = read("tokenizer_config.json");
+    cfg.as_object_mut().unwrap().remove("chat_template");
+    for (id, to) in renames {
+        let entry = &mut cfg["added_tokens_decoder"][id.to_string()];
+        entry["content"] = to.into();
+        entry["special"] = false.into();
+    }
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(repo_root().join("tests/http/templates/think_tools.jinja"), dir.join("chat_template.jinja")).unwrap();
+    dir
+}
+
+/// Makes a model folder made of links (`hermes_folder`, `thinking_folder`)
+/// declare a context of `n` tokens: its config.json becomes a copy with
+/// `max_position_embeddings` = n (RoPE has no length of its own).
+pub fn with_context(dir: &std::path::Path, n: u64) {
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = n.into();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, cfg.to_string()).unwrap();
+}
+
 /// Runs a command and returns its stdout, failing the test with stderr.
 pub fn run_ok(cmd: &mut std::process::Command) -> String {
     let out = cmd.output().expect("spawn");

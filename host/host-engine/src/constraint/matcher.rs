@@ -1,5 +1,7 @@
 //! One constrained row's grammar state: which tokens may come next, the
 //! tokens it accepted, and rollback (a speculative round's rejected drafts).
+//! A row may reason before it answers: behind a `ReasoningGate` the
+//! grammar constrains only what follows the reasoning block's end marker.
 
 use super::{GrammarError, MaskClock};
 use llguidance::Matcher;
@@ -13,6 +15,39 @@ pub struct Constraint {
     vocab: usize,
     eos: Vec<u32>,
     clock: Arc<MaskClock>,
+    gate: Option<Gate>,
+}
+
+/// Where the grammar starts when the model reasons first, by the single
+/// tokens that mark its reasoning block (as a reasoning parser finds them):
+/// `open` when the prompt already opened the block, otherwise the answer
+/// may open one with `start` as its first token, or begin the grammar at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningGate {
+    pub start: Option<u32>,
+    pub end: u32,
+    pub open: bool,
+}
+
+/// Where a gated row stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The first token: `start` opens a block, anything else is the grammar's.
+    Opening,
+    /// Inside the reasoning block: anything but EOS, until `end`.
+    Free,
+    /// The grammar runs.
+    Active,
+}
+
+#[derive(Debug, Clone)]
+struct Gate {
+    start: Option<u32>,
+    end: u32,
+    phase: Phase,
+    /// Per accepted token: the phase before it, and whether the matcher
+    /// took it (rollback crosses the reasoning's end).
+    trail: Vec<(Phase, bool)>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -27,7 +62,24 @@ fn failed(what: &str, e: impl std::fmt::Display) -> GrammarError {
 
 impl Constraint {
     pub(crate) fn new(matcher: Matcher, vocab: usize, eos: Vec<u32>, clock: Arc<MaskClock>) -> Self {
-        Self { matcher, vocab, eos, clock }
+        Self { matcher, vocab, eos, clock, gate: None }
+    }
+
+    /// This grammar behind `gate`: it constrains only the answer after the
+    /// reasoning block. Inside the block every token but EOS is allowed
+    /// (an answer that ends with `stop` still follows the grammar).
+    pub fn after_reasoning(mut self, gate: ReasoningGate) -> Self {
+        let phase = match (gate.open, gate.start) {
+            (true, _) => Phase::Free,
+            (false, Some(_)) => Phase::Opening,
+            (false, None) => Phase::Active,
+        };
+        self.gate = Some(Gate { start: gate.start, end: gate.end, phase, trail: Vec::new() });
+        self
+    }
+
+    fn phase(&self) -> Phase {
+        self.gate.as_ref().map_or(Phase::Active, |g| g.phase)
     }
 
     /// The tokens allowed next as bit words (bit `id % 32` of word
@@ -36,6 +88,32 @@ impl Constraint {
     /// end; once it has ended, only EOS is.
     pub fn allowed_words(&mut self) -> Result<Vec<u32>, GrammarError> {
         let started = Instant::now();
+        let n = self.vocab.div_ceil(32);
+        let mut words = match self.phase() {
+            Phase::Free => {
+                let mut words = vec![u32::MAX; n];
+                for &t in self.eos.iter().filter(|&&t| (t as usize) < self.vocab) {
+                    words[t as usize / 32] &= !(1u32 << (t % 32));
+                }
+                words
+            }
+            Phase::Opening | Phase::Active => self.grammar_words()?,
+        };
+        if let (Phase::Opening, Some(start)) = (self.phase(), self.gate.as_ref().and_then(|g| g.start)) {
+            if (start as usize) < self.vocab {
+                words[start as usize / 32] |= 1u32 << (start % 32);
+            }
+        }
+        // Ids past the model's vocabulary (the last word's tail) stay off.
+        if !self.vocab.is_multiple_of(32) {
+            words[n - 1] &= (1u32 << (self.vocab % 32)) - 1;
+        }
+        self.clock.record_mask(started.elapsed());
+        Ok(words)
+    }
+
+    /// The grammar's own mask, EOS allowed exactly where it may end.
+    fn grammar_words(&mut self) -> Result<Vec<u32>, GrammarError> {
         let vob = self.matcher.compute_mask_or_eos().map_err(|e| failed("compute a mask", e))?;
         let n = self.vocab.div_ceil(32);
         let mut words: Vec<u32> = vob.as_slice().iter().copied().chain(std::iter::repeat(0)).take(n).collect();
@@ -45,11 +123,6 @@ impl Constraint {
             let (i, bit) = (t as usize / 32, 1u32 << (t % 32));
             words[i] = if may_end { words[i] | bit } else { words[i] & !bit };
         }
-        // Ids past the model's vocabulary (the last word's tail) stay off.
-        if !self.vocab.is_multiple_of(32) {
-            words[n - 1] &= (1u32 << (self.vocab % 32)) - 1;
-        }
-        self.clock.record_mask(started.elapsed());
         Ok(words)
     }
 
@@ -66,9 +139,39 @@ impl Constraint {
             return Ok(());
         }
         let started = Instant::now();
-        let r = self.matcher.consume_token(token).map_err(|e| failed("accept a token", e));
+        let r = self.advance(token);
         self.clock.record_accept(started.elapsed());
         r
+    }
+
+    /// Moves past a token that is not EOS: through the gate, into the
+    /// matcher when the grammar runs.
+    fn advance(&mut self, token: u32) -> Result<(), GrammarError> {
+        let Some(g) = self.gate.as_mut() else {
+            return self.matcher.consume_token(token).map_err(|e| failed("accept a token", e));
+        };
+        let before = g.phase;
+        let to_matcher = match before {
+            Phase::Opening if Some(token) == g.start => {
+                g.phase = Phase::Free;
+                false
+            }
+            Phase::Free => {
+                if token == g.end {
+                    g.phase = Phase::Active;
+                }
+                false
+            }
+            Phase::Opening | Phase::Active => {
+                g.phase = Phase::Active;
+                true
+            }
+        };
+        g.trail.push((before, to_matcher));
+        if to_matcher {
+            self.matcher.consume_token(token).map_err(|e| failed("accept a token", e))?;
+        }
+        Ok(())
     }
 
     /// The masks a speculative round verifies under, one `allowed_words`
@@ -86,14 +189,14 @@ impl Constraint {
                 (t as usize) < self.vocab
                     && words[t as usize / 32] >> (t % 32) & 1 == 1
                     && !self.eos.contains(&t)
-                    && !self.matcher.is_stopped()
+                    && !self.is_done()
             });
             rows.extend(words);
             if !ok {
                 drafts.truncate(consumed);
                 break;
             }
-            self.matcher.consume_token(next.expect("checked above")).map_err(|e| failed("accept a draft", e))?;
+            self.advance(next.expect("checked above"))?;
             consumed += 1;
         }
         self.rollback(consumed)?;
@@ -105,11 +208,114 @@ impl Constraint {
         if n == 0 {
             return Ok(());
         }
-        self.matcher.rollback(n).map_err(|e| failed("roll back", e))
+        let in_matcher = match self.gate.as_mut() {
+            None => n,
+            Some(g) => {
+                let undone = g.trail.split_off(g.trail.len().saturating_sub(n));
+                if let Some(&(phase, _)) = undone.first() {
+                    g.phase = phase;
+                }
+                undone.iter().filter(|(_, m)| *m).count()
+            }
+        };
+        if in_matcher == 0 {
+            return Ok(());
+        }
+        self.matcher.rollback(in_matcher).map_err(|e| failed("roll back", e))
     }
 
     /// The grammar is complete and nothing may follow it but EOS.
     pub fn is_done(&self) -> bool {
-        self.matcher.is_stopped()
+        self.phase() == Phase::Active && self.matcher.is_stopped()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llguidance::api::TopLevelGrammar;
+    use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+    use llguidance::ParserFactory;
+
+    /// Bytes are tokens 0..=255, then `<think>`, `</think>` and EOS.
+    const THINK: u32 = 256;
+    const END: u32 = 257;
+    const EOS: u32 = 258;
+
+    fn constraint(regex: &str) -> Constraint {
+        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        for s in ["<think>", "</think>", "<|end|>"] {
+            let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+            w.extend_from_slice(s.as_bytes());
+            words.push(w);
+        }
+        let info = TokRxInfo::new(words.len() as u32, EOS);
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)));
+        let mut factory = ParserFactory::new_simple(&env).unwrap();
+        factory.quiet();
+        let m = Matcher::new(factory.create_parser(TopLevelGrammar::from_regex(regex)));
+        Constraint::new(m, words.len(), vec![EOS], Default::default())
+    }
+
+    fn allowed(c: &mut Constraint) -> Vec<u32> {
+        let flags = c.allowed().unwrap();
+        (0..flags.len() as u32).filter(|&t| flags[t as usize]).collect()
+    }
+
+    #[test]
+    fn an_open_block_is_free_until_its_end_then_the_grammar_runs() {
+        let mut c = constraint("yes|no").after_reasoning(ReasoningGate { start: None, end: END, open: true });
+        let free = allowed(&mut c);
+        assert_eq!(free.len(), 258, "everything but EOS inside the block");
+        assert!(!free.contains(&EOS));
+        for t in b"any text, <think> too".iter().map(|&b| u32::from(b)).chain([THINK]) {
+            c.accept(t).unwrap();
+        }
+        assert!(!c.is_done());
+        c.accept(END).unwrap();
+        assert_eq!(allowed(&mut c), vec![u32::from(b'n'), u32::from(b'y')]);
+        for b in b"yes" {
+            c.accept(u32::from(*b)).unwrap();
+        }
+        assert!(c.is_done());
+        assert_eq!(allowed(&mut c), vec![EOS]);
+    }
+
+    #[test]
+    fn the_first_token_may_open_a_block_or_begin_the_grammar() {
+        let gate = ReasoningGate { start: Some(THINK), end: END, open: false };
+        let mut c = constraint("yes|no").after_reasoning(gate);
+        assert_eq!(allowed(&mut c), vec![u32::from(b'n'), u32::from(b'y'), THINK]);
+        c.accept(u32::from(b'y')).unwrap();
+        assert_eq!(allowed(&mut c), vec![u32::from(b'e')], "the grammar took the first token");
+        let mut c = constraint("yes|no").after_reasoning(gate);
+        c.accept(THINK).unwrap();
+        assert_eq!(allowed(&mut c).len(), 258, "a block opened");
+    }
+
+    #[test]
+    fn drafts_and_rollback_cross_the_end_of_the_block() {
+        let mut c = constraint("yes|no").after_reasoning(ReasoningGate { start: None, end: END, open: true });
+        c.accept(u32::from(b'x')).unwrap();
+        // x is accepted; drafts: more reasoning, the end, then the answer
+        // until a token the grammar forbids.
+        let mut drafts = vec![u32::from(b'z'), END, u32::from(b'n'), u32::from(b'q')];
+        let rows = c.draft_masks(&mut drafts).unwrap();
+        assert_eq!(drafts, vec![u32::from(b'z'), END, u32::from(b'n')], "q is cut");
+        let words = 259usize.div_ceil(32);
+        assert_eq!(rows.len(), 4 * words);
+        let row_allows = |r: usize, t: u32| rows[r * words + t as usize / 32] >> (t % 32) & 1 == 1;
+        assert!(row_allows(1, u32::from(b'q')), "still free after z");
+        assert!(!row_allows(2, u32::from(b'q')) && row_allows(2, u32::from(b'y')), "the grammar after the end");
+        assert!(row_allows(3, u32::from(b'o')) && !row_allows(3, u32::from(b'q')));
+        // The matcher ended where it started: free.
+        assert_eq!(allowed(&mut c).len(), 258);
+        for t in [u32::from(b'z'), END, u32::from(b'n')] {
+            c.accept(t).unwrap();
+        }
+        c.rollback(2).unwrap();
+        assert_eq!(allowed(&mut c).len(), 258, "rolled back before the end: free again");
+        c.accept(END).unwrap();
+        assert_eq!(allowed(&mut c), vec![u32::from(b'n'), u32::from(b'y')]);
     }
 }

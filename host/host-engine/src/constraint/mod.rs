@@ -15,7 +15,7 @@ mod compiler;
 mod matcher;
 
 pub use compiler::{GrammarCompiler, GrammarError};
-pub use matcher::Constraint;
+pub use matcher::{Constraint, ReasoningGate};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -1,11 +1,13 @@
 //! `POST /v1/chat/completions`: messages (tool calls and results
 //! included) through the model's chat template; plain text, structured
-//! output, or tool calls back.
+//! output, or tool calls back, and the model's reasoning apart
+//! (`reasoning_content`).
 
 use super::{json_object, top_count};
 use crate::error::ApiError;
 use crate::gen;
 use crate::prompt;
+use crate::reasoning;
 use crate::respond::{self, Api, Ctx};
 use crate::state::{unix_now, AppState};
 use crate::structured;
@@ -45,14 +47,19 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     // The template sees the tools as the client sent them (HF templates
     // take OpenAI's function-tool objects).
     let template_tools = (!tools.tools.is_empty()).then(|| f.value("tools").cloned().unwrap_or(Value::Null));
-    let rendered = prompt::render(&st, normalized, template_tools, kwargs)?;
-    let (text, prompt) = (rendered.text, rendered.prompt);
+    let ask = reasoning::Ask {
+        enable: None,
+        effort: reasoning::Ask::effort(f.value("reasoning_effort"), "reasoning_effort")?,
+    };
+    let rendered = prompt::render(&st, normalized, template_tools, kwargs, &ask)?;
+    let (text, prompt, thinking) = (rendered.text, rendered.prompt, rendered.reasoning);
     let (grammar, syntax) = plan_tools(&st, &tools, structured::requested(&f)?)?;
-    let reqs = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref())?;
+    let gate = thinking.as_ref().and_then(reasoning::Plan::gate);
+    let reqs = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref(), gate)?;
     let id = st.next_id("chatcmpl");
     let mut runs = Vec::with_capacity(reqs.len());
     for (i, req) in reqs.into_iter().enumerate() {
-        let out = choice_out(i, text.clone(), common.stop.clone(), syntax, &tools.tools);
+        let out = choice_out(i, text.clone(), common.stop.clone(), syntax, &tools.tools, thinking.as_ref());
         runs.push((gen::submit(&st, &id, req)?, out));
     }
     let ctx =

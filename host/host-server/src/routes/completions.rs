@@ -98,13 +98,13 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     let logprobs = top_count(f.value("logprobs"), 5, "logprobs")?;
     let grammar = structured::requested(&f)?;
     // The context checks name chat's `messages`; here the prompt is `prompt`.
-    let reqs =
-        gen::requests(&st, &common, prompt, logprobs, grammar.as_ref()).map_err(|e| e.renamed("messages", "prompt"))?;
+    let reqs = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref(), None)
+        .map_err(|e| e.renamed("messages", "prompt"))?;
     let text = st.text.clone().ok_or_else(|| ApiError::invalid("this model has no tokenizer to decode its output"))?;
     let id = st.next_id("cmpl");
     let mut runs = Vec::with_capacity(reqs.len());
     for (i, req) in reqs.into_iter().enumerate() {
-        let out = ChoiceOut::new(i, Assembler::new(text.clone(), common.stop.clone()), None);
+        let out = ChoiceOut::new(i, Assembler::new(text.clone(), common.stop.clone()), None, None);
         runs.push((gen::submit(&st, &id, req)?, out));
     }
     let ctx = Ctx {

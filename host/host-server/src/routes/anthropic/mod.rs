@@ -23,24 +23,25 @@ use serde_json::{json, Map, Value};
 
 fn rendered(st: &AppState, req: &MessagesRequest) -> Result<Rendered, AnthropicError> {
     let tools = prompt::function_tools(&req.tools.tools);
-    Ok(prompt::render(st, req.messages.clone(), tools, Map::new())?)
+    Ok(prompt::render(st, req.messages.clone(), tools, Map::new(), &req.thinking)?)
 }
 
 pub async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response, AnthropicError> {
     let obj = json_object(&body)?;
     let req = MessagesRequest::parse(&obj, Purpose::Create)?;
-    let Rendered { text, prompt } = rendered(&st, &req)?;
+    let Rendered { text, prompt, reasoning } = rendered(&st, &req)?;
     let (grammar, syntax) = plan_tools(&st, &req.tools, req.format.clone())?;
     let common = &req.common;
-    let engine_req = gen::requests(&st, common, prompt, None, grammar.as_ref())?.remove(0);
+    let gate = reasoning.as_ref().and_then(crate::reasoning::Plan::gate);
+    let engine_req = gen::requests(&st, common, prompt, None, grammar.as_ref(), gate)?.remove(0);
     let id = new_id("msg");
     let run = gen::submit(&st, &id, engine_req)?;
-    let out = choice_out(0, text, common.stop.clone(), syntax, &req.tools.tools);
+    let out = choice_out(0, text, common.stop.clone(), syntax, &req.tools.tools, reasoning.as_ref());
     let answer = Answer::new(st.clone(), id, run, out);
     // The served model's id, whatever the request named (one is served).
     let model = st.cfg.model_id.clone();
     if common.stream {
-        Ok(reply::stream(answer, model))
+        Ok(reply::stream(answer, model, crate::keepalive::Quiet::new(st.cfg.sse_keepalive)))
     } else {
         reply::whole(answer, &model).await
     }

@@ -1,18 +1,17 @@
 //! An answer as Anthropic writes it: a `message` with content blocks
-//! (`text`, `tool_use`), `stop_reason` and usage, whole or as its event
-//! stream (`message_start`, `content_block_start` / `_delta` / `_stop`,
-//! `message_delta`, `message_stop`, and `ping`s while nothing else is due).
+//! (`thinking`, `text`, `tool_use`), `stop_reason` and usage, whole or as
+//! its event stream (`message_start`, `content_block_start` / `_delta`
+//! (`thinking_delta` and `signature_delta`, `text_delta`,
+//! `input_json_delta`) / `_stop`, `message_delta`, `message_stop`, and
+//! `ping`s while nothing else is due).
 
 use crate::answer::{arguments_value, Answer, Ended, Ending, Step};
 use crate::choice::{Call, Piece};
 use crate::error::AnthropicError;
+use crate::keepalive::Quiet;
 use crate::sse::{self, Events};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use std::time::Duration;
-
-/// How long a stream may stay silent (a long prompt's prefill) before a `ping`.
-const PING_EVERY: Duration = Duration::from_secs(10);
 
 /// Anthropic's `stop_reason` and `stop_sequence`.
 fn stop(ending: &Ending) -> (&'static str, Value) {
@@ -42,6 +41,22 @@ fn tool_use(c: &Call) -> Value {
     json!({ "type": "tool_use", "id": id, "name": c.name, "input": arguments_value(c) })
 }
 
+/// A thinking block's `signature`. Anthropic's is a cryptographic check
+/// that the thinking came from the model; this one is a digest of the text
+/// (FNV-1a, 64 bits) that clients carry along as they would Anthropic's.
+/// Thinking sent back in a history is taken as it is, signed or not.
+fn signature(thinking: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in thinking.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("fnv1a64:{h:016x}")
+}
+
+fn thinking_block(thinking: &str) -> Value {
+    json!({ "type": "thinking", "thinking": thinking, "signature": signature(thinking) })
+}
+
 /// A `message`; `ending` is `None` while it streams.
 fn message(id: &str, model: &str, content: Vec<Value>, ending: Option<&Ending>, usage: Value) -> Value {
     let (reason, sequence) = ending.map_or((Value::Null, Value::Null), |e| {
@@ -68,11 +83,12 @@ pub async fn whole(answer: Answer, model: &str) -> Result<Response, AnthropicErr
     let mut content: Vec<Value> = pieces
         .iter()
         .map(|p| match p {
+            Piece::Reasoning(t) => thinking_block(t),
             Piece::Text(t) => json!({ "type": "text", "text": t }),
             Piece::Call(c) => tool_use(c),
         })
         .collect();
-    if content.is_empty() {
+    if content.iter().all(|b| b["type"] == "thinking") {
         content.push(json!({ "type": "text", "text": "" }));
     }
     let u = usage(prompt, ended.cached_tokens(), ended.output_tokens());
@@ -80,21 +96,33 @@ pub async fn whole(answer: Answer, model: &str) -> Result<Response, AnthropicErr
 }
 
 /// The answer as Anthropic's event stream.
-pub fn stream(answer: Answer, model: String) -> Response {
+/// `quiet`: when a silent stream sends a `ping` (`--sse-keepalive`).
+pub fn stream(answer: Answer, model: String, quiet: Quiet) -> Response {
     let (tx, resp) = sse::open();
     tokio::spawn(async move {
         // A send fails only when the client is gone; then dropping the
         // answer stops its job.
-        let _ = pump(answer, model, &tx).await;
+        let _ = pump(answer, model, &tx, quiet).await;
     });
     resp
+}
+
+/// The block a streamed message has open.
+#[derive(PartialEq, Eq)]
+enum Open {
+    None,
+    Text,
+    /// A thinking block and its text so far (its signature closes it).
+    Thinking(String),
 }
 
 /// The blocks of a streamed message: which one is open, how many started.
 struct Blocks<'a> {
     tx: &'a Events,
     started: usize,
-    open_text: bool,
+    open: Open,
+    /// A text or tool-use block started.
+    answered: bool,
 }
 
 impl Blocks<'_> {
@@ -102,27 +130,40 @@ impl Blocks<'_> {
         self.tx.send(Ok(sse::event(name, &data))).await.map_err(|_| Gone)
     }
 
+    async fn delta(&self, delta: Value) -> Result<(), Gone> {
+        let index = self.started - 1;
+        self.send("content_block_delta", json!({ "type": "content_block_delta", "index": index, "delta": delta })).await
+    }
+
     async fn close(&mut self) -> Result<(), Gone> {
-        if self.open_text {
-            self.open_text = false;
-            self.send("content_block_stop", json!({ "type": "content_block_stop", "index": self.started - 1 })).await?;
+        match std::mem::replace(&mut self.open, Open::None) {
+            Open::None => return Ok(()),
+            Open::Text => {}
+            Open::Thinking(t) => self.delta(json!({ "type": "signature_delta", "signature": signature(&t) })).await?,
         }
-        Ok(())
+        self.send("content_block_stop", json!({ "type": "content_block_stop", "index": self.started - 1 })).await
     }
 
     async fn piece(&mut self, p: Piece) -> Result<(), Gone> {
         match p {
-            Piece::Text(t) => {
-                if !self.open_text {
-                    self.start(json!({ "type": "text", "text": "" })).await?;
-                    self.open_text = true;
+            Piece::Reasoning(t) => {
+                if !matches!(self.open, Open::Thinking(_)) {
+                    self.close().await?;
+                    self.start(json!({ "type": "thinking", "thinking": "", "signature": "" })).await?;
+                    self.open = Open::Thinking(String::new());
                 }
-                let delta = json!({ "type": "text_delta", "text": t });
-                self.send(
-                    "content_block_delta",
-                    json!({ "type": "content_block_delta", "index": self.started - 1, "delta": delta }),
-                )
-                .await
+                if let Open::Thinking(all) = &mut self.open {
+                    all.push_str(&t);
+                }
+                self.delta(json!({ "type": "thinking_delta", "thinking": t })).await
+            }
+            Piece::Text(t) => {
+                if self.open != Open::Text {
+                    self.close().await?;
+                    self.start(json!({ "type": "text", "text": "" })).await?;
+                    self.open = Open::Text;
+                }
+                self.delta(json!({ "type": "text_delta", "text": t })).await
             }
             Piece::Call(c) => {
                 self.close().await?;
@@ -144,6 +185,7 @@ impl Blocks<'_> {
     async fn start(&mut self, block: Value) -> Result<(), Gone> {
         let index = self.started;
         self.started += 1;
+        self.answered |= block["type"] != "thinking";
         self.send(
             "content_block_start",
             json!({ "type": "content_block_start", "index": index, "content_block": block }),
@@ -155,28 +197,34 @@ impl Blocks<'_> {
 /// The client went away.
 struct Gone;
 
-async fn pump(mut answer: Answer, model: String, tx: &Events) -> Result<(), Gone> {
+async fn pump(mut answer: Answer, model: String, tx: &Events, mut quiet: Quiet) -> Result<(), Gone> {
     let prompt = answer.prompt_tokens();
-    let mut blocks = Blocks { tx, started: 0, open_text: false };
+    let mut blocks = Blocks { tx, started: 0, open: Open::None, answered: false };
     // The cached part of the input is known when the answer ends (its
     // `message_delta` says it); until then all of it counts as input.
     let head = message(&answer.id, &model, Vec::new(), None, usage(prompt, 0, 0));
     blocks.send("message_start", json!({ "type": "message_start", "message": head })).await?;
     blocks.send("ping", json!({ "type": "ping" })).await?;
+    quiet.sent();
     let ended: Ended = loop {
-        let step = match tokio::time::timeout(PING_EVERY, answer.next()).await {
-            Err(_) => {
+        // Silence (a long prefill, a wait in the queue, text held back for
+        // stop sequences or call syntax) is broken by a `ping`, as Anthropic's.
+        let step = match quiet.within(answer.next()).await {
+            None => {
                 blocks.send("ping", json!({ "type": "ping" })).await?;
                 continue;
             }
-            Ok(Err(e)) => {
+            Some(Err(e)) => {
                 let e = AnthropicError(e);
                 return blocks.send("error", e.body()).await;
             }
-            Ok(Ok(step)) => step,
+            Some(Ok(step)) => step,
         };
         match step {
             Step::Out(pieces) => {
+                if !pieces.is_empty() {
+                    quiet.sent();
+                }
                 for p in pieces {
                     blocks.piece(p).await?;
                 }
@@ -189,10 +237,11 @@ async fn pump(mut answer: Answer, model: String, tx: &Events) -> Result<(), Gone
             }
         }
     };
-    if blocks.started == 0 {
-        // A message always has a block, as a whole answer does.
+    if !blocks.answered {
+        // A message always has an answer block, as a whole answer does.
+        blocks.close().await?;
         blocks.start(json!({ "type": "text", "text": "" })).await?;
-        blocks.open_text = true;
+        blocks.open = Open::Text;
     }
     blocks.close().await?;
     let (reason, sequence) = stop(&ended.ending);

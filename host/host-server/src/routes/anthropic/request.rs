@@ -1,10 +1,13 @@
 //! An Anthropic Messages body read into what the engine path takes: the
 //! conversation as OpenAI-shaped messages (`system` first, `tool_use`
-//! blocks as assistant `tool_calls`, `tool_result` blocks as `tool`
-//! messages answering them by id), the tools and `tool_choice` as chat's,
-//! and the sampling fields. Each wrong field is a 400 naming it.
+//! blocks as assistant `tool_calls`, `thinking` blocks as the assistant's
+//! `reasoning_content`, `tool_result` blocks as `tool` messages answering
+//! them by id), the tools and `tool_choice` as chat's, `thinking` as the
+//! reasoning switch, and the sampling fields. Each wrong field is a 400
+//! naming it.
 
 use crate::error::ApiError;
+use crate::reasoning::Ask;
 use crate::structured::Requested;
 use crate::tool_plan::tool_error;
 use crate::wire::{Common, Fields};
@@ -19,6 +22,8 @@ pub struct MessagesRequest {
     /// `output_config.format`: the JSON Schema the answer follows.
     pub format: Option<Requested>,
     pub common: Common,
+    /// `thinking` as the reasoning switch.
+    pub thinking: Ask,
 }
 
 /// `max_tokens` is required to create a message, and not read to count one.
@@ -40,11 +45,6 @@ impl MessagesRequest {
         conversation.extend(messages(f.value("messages"))?);
         let messages = host_tools::template_messages(&conversation).map_err(tool_error)?;
         let tools = tools(obj)?;
-        if let Some(t) = f.value("thinking") {
-            if t.get("type").and_then(Value::as_str) != Some("disabled") {
-                return Err(ApiError::unsupported("thinking", "extended thinking is not supported"));
-            }
-        }
         if f.value("metadata").is_some_and(|m| !m.is_object()) {
             return Err(ApiError::param("metadata", "`metadata` must be an object"));
         }
@@ -53,7 +53,8 @@ impl MessagesRequest {
             Purpose::Create => sampling(&f)?,
         };
         let format = output_format(f.value("output_config"))?;
-        Ok(Self { messages, tools, format, common })
+        let thinking = thinking(f.value("thinking"), common.max_tokens)?;
+        Ok(Self { messages, tools, format, common, thinking })
     }
 }
 
@@ -75,7 +76,7 @@ fn sampling(f: &Fields) -> Result<Common, ApiError> {
     if stop.iter().any(|s| s.trim().is_empty()) {
         return Err(ApiError::param("stop_sequences", "each stop sequence must contain non-whitespace"));
     }
-    Ok(Common {
+    Common {
         max_tokens: Some(max_tokens),
         temperature,
         top_p: f.number("top_p")?,
@@ -84,7 +85,53 @@ fn sampling(f: &Fields) -> Result<Common, ApiError> {
         stream: f.boolean("stream")?,
         n: 1,
         ..Default::default()
-    })
+    }
+    .sampling_extensions(f)
+}
+
+/// `thinking`: `{type: "enabled", budget_tokens}` (at least 1024 and, to
+/// create a message, less than `max_tokens`, as Anthropic checks it),
+/// `{type: "adaptive"}` or `{type: "disabled"}`. The budget is checked,
+/// not enforced: the model ends its reasoning itself, `max_tokens` caps
+/// reasoning and answer together.
+fn thinking(v: Option<&Value>, max_tokens: Option<i64>) -> Result<Ask, ApiError> {
+    let Some(v) = v else { return Ok(Ask::default()) };
+    let o = v.as_object().ok_or_else(|| ApiError::param("thinking", "`thinking` must be an object"))?;
+    let enable = match o.get("type").and_then(Value::as_str) {
+        Some("enabled") => {
+            let budget = match o.get("budget_tokens") {
+                Some(Value::Number(n)) if n.as_i64().is_some() => n.as_i64().unwrap_or(0),
+                _ => {
+                    return Err(ApiError::param(
+                        "thinking.budget_tokens",
+                        "`thinking.budget_tokens` is required and must be an integer",
+                    ))
+                }
+            };
+            if budget < 1024 {
+                return Err(ApiError::param(
+                    "thinking.budget_tokens",
+                    "`thinking.budget_tokens` must be at least 1024",
+                ));
+            }
+            if max_tokens.is_some_and(|m| budget >= m) {
+                return Err(ApiError::param(
+                    "thinking.budget_tokens",
+                    "`thinking.budget_tokens` must be less than `max_tokens`",
+                ));
+            }
+            true
+        }
+        Some("adaptive") => true,
+        Some("disabled") => false,
+        _ => {
+            return Err(ApiError::param(
+                "thinking.type",
+                "`thinking.type` must be one of `enabled`, `adaptive`, `disabled`",
+            ))
+        }
+    };
+    Ok(Ask { enable: Some(enable), effort: None })
 }
 
 /// `output_config`'s `format` (`{"type": "json_schema", "schema"}`);
@@ -244,20 +291,37 @@ fn assistant(content: &Value, at: &str) -> Result<Value, ApiError> {
     };
     let mut text: Option<String> = None;
     let mut calls = Vec::new();
+    let mut reasoning: Option<String> = None;
     for (k, b) in blocks.iter().enumerate() {
         let at = format!("{at}.content[{k}]");
         match block_type(b, &at)? {
             "text" => text.get_or_insert_with(String::new).push_str(block_text(b, &at)?),
             "tool_use" => calls.push(tool_use(b, &at)?),
+            "thinking" => match b.get("thinking") {
+                Some(Value::String(t)) => reasoning.get_or_insert_with(String::new).push_str(t),
+                _ => {
+                    return Err(ApiError::param(
+                        &format!("{at}.thinking"),
+                        "a thinking block's `thinking` must be a string",
+                    ))
+                }
+            },
+            // Reasoning we cannot read: nothing to show the template.
+            "redacted_thinking" => {}
             other => return Err(ApiError::param(&format!("{at}.type"), unsupported_block(other, "assistant"))),
         }
     }
-    if text.is_none() && calls.is_empty() {
+    if text.is_none() && calls.is_empty() && reasoning.is_none() {
         return Err(ApiError::param(&format!("{at}.content"), "an assistant message needs at least one content block"));
     }
-    let mut m = json!({ "role": "assistant", "content": text });
+    // A turn of reasoning alone still is a turn.
+    let content = text.or_else(|| calls.is_empty().then(String::new));
+    let mut m = json!({ "role": "assistant", "content": content });
     if !calls.is_empty() {
         m["tool_calls"] = Value::Array(calls);
+    }
+    if let Some(r) = reasoning {
+        m["reasoning_content"] = json!(r);
     }
     Ok(m)
 }
@@ -296,18 +360,12 @@ fn content_type_error(at: &str) -> ApiError {
 
 /// Why a block of this type cannot be taken where it is.
 fn unsupported_block(kind: &str, place: &str) -> String {
-    const KNOWN: &[&str] = &[
-        "image",
-        "document",
-        "search_result",
-        "thinking",
-        "redacted_thinking",
-        "server_tool_use",
-        "web_search_tool_result",
-        "container_upload",
-    ];
+    const KNOWN: &[&str] =
+        &["image", "document", "search_result", "server_tool_use", "web_search_tool_result", "container_upload"];
     match kind {
-        "text" | "tool_use" | "tool_result" => format!("a `{kind}` block cannot appear in a {place} message"),
+        "text" | "tool_use" | "tool_result" | "thinking" | "redacted_thinking" => {
+            format!("a `{kind}` block cannot appear in a {place} message")
+        }
         k if KNOWN.contains(&k) => format!("content blocks of type '{k}' are not supported"),
         k => format!("unknown content block type '{k}'"),
     }
@@ -440,6 +498,35 @@ mod tests {
             (r.common.max_tokens, r.common.top_k, r.common.stop.clone()),
             (Some(5), Some(3), vec!["END".into()])
         );
+    }
+
+    #[test]
+    fn thinking_blocks_are_the_turns_reasoning_and_thinking_the_switch() {
+        let body = json!({
+            "model": "m", "max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "Look it ", "signature": "s"},
+                    {"type": "redacted_thinking", "data": "opaque"},
+                    {"type": "thinking", "thinking": "up.", "signature": "s"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
+                ]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "4C"}]},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "Done.", "signature": "s"}]},
+                {"role": "user", "content": "Thanks"}
+            ]
+        });
+        let r = parse(body).unwrap();
+        assert_eq!(r.messages[1]["reasoning_content"], "Look it up.");
+        assert_eq!(r.messages[1]["content"], Value::Null);
+        assert_eq!(r.messages[3], json!({"role": "assistant", "content": "", "reasoning_content": "Done."}));
+        assert_eq!(r.thinking.enable, Some(true));
+        let off = |t: Value| {
+            parse(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thinking": t}))
+        };
+        assert_eq!(off(json!({"type": "disabled"})).unwrap().thinking.enable, Some(false));
+        assert_eq!(off(json!({"type": "adaptive"})).unwrap().thinking.enable, Some(true));
     }
 
     #[test]

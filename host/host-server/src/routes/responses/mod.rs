@@ -6,6 +6,7 @@
 
 mod reply;
 mod request;
+mod sealed;
 
 use super::json_object;
 use crate::answer::{new_id, Answer};
@@ -45,15 +46,16 @@ pub async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response,
     let messages = host_tools::template_messages(&messages)
         .map_err(|e| ApiError::param("input", format!("{}: {}", e.param, e.message)))?;
     let tools = prompt::function_tools(&req.tools.tools);
-    let Rendered { text, prompt } =
-        prompt::render(&st, messages, tools, Map::new()).map_err(|e| e.renamed("messages", "input"))?;
+    let Rendered { text, prompt, reasoning } =
+        prompt::render(&st, messages, tools, Map::new(), &req.thinking).map_err(|e| e.renamed("messages", "input"))?;
     let (grammar, syntax) = plan_tools(&st, &req.tools, req.format.clone())?;
-    let engine_req = gen::requests(&st, &req.common, prompt, None, grammar.as_ref())
+    let gate = reasoning.as_ref().and_then(crate::reasoning::Plan::gate);
+    let engine_req = gen::requests(&st, &req.common, prompt, None, grammar.as_ref(), gate)
         .map_err(|e| e.renamed("max_tokens", "max_output_tokens").renamed("messages", "input"))?
         .remove(0);
     let id = new_id("resp");
     let run = gen::submit(&st, &id, engine_req)?;
-    let out = choice_out(0, text, Vec::new(), syntax, &req.tools.tools);
+    let out = choice_out(0, text, Vec::new(), syntax, &req.tools.tools, reasoning.as_ref());
     let answer = Answer::new(st.clone(), id.clone(), run, out);
     let keep = Keep { st: st.clone(), conversation, store: req.store };
     let meta = Meta {
@@ -62,10 +64,11 @@ pub async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response,
         model: st.cfg.model_id.clone(),
         previous_response_id: req.previous_response_id,
         store: req.store,
+        seal_reasoning: req.seal_reasoning,
         echo: req.echo,
     };
     if req.common.stream {
-        Ok(reply::stream(answer, meta, keep))
+        Ok(reply::stream(answer, meta, keep, crate::keepalive::Quiet::new(st.cfg.sse_keepalive)))
     } else {
         reply::whole(answer, meta, keep).await
     }
@@ -134,8 +137,14 @@ impl Keep {
 fn assistant_turn(output: &[Value]) -> Value {
     let mut text = String::new();
     let mut calls = Vec::new();
+    let mut reasoning: Option<String> = None;
     for item in output {
         match item["type"].as_str() {
+            Some("reasoning") => {
+                for part in item["content"].as_array().into_iter().flatten() {
+                    reasoning.get_or_insert_with(String::new).push_str(part["text"].as_str().unwrap_or_default());
+                }
+            }
             Some("message") => {
                 for part in item["content"].as_array().into_iter().flatten() {
                     text.push_str(part["text"].as_str().unwrap_or_default());
@@ -153,6 +162,9 @@ fn assistant_turn(output: &[Value]) -> Value {
     let mut m = json!({ "role": "assistant", "content": content });
     if !calls.is_empty() {
         m["tool_calls"] = Value::Array(calls);
+    }
+    if let Some(r) = reasoning {
+        m["reasoning_content"] = Value::String(r);
     }
     m
 }

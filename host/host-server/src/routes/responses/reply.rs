@@ -1,5 +1,6 @@
 //! An answer as the Responses API writes it: a `response` object whose
-//! `output` holds `message` items (one `output_text` part each) and
+//! `output` holds `reasoning` items (one `reasoning_text` part each, no
+//! summary), `message` items (one `output_text` part each) and
 //! `function_call` items, whole or as the documented event stream
 //! (`response.created`, `response.in_progress`, per item
 //! `response.output_item.added` … `response.output_item.done`, then
@@ -11,7 +12,9 @@ use super::Keep;
 use crate::answer::{new_id, Answer, Ended, Ending, Step};
 use crate::choice::{Call, Piece};
 use crate::error::ApiError;
+use crate::keepalive::{self, Quiet};
 use crate::sse::{self, Events};
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
@@ -22,6 +25,8 @@ pub struct Meta {
     pub model: String,
     pub previous_response_id: Option<String>,
     pub store: bool,
+    /// Reasoning items carry their text as `encrypted_content` (`sealed`).
+    pub seal_reasoning: bool,
     pub echo: Echo,
 }
 
@@ -46,7 +51,7 @@ impl Meta {
             "output": output,
             "parallel_tool_calls": e.parallel_tool_calls,
             "previous_response_id": self.previous_response_id,
-            "reasoning": { "effort": null, "summary": null },
+            "reasoning": e.reasoning,
             "store": self.store,
             "temperature": e.temperature,
             "text": e.text,
@@ -66,7 +71,7 @@ fn usage(prompt: usize, ended: &Ended) -> Value {
         "input_tokens": prompt,
         "input_tokens_details": { "cached_tokens": ended.cached_tokens() },
         "output_tokens": output,
-        "output_tokens_details": { "reasoning_tokens": 0 },
+        "output_tokens_details": { "reasoning_tokens": ended.reasoning_tokens },
         "total_tokens": prompt + output,
     })
 }
@@ -83,25 +88,72 @@ fn status(ending: &Ending) -> &'static str {
 /// build their items here alike.
 #[derive(Default)]
 struct Output {
+    /// Seal each reasoning item's text into its `encrypted_content`.
+    seal: bool,
     items: Vec<Value>,
     /// The message item being written: its id and its text so far.
     open: Option<(String, String)>,
+    /// The reasoning item being written: its id and its text so far.
+    thinking: Option<(String, String)>,
 }
 
 impl Output {
     fn piece(&mut self, p: &Piece) -> Vec<Value> {
         match p {
+            Piece::Reasoning(t) => self.reasoning(t),
             Piece::Text(t) => self.text(t),
             Piece::Call(c) => {
-                let mut events = self.close("completed");
+                let mut events = self.close_reasoning("completed");
+                events.extend(self.close("completed"));
                 events.extend(self.call(c));
                 events
             }
         }
     }
 
+    fn reasoning(&mut self, t: &str) -> Vec<Value> {
+        let mut events = self.close("completed");
+        let index = self.items.len();
+        if self.thinking.is_none() {
+            let id = new_id("rs");
+            let item = json!({ "id": id, "type": "reasoning", "status": "in_progress", "summary": [], "content": [] });
+            events.push(json!({ "type": "response.output_item.added", "output_index": index, "item": item }));
+            events.push(json!({
+                "type": "response.content_part.added", "item_id": id, "output_index": index, "content_index": 0,
+                "part": { "type": "reasoning_text", "text": "" },
+            }));
+            self.thinking = Some((id, String::new()));
+        }
+        if let Some((id, text)) = self.thinking.as_mut() {
+            text.push_str(t);
+            events.push(json!({
+                "type": "response.reasoning_text.delta", "item_id": id, "output_index": index,
+                "content_index": 0, "delta": t,
+            }));
+        }
+        events
+    }
+
+    /// Ends the open reasoning item, if any, with `status`.
+    fn close_reasoning(&mut self, status: &str) -> Vec<Value> {
+        let Some((id, text)) = self.thinking.take() else { return Vec::new() };
+        let index = self.items.len();
+        let part = json!({ "type": "reasoning_text", "text": text });
+        let mut item = json!({ "id": id, "type": "reasoning", "status": status, "summary": [], "content": [part] });
+        if self.seal {
+            item["encrypted_content"] = json!(super::sealed::seal(&text));
+        }
+        self.items.push(item.clone());
+        vec![
+            json!({ "type": "response.reasoning_text.done", "item_id": id, "output_index": index, "content_index": 0, "text": text }),
+            json!({ "type": "response.content_part.done", "item_id": id, "output_index": index, "content_index": 0, "part": part }),
+            json!({ "type": "response.output_item.done", "output_index": index, "item": item }),
+        ]
+    }
+
     fn text(&mut self, t: &str) -> Vec<Value> {
-        let mut events = self.open_message();
+        let mut events = self.close_reasoning("completed");
+        events.extend(self.open_message());
         if let Some((id, text)) = self.open.as_mut() {
             text.push_str(t);
             events.push(json!({
@@ -162,8 +214,8 @@ impl Output {
     /// Ends the output: the open message closes as the response ends; an
     /// answer with nothing in it is still one (empty) message.
     fn finish(&mut self, status: &str) -> Vec<Value> {
-        let mut events = Vec::new();
-        if self.items.is_empty() {
+        let mut events = self.close_reasoning(status);
+        if self.items.iter().all(|i| i["type"] == "reasoning") {
             events.extend(self.open_message());
         }
         events.extend(self.close(status));
@@ -175,7 +227,7 @@ impl Output {
 pub async fn whole(answer: Answer, meta: Meta, keep: Keep) -> Result<Response, ApiError> {
     let prompt = answer.prompt_tokens();
     let (pieces, ended) = answer.collect().await?;
-    let mut out = Output::default();
+    let mut out = Output { seal: meta.seal_reasoning, ..Default::default() };
     for p in &pieces {
         out.piece(p);
     }
@@ -187,20 +239,22 @@ pub async fn whole(answer: Answer, meta: Meta, keep: Keep) -> Result<Response, A
 }
 
 /// The answer as the Responses event stream.
-pub fn stream(answer: Answer, meta: Meta, keep: Keep) -> Response {
+/// `quiet`: when a silent stream sends an SSE comment (`--sse-keepalive`).
+pub fn stream(answer: Answer, meta: Meta, keep: Keep, quiet: Quiet) -> Response {
     let (tx, resp) = sse::open();
     tokio::spawn(async move {
         // A send fails only when the client is gone; then dropping the
         // answer stops its job.
-        let _ = pump(answer, meta, keep, Numbered { tx: &tx, next: 0 }).await;
+        let _ = pump(answer, meta, keep, Numbered { tx: &tx, next: 0, quiet }).await;
     });
     resp
 }
 
-/// Sends events numbered in order.
+/// Sends events numbered in order, and keep-alive comments between them.
 struct Numbered<'a> {
     tx: &'a Events,
     next: u64,
+    quiet: Quiet,
 }
 
 /// The client went away.
@@ -211,7 +265,20 @@ impl Numbered<'_> {
         event["sequence_number"] = json!(self.next);
         self.next += 1;
         let name = event["type"].as_str().unwrap_or("message").to_owned();
+        self.quiet.sent();
         self.tx.send(Ok(sse::event(&name, &event))).await.map_err(|_| Gone)
+    }
+
+    /// The answer's next step; while the stream stays silent (a long
+    /// prefill, a wait in the queue, call syntax held back), a comment
+    /// goes out every keep-alive interval.
+    async fn next(&mut self, answer: &mut Answer) -> Result<Result<Step, ApiError>, Gone> {
+        loop {
+            match self.quiet.within(answer.next()).await {
+                Some(step) => return Ok(step),
+                None => self.tx.send(Ok(Bytes::from_static(keepalive::COMMENT))).await.map_err(|_| Gone)?,
+            }
+        }
     }
 
     async fn all(&mut self, events: Vec<Value>) -> Result<(), Gone> {
@@ -227,9 +294,9 @@ async fn pump(mut answer: Answer, meta: Meta, keep: Keep, mut tx: Numbered<'_>) 
     let head = meta.response("in_progress", &[], Value::Null);
     tx.send(json!({ "type": "response.created", "response": head })).await?;
     tx.send(json!({ "type": "response.in_progress", "response": head })).await?;
-    let mut out = Output::default();
+    let mut out = Output { seal: meta.seal_reasoning, ..Default::default() };
     let ended = loop {
-        match answer.next().await {
+        match tx.next(&mut answer).await? {
             Ok(Step::Out(pieces)) => {
                 for p in &pieces {
                     let events = out.piece(p);

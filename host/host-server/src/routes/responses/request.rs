@@ -1,10 +1,12 @@
 //! A Responses body read into what the engine path takes: `input` (a
-//! string, or message, `function_call` and `function_call_output` items)
-//! as chat messages, `instructions`, the flat function tools and
-//! `tool_choice` as chat's, `text.format` as a grammar, and the fields the
-//! response echoes. Each wrong field is a 400 naming it.
+//! string, or message, `reasoning`, `function_call` and
+//! `function_call_output` items) as chat messages, `instructions`, the flat
+//! function tools and `tool_choice` as chat's, `text.format` as a grammar,
+//! `reasoning.effort` as the reasoning switch, and the fields the response
+//! echoes. Each wrong field is a 400 naming it.
 
 use crate::error::ApiError;
+use crate::reasoning::Ask;
 use crate::structured::{self, Requested};
 use crate::tool_plan::tool_error;
 use crate::wire::{Common, Fields};
@@ -21,6 +23,10 @@ pub struct CreateRequest {
     pub common: Common,
     pub previous_response_id: Option<String>,
     pub store: bool,
+    /// `reasoning.effort` as the reasoning switch.
+    pub thinking: Ask,
+    /// `include` asks for reasoning items' `encrypted_content`.
+    pub seal_reasoning: bool,
     /// What the response repeats of the request.
     pub echo: Echo,
 }
@@ -37,6 +43,7 @@ pub struct Echo {
     pub tool_choice: Value,
     pub tools: Value,
     pub truncation: Value,
+    pub reasoning: Value,
 }
 
 impl CreateRequest {
@@ -97,6 +104,21 @@ impl CreateRequest {
             stream: f.boolean("stream")?,
             n: 1,
             ..Default::default()
+        }
+        .sampling_extensions(&f)?;
+        let effort = match f.value("reasoning") {
+            None => None,
+            Some(Value::Object(r)) => Ask::effort(r.get("effort"), "reasoning.effort")?,
+            Some(_) => return Err(ApiError::param("reasoning", "`reasoning` must be an object")),
+        };
+        let reasoning = json!({ "effort": effort, "summary": null });
+        let thinking = Ask { enable: None, effort };
+        let seal_reasoning = match f.value("include") {
+            None => false,
+            Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+                a.iter().any(|v| v == "reasoning.encrypted_content")
+            }
+            Some(_) => return Err(ApiError::param("include", "`include` must be an array of strings")),
         };
         let store = match f.value("store") {
             None => true,
@@ -114,8 +136,20 @@ impl CreateRequest {
             tool_choice: f.value("tool_choice").cloned().unwrap_or(json!("auto")),
             tools: tools_echo,
             truncation,
+            reasoning,
         };
-        Ok(Self { input, instructions, tools, format, common, previous_response_id, store, echo })
+        Ok(Self {
+            input,
+            instructions,
+            tools,
+            format,
+            common,
+            previous_response_id,
+            store,
+            thinking,
+            seal_reasoning,
+            echo,
+        })
     }
 }
 
@@ -131,7 +165,21 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
         let at = format!("input[{i}]");
         let obj = item.as_object().ok_or_else(|| ApiError::param(&at, format!("`{at}` must be an object")))?;
         match obj.get("type").and_then(Value::as_str) {
-            None | Some("message") => out.push(message(obj, &at)?),
+            None | Some("message") => {
+                let m = message(obj, &at)?;
+                match out.last_mut() {
+                    // The answer after its reasoning item: one assistant turn.
+                    Some(Value::Object(last)) if m["role"] == "assistant" && reasoning_alone(last) => {
+                        last.insert("content".into(), m["content"].clone());
+                    }
+                    _ => out.push(m),
+                }
+            }
+            Some("reasoning") => {
+                // A turn's reasoning opens that assistant turn; its answer
+                // and calls join it.
+                out.push(json!({ "role": "assistant", "content": "", "reasoning_content": reasoning_text(obj, &at)? }));
+            }
             Some("function_call") => {
                 let arguments = string(obj, "arguments", &at)?;
                 if !serde_json::from_str::<Value>(&arguments).is_ok_and(|a| a.is_object()) {
@@ -149,6 +197,9 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
                 // belong to that assistant turn, as the model wrote them.
                 match out.last_mut() {
                     Some(Value::Object(m)) if m.get("role").and_then(Value::as_str) == Some("assistant") => {
+                        if reasoning_alone(m) {
+                            m.insert("content".into(), Value::Null);
+                        }
                         if let Some(calls) = m.entry("tool_calls").or_insert_with(|| json!([])).as_array_mut() {
                             calls.push(call);
                         }
@@ -169,9 +220,7 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
                 };
                 out.push(json!({ "role": "tool", "tool_call_id": string(obj, "call_id", &at)?, "content": output }));
             }
-            Some(
-                other @ ("reasoning" | "item_reference" | "file_search_call" | "web_search_call" | "computer_call"),
-            ) => {
+            Some(other @ ("item_reference" | "file_search_call" | "web_search_call" | "computer_call")) => {
                 return Err(ApiError::unsupported(
                     &format!("{at}.type"),
                     format!("input items of type '{other}' are not supported"),
@@ -183,6 +232,49 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
         }
     }
     Ok(out)
+}
+
+/// An assistant turn that so far holds only a reasoning item.
+fn reasoning_alone(m: &Map<String, Value>) -> bool {
+    m.get("role").and_then(Value::as_str) == Some("assistant")
+        && m.contains_key("reasoning_content")
+        && m.get("content").and_then(Value::as_str) == Some("")
+        && !m.contains_key("tool_calls")
+}
+
+/// A reasoning item's text: its `reasoning_text` content parts, joined,
+/// else what its `encrypted_content` holds when this server sealed it
+/// (`sealed`); its `summary` is a summary, not the reasoning, and is not read.
+fn reasoning_text(obj: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
+    if !matches!(obj.get("summary"), None | Some(Value::Null) | Some(Value::Array(_))) {
+        return Err(ApiError::param(&format!("{at}.summary"), "`summary` must be an array"));
+    }
+    let sealed = match obj.get("encrypted_content") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(blob)) => super::sealed::unseal(blob),
+        Some(_) => {
+            return Err(ApiError::param(&format!("{at}.encrypted_content"), "`encrypted_content` must be a string"))
+        }
+    };
+    let parts = match obj.get("content") {
+        None | Some(Value::Null) => return Ok(sealed.unwrap_or_default()),
+        Some(Value::Array(parts)) => parts,
+        Some(_) => {
+            return Err(ApiError::param(&format!("{at}.content"), "`content` must be an array of reasoning_text parts"))
+        }
+    };
+    let mut text = String::new();
+    for (k, p) in parts.iter().enumerate() {
+        let at = format!("{at}.content[{k}]");
+        match (p.get("type").and_then(Value::as_str), p.get("text")) {
+            (Some("reasoning_text"), Some(Value::String(t))) => text.push_str(t),
+            (Some("reasoning_text"), _) => {
+                return Err(ApiError::param(&format!("{at}.text"), "a reasoning_text part's `text` must be a string"))
+            }
+            _ => return Err(ApiError::param(&format!("{at}.type"), "reasoning content parts are `reasoning_text`")),
+        }
+    }
+    Ok(text)
 }
 
 fn message(obj: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
@@ -336,6 +428,36 @@ mod tests {
             ])
         );
         assert_eq!(input(&json!("Hi")).unwrap(), vec![json!({"role": "user", "content": "Hi"})]);
+    }
+
+    #[test]
+    fn reasoning_items_open_their_assistant_turn() {
+        let reasoning = |t: &str| json!({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "not read"}], "content": [{"type": "reasoning_text", "text": t}]});
+        let items = json!([
+            {"role": "user", "content": "Hi"},
+            reasoning("Greet back."),
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]},
+            {"role": "user", "content": "Weather?"},
+            reasoning("Look it up."),
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+            {"type": "reasoning", "id": "rs_3", "summary": []},
+            {"type": "reasoning", "summary": [], "encrypted_content": super::super::sealed::seal("Sealed.")},
+            {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA-another-servers"}
+        ]);
+        assert_eq!(
+            Value::Array(input(&items).unwrap()),
+            json!([
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello.", "reasoning_content": "Greet back."},
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": null, "reasoning_content": "Look it up.", "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+                ]},
+                {"role": "assistant", "content": "", "reasoning_content": ""},
+                {"role": "assistant", "content": "", "reasoning_content": "Sealed."},
+                {"role": "assistant", "content": "", "reasoning_content": ""}
+            ])
+        );
     }
 
     #[test]
