@@ -211,8 +211,9 @@ impl Output {
         ]
     }
 
-    /// Ends the output: the open message closes as the response ends; an
-    /// answer with nothing in it is still one (empty) message.
+    /// Ends the output: the open reasoning or message item closes as the
+    /// response ends; an answer with nothing in it but reasoning is still
+    /// one (empty) message.
     fn finish(&mut self, status: &str) -> Vec<Value> {
         let mut events = self.close_reasoning(status);
         if self.items.iter().all(|i| i["type"] == "reasoning") {
