@@ -233,14 +233,7 @@ fn bad_count_tokens_requests_get_anthropic_errors_and_the_server_keeps_serving()
             bad,
             "not in tools",
         ),
-        (
-            "thinking enabled",
-            "POST",
-            with(json!({"thinking": {"type": "enabled", "budget_tokens": 1024}})),
-            400,
-            bad,
-            "thinking",
-        ),
+        ("an unknown thinking type", "POST", with(json!({"thinking": {"type": "sometimes"}})), 400, bad, "thinking"),
         ("a body over the limit", "POST", oversized("messages"), 413, "request_too_large", "limit"),
         ("GET", "GET", Vec::new(), 405, bad, "method not allowed"),
     ];
