@@ -62,6 +62,15 @@ pub fn test(root: &Path, extra: &[String]) -> Result<()> {
     // One closing line for the whole suite, after cargo's per-binary lines
     // (the last of which is often an empty doc-test run).
     println!("total: {} passed, {} failed, {} ignored", c.passed, c.failed, c.ignored);
+    // The failures' messages again, last: servers' stderr (backtraces of
+    // panics that tests provoke on purpose) interleaves with cargo's output,
+    // and a log's tail should still say why a test failed.
+    if !c.failures.is_empty() {
+        println!("\nwhy the failing tests failed:");
+        for line in &c.failures {
+            println!("{line}");
+        }
+    }
     // An ignored test is one that no longer runs: the suite does not pass
     // with it, whatever the reason it was set aside.
     if c.failed > 0 || c.ignored > 0 || c.passed == 0 {
@@ -83,13 +92,26 @@ struct Counts {
     passed: usize,
     failed: usize,
     ignored: usize,
+    /// The lines of cargo's `failures:` sections (each test's captured
+    /// output and panic message), at most `FAILURE_LINES` of them.
+    failures: Vec<String>,
+    in_failures: bool,
 }
+
+const FAILURE_LINES: usize = 400;
 
 impl Counts {
     /// Adds one `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line
     /// (any other line adds nothing).
     fn add_line(&mut self, line: &str) {
+        if line == "failures:" {
+            self.in_failures = true;
+        }
+        if self.in_failures && !line.starts_with("test result: ") && self.failures.len() < FAILURE_LINES {
+            self.failures.push(line.to_string());
+        }
         let Some(rest) = line.strip_prefix("test result: ") else { return };
+        self.in_failures = false;
         for part in rest.split(';') {
             let mut words = part.split_whitespace().rev();
             let (Some(label), Some(n)) = (words.next(), words.next()) else { continue };
@@ -137,6 +159,26 @@ mod tests {
         ] {
             c.add_line(line);
         }
-        assert_eq!(c, Counts { passed: 7, failed: 2, ignored: 1 });
+        assert_eq!((c.passed, c.failed, c.ignored), (7, 2, 1));
+        assert!(c.failures.is_empty());
+    }
+
+    #[test]
+    fn failure_sections_are_kept_and_nothing_else() {
+        let mut c = Counts::default();
+        for line in [
+            "test a ... FAILED",
+            "failures:",
+            "---- a stdout ----",
+            "thread 'a' panicked at tests/a.rs:3:5: too big",
+            "failures:",
+            "    a",
+            "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s",
+            "running 1 test",
+        ] {
+            c.add_line(line);
+        }
+        assert_eq!(c.failures[2], "thread 'a' panicked at tests/a.rs:3:5: too big");
+        assert_eq!(c.failures.len(), 5);
     }
 }
