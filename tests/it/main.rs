@@ -15,6 +15,7 @@ mod fim;
 mod foundation;
 mod http;
 mod keepalive;
+mod kv_quant;
 mod limits;
 mod memory;
 mod parity;

@@ -4,6 +4,7 @@
 mod bench_cmd;
 mod draft_cmd;
 mod generate_cmd;
+mod kv_cmd;
 mod model_options;
 mod plugins_cmd;
 mod runtime_switch;
@@ -57,6 +58,8 @@ struct ModelArgs {
     /// An option for the model family plugin, `key=value` (repeatable; docs/plugin-guide.md lists model-kit's).
     #[arg(long = "model-option", value_name = "KEY=VALUE")]
     model_option: Vec<String>,
+    #[command(flatten)]
+    kv: kv_cmd::KvArgs,
 }
 
 #[derive(Args)]
@@ -200,6 +203,7 @@ fn engine(m: &ModelArgs, speculation: Option<SpeculationConfig>) -> Result<Engin
         dtype: DtypeChoice::parse(&m.dtype)?,
         model_options: model_options::options(m.gpu_attention.as_deref(), &m.model_option)?,
         speculation,
+        kv_scheme: m.kv.scheme()?,
         ..Default::default()
     };
     Engine::load(&reg, &m.model, cfg).with_context(|| format!("loading {}", m.model.display()))

@@ -41,6 +41,9 @@ pub struct EngineConfig {
     pub model_options: Vec<(String, String)>,
     /// Speculative decoding, when configured.
     pub speculation: Option<SpeculationConfig>,
+    /// The KV storage scheme every cache is made in (`CacheSpec.scheme`):
+    /// `plain`, or e.g. `affine8:group=64,start=0` ([`kv_scheme`]).
+    pub kv_scheme: String,
 }
 
 impl Default for EngineConfig {
@@ -51,8 +54,32 @@ impl Default for EngineConfig {
             prefix_cache_bytes: 0,
             model_options: Vec::new(),
             speculation: None,
+            kv_scheme: "plain".to_owned(),
         }
     }
+}
+
+/// The scheme string for `--kv-quant` (`off`, `8`, `4`), `--kv-group-size`
+/// and `--quantized-kv-start`: `plain` or `affine<bits>:group=<g>,start=<s>`
+/// (the form `CacheSpec.scheme` documents; layouts claim `affine<bits>`).
+pub fn kv_scheme(kv_quant: &str, group_size: u32, start: u64) -> Result<String, crate::EngineError> {
+    let bits = match kv_quant {
+        "off" | "none" | "plain" => return Ok("plain".to_owned()),
+        "8" => 8,
+        "4" => 4,
+        t if t == "turbo" || t.starts_with("turbo:") => {
+            return Err(crate::EngineError::Config(
+                "--kv-quant turbo is not built (affine K/V only: off, 8, 4)".to_owned(),
+            ))
+        }
+        other => {
+            return Err(crate::EngineError::Config(format!("--kv-quant `{other}`: expected off, 8 or 4")));
+        }
+    };
+    if !matches!(group_size, 32 | 64 | 128) {
+        return Err(crate::EngineError::Config(format!("--kv-group-size {group_size}: expected 32, 64 or 128")));
+    }
+    Ok(format!("affine{bits}:group={group_size},start={start}"))
 }
 
 /// Where the drafter comes from.

@@ -94,7 +94,7 @@ impl Engine {
                 ),
             },
         };
-        let model = Arc::new(registry.open_model(dir, dtype, "plain", &cfg.model_options)?);
+        let model = Arc::new(registry.open_model(dir, dtype, &cfg.kv_scheme, &cfg.model_options)?);
         let dtype_name = match dtype {
             Some(d) => d.name().to_owned(),
             None if quantized => {
@@ -240,6 +240,7 @@ impl Engine {
             capabilities: self.capabilities(),
             features: self.features(batch_limit),
             draft_kind: self.drafting.as_ref().map(|d| d.kind.clone()),
+            kv_quant: Some(self.model.scheme.clone()).filter(|s| s != "plain"),
         }
     }
 

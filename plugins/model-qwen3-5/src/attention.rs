@@ -6,7 +6,7 @@
 
 use crate::args::Args;
 use crate::norm::Norm;
-use model_kit::attention::{positions, sdpa, update, Mask};
+use model_kit::attention::{attend, positions, Mask};
 use model_kit::layers::{Linear, LoadCtx};
 use model_kit::rope::Rope;
 use model_kit::{Array, Result};
@@ -64,8 +64,7 @@ impl Attention {
         let pos = positions(cache)?;
         let q = self.rope.apply(&q, &pos)?;
         let k = self.rope.apply(&k, &pos)?;
-        let (k, v) = update(cache, k, v)?;
-        let out = sdpa(&q, &k, &v, self.scale, mask)?.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        let out = attend(cache, &q, k, v, self.scale, mask)?.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o.forward(&out.multiply(ops::sigmoid(&gate)?)?)
     }
 }
