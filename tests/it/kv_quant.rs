@@ -184,7 +184,7 @@ fn batched_rows_over_quantized_kv_match_serial() {
     for name in MODELS {
         let m = model(name);
         let prompts = prompts();
-        for kv in [["--kv-quant", "8"], ["--kv-quant", "4"]] {
+        for kv in [["--kv-quant", "8"], ["--kv-quant", "4"], ["--kv-quant", "turbo"]] {
             let bodies: Vec<Value> = bodies(&prompts)
                 .into_iter()
                 .map(|mut b| {
@@ -257,7 +257,7 @@ fn speculation_over_quantized_kv_is_lossless() {
     for name in ["tiny-llama-hd64-f32", "tiny-gemma3-hd64-f32"] {
         let dir = model(&format!("tiny/{name}"));
         let d = dir.to_str().unwrap();
-        for bits in ["8", "4"] {
+        for bits in ["8", "4", "turbo"] {
             let want = ids_of(&generate(d, ids, 48, &["--kv-quant", bits]));
             let (mut drafted, mut accepted) = (0, 0);
             for draft in [&["--draft-kind", "ngram"][..], &["--draft-kind", "two-model", "--draft-model", d][..]] {
@@ -300,14 +300,18 @@ fn ids_of(v: &Value) -> Vec<u64> {
 fn the_prefix_cache_reuses_quantized_state() {
     for name in ["tiny/tiny-llama-hd64-f32", "tiny/tiny-gemma3-hd64-f32"] {
         let m = model(name);
-        for batch in ["1", "8"] {
+        for (batch, quant, says) in [
+            ("1", "8", "KV affine8:group=64,start=0 on every layer"),
+            ("8", "8", "KV affine8:group=64,start=0 on every layer"),
+            ("8", "turbo", "KV turbo:k=8,v=3,group=64,start=0 on"),
+        ] {
             // The scheme from the TOML file (`kv_quant`), the rest as flags.
             let scratch = it::Scratch::new("kv-toml");
             let toml = scratch.0.join("serve.toml");
-            std::fs::write(&toml, "kv_quant = \"8\"\nkv_group_size = 64\n").unwrap();
+            std::fs::write(&toml, format!("kv_quant = \"{quant}\"\nkv_group_size = 64\n")).unwrap();
             let s = Server::start(&m, &["--config", toml.to_str().unwrap(), "--prompt-cache", "0.5", "--batch", batch]);
             let log = std::fs::read_to_string(&s.log).unwrap();
-            assert!(log.contains("KV affine8:group=64,start=0 on every layer"), "{log}");
+            assert!(log.contains(says), "{log}");
             let body = json!({ "prompt": spread_ids(30).split(',').map(|t| t.parse::<u32>().unwrap()).collect::<Vec<_>>(), "max_tokens": 24, "temperature": 0 });
             let a = s.post("/v1/completions", &body).json();
             let b = s.post("/v1/completions", &body).json();
@@ -348,6 +352,54 @@ fn fit_reports_code_bytes_and_a_larger_context() {
     assert!(q8_ctx > plain_ctx && q4_ctx > q8_ctx, "contexts: plain {plain_ctx}, 8-bit {q8_ctx}, 4-bit {q4_ctx}");
 }
 
+/// TurboQuant on the full-attention layers (sliding ones stay plain: the
+/// quantized ring serves the affine schemes only), measured by `host kv-kl`:
+/// no divergence while both runs attend plain K/V (the first chunk), some
+/// after, less with more value bits, none for plain against plain.
+#[test]
+fn turbo_codes_full_attention_layers_and_more_bits_diverge_less() {
+    let dir = model("tiny/tiny-gemma3-hd64-f32");
+    let d = dir.to_str().unwrap();
+    let g = generate(d, PROMPT, 8, &["--kv-quant", "turbo"]);
+    let layers: Vec<&str> = g["layer_kv_schemes"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    let turbo = "turbo:k=8,v=3,group=64,start=0";
+    assert_eq!(layers, ["plain", "plain", turbo, "plain", "plain", turbo]);
+    let scratch = it::Scratch::new("kv-kl");
+    let text = scratch.0.join("text.txt");
+    let words: Vec<String> = (0..400).map(|i| format!("w{}", (i * 7919) % 997)).collect();
+    std::fs::write(&text, words.join(" ")).unwrap();
+    let kl = |quant: &str| -> Value {
+        host_json(&[
+            "kv-kl",
+            "--model",
+            "models/tiny/tiny-llama-hd64-f32",
+            "--text-file",
+            text.to_str().unwrap(),
+            "--tokens",
+            "256",
+            "--chunk",
+            "32",
+            "--kv-quant",
+            quant,
+        ])
+    };
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
+    let off = kl("off");
+    assert_eq!((f(&off, "mean_kl"), f(&off, "top1_agreement")), (0.0, 1.0), "plain against plain: {off}");
+    let (v2, v4) = (kl("turbo:k8v2"), kl("turbo:k8v4"));
+    for v in [&v2, &v4] {
+        assert_eq!(f(v, "tokens"), 256.0);
+        // The first chunk attends plain K/V in both runs.
+        let first = f(v, "mean_kl") * 256.0 - f(v, "mean_kl_after_the_first_chunk") * 224.0;
+        assert!(first.abs() < 1e-3, "the first chunk diverged: {v}");
+        assert!(f(v, "mean_kl_after_the_first_chunk") > 0.0, "{v}");
+    }
+    assert!(
+        f(&v4, "mean_kl_after_the_first_chunk") < f(&v2, "mean_kl_after_the_first_chunk") / 2.0,
+        "4-bit values should diverge far less than 2-bit ones: {v4} vs {v2}"
+    );
+}
+
 /// What is not built, or cannot be, is refused at start with one line.
 #[test]
 fn schemes_that_cannot_be_served_are_refused_at_start() {
@@ -365,9 +417,10 @@ fn schemes_that_cannot_be_served_are_refused_at_start() {
         assert!(err.contains(says), "{folder} {extra:?}: {err}");
     };
     refused("tiny/tiny-llama-hd64-f32", &["--paged-kv"], "--paged-kv is not built");
-    refused("tiny/tiny-llama-hd64-f32", &["--kv-quant", "3"], "expected off, 8 or 4");
+    refused("tiny/tiny-llama-hd64-f32", &["--kv-quant", "3"], "expected off, 8, 4 or turbo");
+    refused("tiny/tiny-llama-hd64-f32", &["--kv-quant", "turbo:k7v3"], "keys at 2-6 or 8 bits");
     refused("tiny/tiny-llama-hd64-f32", &["--kv-quant", "8", "--kv-group-size", "48"], "32, 64 or 128");
-    refused("tiny/tiny-llama-hd64-f32", &["--kv-group-size", "32"], "need --kv-quant 8 or 4");
+    refused("tiny/tiny-llama-hd64-f32", &["--kv-group-size", "32"], "need --kv-quant 8, 4 or turbo");
     // Head rows of 16 are no whole number of 64-groups (mlx-lm cannot either).
     refused("tiny/tiny-llama-f32", &["--kv-quant", "8"], "cannot be quantized in groups of 64");
     // Gemma 4 hands K/V to the layers that share them: it does not attend

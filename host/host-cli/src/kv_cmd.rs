@@ -7,8 +7,8 @@ use clap::Args;
 #[derive(Args, Debug, Default, Clone, serde::Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KvArgs {
-    /// K/V storage: off (the compute dtype), 8 or 4 (affine codes as mlx-lm's kv_bits, attended through quantized matmuls).
-    #[arg(long = "kv-quant", value_name = "off|8|4")]
+    /// K/V storage: off (the compute dtype), 8 or 4 (affine codes as mlx-lm's kv_bits, attended through quantized matmuls), turbo[:kXvY] (TurboQuant on full-attention layers: X-bit affine keys, Y-bit rotated Lloyd-Max values; default k8v3).
+    #[arg(long = "kv-quant", value_name = "off|8|4|turbo[:kXvY]")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_quant: Option<String>,
     /// Values per scale and bias of quantized K/V (mlx-lm's kv_group_size): 32, 64 or 128 (default 64).
@@ -29,11 +29,11 @@ impl KvArgs {
     /// `CacheSpec.scheme` for these flags, or the one line that refuses them.
     pub fn scheme(&self) -> Result<String> {
         if self.paged_kv {
-            bail!("--paged-kv is not built in this host (K/V schemes built: --kv-quant off, 8, 4)");
+            bail!("--paged-kv is not built in this host (K/V schemes built: --kv-quant off, 8, 4, turbo)");
         }
         let quant = self.kv_quant.as_deref().unwrap_or("off");
         if quant == "off" && (self.kv_group_size.is_some() || self.quantized_kv_start.is_some()) {
-            bail!("--kv-group-size and --quantized-kv-start need --kv-quant 8 or 4");
+            bail!("--kv-group-size and --quantized-kv-start need --kv-quant 8, 4 or turbo");
         }
         Ok(host_engine::kv_scheme(quant, self.kv_group_size.unwrap_or(64), self.quantized_kv_start.unwrap_or(0))?)
     }

@@ -4,6 +4,7 @@
 mod bench_cmd;
 mod draft_cmd;
 mod generate_cmd;
+mod kl_cmd;
 mod kv_cmd;
 mod model_options;
 mod plugins_cmd;
@@ -172,6 +173,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// How far a KV scheme (--kv-quant) moves next-token distributions from plain K/V's over a text: KL divergence per position, as JSON.
+    KvKl {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The text (tokenized as --prompt is).
+        #[arg(long = "text-file")]
+        text_file: PathBuf,
+        /// Tokens of the text compared (its first N).
+        #[arg(long, default_value_t = 2048)]
+        tokens: usize,
+        /// Tokens per forward (the first chunk attends plain K/V in both runs).
+        #[arg(long, default_value_t = 64)]
+        chunk: usize,
+    },
     /// Debugging aid: last-position logits of one full forward, as JSON.
     Logits {
         #[command(flatten)]
@@ -314,6 +329,22 @@ fn main() -> Result<ExitCode> {
         Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json }) => {
             let engine = engine(&model, None)?;
             bench_cmd::run(engine, bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json })?
+        }
+        Some(Command::KvKl { model, text_file, tokens, chunk }) => {
+            init_tracing("warn");
+            let scheme = engine(&model, None)?;
+            let plain_args = ModelArgs { kv: kv_cmd::KvArgs::default(), ..model };
+            let plain = engine(&plain_args, None)?;
+            let text =
+                std::fs::read_to_string(&text_file).with_context(|| format!("reading {}", text_file.display()))?;
+            let p = generate_cmd::Prompt { text: Some(text), chat: None, ids: None };
+            let mut ids = generate_cmd::prompt_ids(&plain, &p)?;
+            if ids.len() < tokens {
+                anyhow::bail!("{} gives {} tokens, fewer than --tokens {tokens}", text_file.display(), ids.len());
+            }
+            ids.truncate(tokens);
+            let out = kl_cmd::run(&plain, &scheme, kl_cmd::KlArgs { tokens: ids, chunk })?;
+            println!("{}", serde_json::to_string_pretty(&out)?);
         }
         Some(Command::Logits { model, prompt_ids }) => {
             let engine = engine(&model, None)?;

@@ -334,6 +334,25 @@ impl Engine {
         Ok(l.as_slice::<f32>().to_vec())
     }
 
+    /// The next-token log-probabilities (float32 `[n, V]`) at every position
+    /// of `tokens`, run through fresh caches `chunk` tokens per forward;
+    /// `each(first position, rows)` sees one chunk's rows at a time.
+    pub fn next_token_logprobs(
+        &self,
+        tokens: &[u32],
+        chunk: usize,
+        mut each: impl FnMut(usize, &Array) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let mut caches = self.new_caches()?;
+        for (i, c) in tokens.chunks(chunk.max(1)).enumerate() {
+            let logits = self.forward_all(&token_array(c), &mut caches)?.as_dtype(mlx_rs::Dtype::Float32)?;
+            let lp = logits.subtract(mlx_rs::ops::logsumexp_axis(&logits, -1, true)?)?;
+            lp.eval()?;
+            each(i * chunk.max(1), &lp)?;
+        }
+        Ok(())
+    }
+
     /// What every request must be, serial or batched: a prompt of ids in
     /// the vocabulary, and valid sampling parameters.
     pub(crate) fn check_request(&self, req: &GenerateRequest) -> Result<(), EngineError> {

@@ -37,6 +37,20 @@ pub fn quantized_sdpa(
     mask: &QMask,
     codec: Affine,
 ) -> Result<Array> {
+    let weights = attention_weights(q, keys, scale, mask, codec)?;
+    let (b, heads, l) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+    let repeats = heads / keys.words.shape()[1];
+    let v = if repeats > 1 { spread(values)? } else { shallow(values) };
+    let out = mlx_rs::ops::quantized_matmul(&weights, &v.words, &v.scales, &v.biases, false, codec.group, codec.bits)?;
+    if repeats > 1 {
+        return out.reshape(&[b, heads, l, -1]);
+    }
+    Ok(out)
+}
+
+/// The softmax weights of `q` over the key codes, masked: `[B, Hkv,
+/// repeats, L, T]` for grouped-query heads, else `[B, H, L, T]`.
+pub(crate) fn attention_weights(q: &Array, keys: &Codes, scale: f32, mask: &QMask, codec: Affine) -> Result<Array> {
     let (b, heads, l, d) = match q.shape() {
         &[b, h, l, d] => (b, h, l, d),
         s => return Err(error(format!("quantized attention: queries {s:?} are not [B, H, L, D]"))),
@@ -47,23 +61,14 @@ pub fn quantized_sdpa(
     }
     let repeats = heads / kv_heads;
     let mut queries = q.multiply(scalar(scale as f64, q.dtype())?)?;
-    let spread = |c: &Codes| -> Result<Codes> {
-        Ok(Codes {
-            words: c.words.expand_dims(-3)?,
-            scales: c.scales.expand_dims(-3)?,
-            biases: c.biases.expand_dims(-3)?,
-        })
-    };
-    let (k, v) = if repeats > 1 {
+    let k = if repeats > 1 {
         queries = queries.reshape(&[b, kv_heads, repeats, l, d])?;
-        (spread(keys)?, spread(values)?)
+        spread(keys)?
     } else {
-        (shallow(keys), shallow(values))
+        shallow(keys)
     };
-    let qmm = |x: &Array, c: &Codes, transpose: bool| {
-        mlx_rs::ops::quantized_matmul(x, &c.words, &c.scales, &c.biases, transpose, codec.group, codec.bits)
-    };
-    let mut scores = qmm(&queries, &k, true)?;
+    let mut scores =
+        mlx_rs::ops::quantized_matmul(&queries, &k.words, &k.scales, &k.biases, true, codec.group, codec.bits)?;
     match mask {
         QMask::None => {}
         QMask::Causal => {
@@ -85,12 +90,12 @@ pub fn quantized_sdpa(
             };
         }
     }
-    let weights = mlx_rs::ops::softmax_axes(&scores, &[-1], true)?;
-    let out = qmm(&weights, &v, false)?;
-    if repeats > 1 {
-        return out.reshape(&[b, heads, l, -1]);
-    }
-    Ok(out)
+    mlx_rs::ops::softmax_axes(&scores, &[-1], true)
+}
+
+/// The parts with a broadcast axis for the heads that share them.
+fn spread(c: &Codes) -> Result<Codes> {
+    Ok(Codes { words: c.words.expand_dims(-3)?, scales: c.scales.expand_dims(-3)?, biases: c.biases.expand_dims(-3)? })
 }
 
 fn shallow(c: &Codes) -> Codes {

@@ -1,4 +1,4 @@
-//! [`Quantized`]: a cache layout in an affine scheme, around a layout that
+//! [`Quantized`]: a cache layout in a quantized scheme, around a layout that
 //! moves token columns ([`Columns`]).
 //!
 //! Semantics are mlx-lm's `generate_step` with `kv_bits`: the cache starts
@@ -19,12 +19,12 @@
 //! model call), so each row converts exactly where it would alone.
 //!
 //! Exported states carry the scheme and whether they hold codes in their
-//! signature (`kv:affine8:g64:<inner>`, where the inner layout's signature
+//! signature (`kv:affine8:g64:<inner>`, `kv:turbo:k8v3:g64:<inner>`, where the inner layout's signature
 //! names its widths and dtype), so the prefix cache never mixes schemes.
 
-use crate::attention::{quantized_sdpa, QMask};
+use crate::attention::QMask;
 use crate::codec::Widths;
-use crate::scheme::AffineScheme;
+use crate::scheme::Scheme;
 use model_kit::{error, Array, Result};
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::{
@@ -52,10 +52,10 @@ pub trait Columns: CacheLayout + Sized {
     ) -> Result<()>;
 }
 
-/// A layout in an affine scheme around `L`.
+/// A layout in a quantized scheme (`KvCodec`) around `L`.
 pub struct Quantized<L: Columns> {
     inner: L,
-    scheme: AffineScheme,
+    scheme: Scheme,
     /// The layer's K/V widths, and those of its codes.
     plain: Widths,
     packed: Widths,
@@ -71,20 +71,15 @@ fn fails(e: model_kit::Exception) -> PluginError {
 
 impl<L: Columns> Quantized<L> {
     /// `inner` is empty, in the layer's plain widths.
-    pub fn new(inner: L, scheme: AffineScheme, plain: Widths) -> Result<Self> {
+    pub fn new(inner: L, scheme: Scheme, plain: Widths) -> Result<Self> {
         let packed = scheme.codec.packed(plain)?;
         Ok(Self { inner, scheme, plain, packed, coded: false, in_round: false })
     }
 
-    /// The codes of K or V rows.
-    fn encode(&self) -> impl Fn(&Array) -> Result<Array> {
-        let codec = self.scheme.codec;
-        move |x: &Array| codec.encode(x)
-    }
-
     fn convert(&mut self) -> Result<()> {
-        let enc = self.encode();
-        self.inner.recode(self.packed, &enc, &enc)?;
+        let codec = &self.scheme.codec;
+        let (keys, values) = (|k: &Array| codec.encode_keys(k), |v: &Array| codec.encode_values(v));
+        self.inner.recode(self.packed, &keys, &values)?;
         self.coded = true;
         Ok(())
     }
@@ -100,7 +95,7 @@ impl<L: Columns> Quantized<L> {
     }
 
     fn signature_of(&self, inner: &str) -> RString {
-        format!("kv:affine{}:g{}:{inner}", self.scheme.codec.bits, self.scheme.codec.group).into()
+        format!("kv:{}:{inner}", self.scheme.codec.tag()).into()
     }
 
     fn wrap(&self, mut state: CacheState) -> CacheState {
@@ -137,8 +132,9 @@ impl<L: Columns> Quantized<L> {
     fn coded_row(&self, state: CacheState) -> std::result::Result<CacheState, PluginError> {
         let mut one = self.inner.blank(self.plain, true);
         one.import_state(state).into_result()?;
-        let enc = self.encode();
-        one.recode(self.packed, &enc, &enc).map_err(fails)?;
+        let codec = &self.scheme.codec;
+        let (keys, values) = (|k: &Array| codec.encode_keys(k), |v: &Array| codec.encode_values(v));
+        one.recode(self.packed, &keys, &values).map_err(fails)?;
         one.export_state().into_result()
     }
 
@@ -146,21 +142,19 @@ impl<L: Columns> Quantized<L> {
     fn attend_codes(&mut self, q: &Array, k: &Array, v: &Array, scale: f32, mask: QMask) -> Result<Array> {
         if k.dtype() != self.plain.dtype || v.dtype() != self.plain.dtype {
             return Err(error(format!(
-                "affine K/V: keys in {:?} / values in {:?}, the cache was made for {:?}",
+                "quantized K/V: keys in {:?} / values in {:?}, the cache was made for {:?}",
                 k.dtype(),
                 v.dtype(),
                 self.plain.dtype
             )));
         }
-        let codec = self.scheme.codec;
+        let codec = &self.scheme.codec;
         let stored = self
             .inner
-            .update_and_fetch(into_tensor(codec.encode(k)?), into_tensor(codec.encode(v)?))
+            .update_and_fetch(into_tensor(codec.encode_keys(k)?), into_tensor(codec.encode_values(v)?))
             .into_result()
             .map_err(|e| error(e.to_string()))?;
-        let keys = codec.decode(&into_array(stored.keys), self.plain.k, self.plain.dtype)?;
-        let values = codec.decode(&into_array(stored.values), self.plain.v, self.plain.dtype)?;
-        quantized_sdpa(q, &keys, &values, scale, &mask, codec)
+        codec.attend(q, &into_array(stored.keys), &into_array(stored.values), self.plain, scale, &mask)
     }
 }
 
@@ -186,7 +180,7 @@ impl<L: Columns> CacheLayout for Quantized<L> {
             self.convert_if_due().map_err(fails)?;
             if self.coded {
                 return Err(PluginError::unsupported(
-                    "affine K/V are stored as codes: the model graph must attend through the layout \
+                    "quantized K/V are stored as codes: the model graph must attend through the layout \
                      (CacheLayout::attend, advertised as `layout-attention`)",
                 ));
             }
@@ -312,11 +306,11 @@ impl<L: Columns> CacheLayout for Quantized<L> {
     }
 
     fn get_slot(&self, _i: u32) -> PResult<ROption<Tensor>> {
-        PResult::RErr(PluginError::unsupported("affine K/V have no recurrent slots"))
+        PResult::RErr(PluginError::unsupported("quantized K/V have no recurrent slots"))
     }
 
     fn set_slot(&mut self, _i: u32, _value: Tensor) -> PResult<()> {
-        PResult::RErr(PluginError::unsupported("affine K/V have no recurrent slots"))
+        PResult::RErr(PluginError::unsupported("quantized K/V have no recurrent slots"))
     }
 
     fn begin_padded(&mut self, pads: RSlice<'_, u32>) -> PResult<()> {

@@ -18,17 +18,25 @@
 //!   implements [`Columns`]: plain K/V until the cache holds
 //!   `quantized_kv_start` tokens (mlx-lm's `maybe_quantize_kv_cache`), codes
 //!   from then on, attention by the layout itself (`CacheLayout::attend`);
-//! - `scheme`: reading `CacheSpec.scheme` (`affine8:group=64,start=0`).
+//! - `turbo`, `rotation`, `lloyd_max`: TurboQuant's codes (affine keys;
+//!   values rotated by a randomized Hadamard transform and quantized by the
+//!   Lloyd-Max levels of N(0, 1), with their norm);
+//! - `scheme`: reading `CacheSpec.scheme` (`affine8:group=64,start=0`,
+//!   `turbo:k=8,v=3,group=64,start=0`) into a codec (`KvCodec`).
 
 mod attention;
 mod codec;
 mod layout;
+pub mod lloyd_max;
+pub mod rotation;
 mod scheme;
+mod turbo;
 
 pub use attention::{quantized_sdpa, QMask};
 pub use codec::{Affine, Codes, Widths};
 pub use layout::{Columns, Quantized};
-pub use scheme::AffineScheme;
+pub use scheme::{KvCodec, Scheme};
+pub use turbo::Turbo;
 
 #[cfg(test)]
 mod tests;

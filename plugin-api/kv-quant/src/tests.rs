@@ -2,6 +2,7 @@
 //! attention over the dequantized K/V, and the scheme's spelling.
 
 use crate::*;
+use crate::{lloyd_max, rotation};
 use model_kit::{Array, Dtype};
 use plugin_sdk::mlx_rs;
 
@@ -108,12 +109,133 @@ fn quantized_attention_equals_attention_over_the_dequantized_kv() {
 
 #[test]
 fn schemes_read_as_spelled() {
-    assert_eq!(AffineScheme::parse("plain").unwrap(), None);
-    let s = AffineScheme::parse("affine4").unwrap().unwrap();
-    assert_eq!((s.codec.bits, s.codec.group, s.start), (4, 64, 0));
-    let s = AffineScheme::parse("affine8:group=32,start=100").unwrap().unwrap();
-    assert_eq!((s.codec.bits, s.codec.group, s.start), (8, 32, 100));
-    for bad in ["affine5", "affine8:group=48", "affine8:start=x", "affine8:size=1", "affine8:group"] {
-        assert!(AffineScheme::parse(bad).is_err(), "{bad}");
+    assert_eq!(Scheme::parse("plain").unwrap(), None);
+    let s = Scheme::parse("affine4").unwrap().unwrap();
+    assert_eq!((s.codec.tag(), s.start), ("affine4:g64".to_owned(), 0));
+    let s = Scheme::parse("affine8:group=32,start=100").unwrap().unwrap();
+    assert_eq!((s.codec.tag(), s.start), ("affine8:g32".to_owned(), 100));
+    let s = Scheme::parse("turbo").unwrap().unwrap();
+    assert_eq!(s.codec.tag(), "turbo:k8v3:g64");
+    let s = Scheme::parse("turbo:k=4,v=2,group=32,start=7").unwrap().unwrap();
+    assert_eq!((s.codec.tag(), s.start), ("turbo:k4v2:g32".to_owned(), 7));
+    for bad in [
+        "affine5",
+        "affine8:group=48",
+        "affine8:start=x",
+        "affine8:size=1",
+        "affine8:group",
+        "affine8:k=4",
+        "turbo:k=7",
+        "turbo:v=6",
+        "turbo:v=1",
+    ] {
+        assert!(Scheme::parse(bad).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn lloyd_max_levels_and_distortions_are_max_1960s() {
+    let close = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol;
+    let l1 = lloyd_max::levels(1);
+    assert!(close(l1[1], (2.0 / std::f64::consts::PI).sqrt(), 1e-6), "{l1:?}");
+    let l2 = lloyd_max::levels(2);
+    assert!(close(l2[2], 0.4528, 1e-4) && close(l2[3], 1.5104, 1e-4), "{l2:?}");
+    let l3 = lloyd_max::levels(3);
+    for (got, want) in l3[4..].iter().zip([0.2451, 0.7560, 1.3440, 2.1520]) {
+        assert!(close(*got, want, 1e-4), "{l3:?}");
+    }
+    // Max's (1960) table of mean squared errors; 5 bits: below 4 bits' / 3.5.
+    for (bits, want) in [(1, 0.3634), (2, 0.1175), (3, 0.03454), (4, 0.009497)] {
+        let lv = lloyd_max::levels(bits);
+        assert_eq!(lv.len(), 1 << bits);
+        assert!(lv.windows(2).all(|w| w[0] < w[1]) && close(lv[0], -lv[lv.len() - 1], 1e-6));
+        let d = lloyd_max::distortion(&lv);
+        assert!((d - want).abs() / want < 2e-3, "{bits} bits: distortion {d}, Max's table {want}");
+    }
+    let d5 = lloyd_max::distortion(&lloyd_max::levels(5));
+    assert!(d5 > 0.002 && d5 < 0.009497 / 3.5, "5 bits: {d5}");
+}
+
+fn matrix(v: Vec<f32>, d: i32) -> Array {
+    Array::from_slice(&v, &[d, d])
+}
+
+#[test]
+fn the_randomized_hadamard_rotation_is_orthogonal_and_invertible() {
+    for d in [64, 128] {
+        let r = matrix(rotation::randomized_hadamard(d as usize, 7).unwrap(), d);
+        let eye = mlx_rs::ops::eye::<f32>(d, None, None).unwrap();
+        assert!(max_diff(&r.matmul(r.transpose().unwrap()).unwrap(), &eye) < 1e-6, "R Rᵀ = I, d = {d}");
+        let x = random(&[5, d], 3);
+        let back = x.matmul(r.transpose().unwrap()).unwrap().matmul(&r).unwrap();
+        assert!(max_diff(&back, &x) < 1e-5, "rotating back gives the rows again");
+        // The signs are random: not the plain Hadamard matrix, and fixed by the seed.
+        assert_ne!(rotation::randomized_hadamard(d as usize, 7), rotation::randomized_hadamard(d as usize, 8));
+        assert_eq!(rotation::randomized_hadamard(d as usize, 7), rotation::randomized_hadamard(d as usize, 7));
+    }
+    assert!(rotation::randomized_hadamard(48, 7).is_none(), "no Hadamard matrix of order 48 here");
+}
+
+/// What `Turbo` keeps of rows `v`: decoded, rotated back.
+fn round_trip(t: &Turbo, v: &Array) -> Array {
+    let d = *v.shape().last().unwrap();
+    let codes = t.encode_values(v).unwrap();
+    let rot = t.decode_values(&codes, d, v.dtype()).unwrap();
+    let r = matrix(rotation::randomized_hadamard(d as usize, 0x7475_7262_6f71_7561).unwrap(), d);
+    rot.matmul(&r).unwrap()
+}
+
+#[test]
+fn turbo_values_round_trip_within_the_lloyd_max_distortion() {
+    let v = random(&[2, 2, 1024, 64], 11);
+    let energy = v.square().unwrap().sum(None).unwrap();
+    for bits in 2..=5u32 {
+        let t = Turbo::new(8, bits, 64).unwrap();
+        let err = round_trip(&t, &v).subtract(&v).unwrap().square().unwrap().sum(None).unwrap();
+        let rel = err.divide(&energy).unwrap();
+        rel.eval().unwrap();
+        let rel = rel.as_slice::<f32>()[0] as f64;
+        let want = lloyd_max::distortion(&lloyd_max::levels(bits));
+        // A coordinate of a rotated row scaled to norm sqrt(d) is nearly
+        // N(0, 1); its tails are lighter, so the error is at most Max's.
+        assert!(rel <= want * 1.05 && rel >= want * 0.8, "{bits} bits: relative error {rel}, Lloyd-Max {want}");
+    }
+    // A zero row (padding) decodes to zeros.
+    let t = Turbo::new(8, 3, 64).unwrap();
+    let zero = model_kit::ops::zeros(&[1, 1, 1, 64], Dtype::Float32).unwrap();
+    assert_eq!(max_diff(&round_trip(&t, &zero), &zero), 0.0);
+    // bf16 rows: the norm stays float32 beside the indices.
+    let vb = v.as_dtype(Dtype::Bfloat16).unwrap();
+    let codes = t.encode_values(&vb).unwrap();
+    assert_eq!((codes.dtype(), *codes.shape().last().unwrap()), (Dtype::Uint16, 2 * 7 + 2));
+    let back = round_trip(&t, &vb);
+    let rel = back.subtract(vb.as_dtype(Dtype::Float32).unwrap()).unwrap().square().unwrap().sum(None).unwrap();
+    let rel = rel.divide(&energy).unwrap();
+    rel.eval().unwrap();
+    assert!((rel.as_slice::<f32>()[0] as f64) < 0.036);
+}
+
+#[test]
+fn turbo_attention_equals_attention_over_the_decoded_values() {
+    let t = Turbo::new(8, 3, 64).unwrap();
+    let plain = Widths { k: 64, v: 64, dtype: Dtype::Float32 };
+    let q = random(&[2, 4, 3, 64], 1);
+    let (kx, vx) = (random(&[2, 2, 7, 64], 2), random(&[2, 2, 7, 64], 3));
+    let k = t.keys.quantize(&kx).unwrap();
+    let vc = t.encode_values(&vx).unwrap();
+    let scale = 0.125;
+    let got =
+        KvCodec::Turbo(t.clone()).attend(&q, &t.keys.encode(&kx).unwrap(), &vc, plain, scale, &QMask::None).unwrap();
+    // The reference: dequantized keys, values decoded and rotated back.
+    let v_back = round_trip(&t, &vx);
+    let deq = |c: &Codes| mlx_rs::ops::dequantize(&c.words, &c.scales, &c.biases, 64, 8).unwrap();
+    let rep = |a: Array| mlx_rs::ops::repeat_axis::<f32>(a, 2, 1).unwrap();
+    let (kd, vd) = (rep(deq(&k)), rep(v_back));
+    let s = q.matmul(kd.transpose_axes(&[0, 1, 3, 2]).unwrap()).unwrap().multiply(Array::from_f32(scale)).unwrap();
+    let want = mlx_rs::ops::softmax_axes(&s, &[-1], true).unwrap().matmul(&vd).unwrap();
+    assert!(max_diff(&got, &want) < 1e-4, "{}", max_diff(&got, &want));
+    // Widths: 8-bit keys as the affine scheme's, 3-bit values in 7 words and a norm.
+    let w = KvCodec::Turbo(t).packed(Widths { dtype: Dtype::Bfloat16, ..plain }).unwrap();
+    assert_eq!((w.k, w.v, w.dtype), (34, 16, Dtype::Uint16));
+    assert_eq!(w.token_bytes(), 100, "of bf16's 256");
 }

@@ -9,11 +9,12 @@
 //! speculative round whose rows keep different counts leaves per-row holes
 //! (`holes.rs`), hidden the same way.
 //!
-//! Schemes: `plain`, and the affine ones (`affine8`, `affine4`): the same
-//! storage holding each token's codes (`kv_quant::Quantized` around this
+//! Schemes: `plain`, the affine ones (`affine8`, `affine4`) and TurboQuant
+//! (`turbo`): the same storage holding each token's codes (`kv_quant::Quantized` around this
 //! layout, which moves whole token columns and so implements
 //! `kv_quant::Columns`), attended through quantized matmuls as mlx-lm's
-//! `QuantizedKVCache` is.
+//! `QuantizedKVCache` is (TurboQuant's values: weighted in their rotated
+//! form, rotated back once per query).
 
 mod holes;
 #[cfg(test)]
@@ -23,7 +24,7 @@ mod tests;
 
 use holes::{compact_plan, gather_columns, Holes, COMPACT_AFTER};
 
-use kv_quant::{AffineScheme, Columns, Quantized, Widths};
+use kv_quant::{Columns, Quantized, Scheme, Widths};
 use model_kit::ops::{dtype_from_raw, dtype_size, slice, slice_update, zeros};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
@@ -39,10 +40,10 @@ plugin_sdk::export_plugin! {
 fn manifest() -> PluginManifest {
     plugin_sdk::manifest!(
         PluginKind::CACHE_LAYOUT,
-        "K/V for full attention, in the model dtype or as affine codes, grown in steps, written in place",
+        "K/V for full attention, in the model dtype or as affine or TurboQuant codes, grown in steps, written in place",
         Claims {
             cache_needs: rstrings(&["full"]),
-            cache_schemes: rstrings(&["plain", AffineScheme::NAMES[0], AffineScheme::NAMES[1]]),
+            cache_schemes: rstrings(&["plain", Scheme::AFFINE[0], Scheme::AFFINE[1], Scheme::TURBO]),
             ..Default::default()
         },
         &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS],
@@ -56,8 +57,7 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
             spec.need.kind.as_str()
         )));
     }
-    let scheme =
-        AffineScheme::parse(spec.scheme.as_str()).map_err(|e| PluginError::unsupported(format!("kv-plain: {e}")))?;
+    let scheme = Scheme::parse(spec.scheme.as_str()).map_err(|e| PluginError::unsupported(format!("kv-plain: {e}")))?;
     let dtype = dtype_from_raw(spec.dtype.0).map_err(|e| PluginError::invalid_input(e.what()))?;
     let kv = PlainKv {
         keys: None,

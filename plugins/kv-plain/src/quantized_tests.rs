@@ -92,7 +92,7 @@ fn the_kv_switch_to_codes_after_the_first_call_that_holds_start_tokens() {
 }
 
 #[test]
-fn a_token_costs_0_53_and_0_28_of_bf16_measured_from_the_stored_tensors() {
+fn a_token_costs_0_53_0_28_and_0_39_of_bf16_measured_from_the_stored_tensors() {
     let fill = |scheme: &str| {
         let mut c = cache(scheme, plugin_api::Dtype::BFLOAT16, 1);
         step(&mut c, 1, 40, 1, MlxDtype::Bfloat16);
@@ -106,7 +106,9 @@ fn a_token_costs_0_53_and_0_28_of_bf16_measured_from_the_stored_tensors() {
     let (plain, plain_bpt) = fill("plain");
     assert_eq!(plain, (HEADS * DIM * 2 * 2) as f64, "bf16 K and V per token");
     assert_eq!(plain_bpt as f64, plain);
-    for (scheme, ratio) in [("affine8", 68.0 / 128.0), ("affine4", 36.0 / 128.0)] {
+    // TurboQuant k8v3: 8-bit keys (68 bytes a head row), 3-bit values in 7
+    // words and a float32 norm (32 bytes).
+    for (scheme, ratio) in [("affine8", 68.0 / 128.0), ("affine4", 36.0 / 128.0), ("turbo", 100.0 / 256.0)] {
         let (q, bpt) = fill(scheme);
         assert_eq!(q / plain, ratio, "{scheme}: stored bytes per token against bf16");
         assert_eq!(bpt as f64, q, "{scheme}: bytes_per_token says what is stored");
@@ -134,7 +136,7 @@ fn states_keep_their_scheme_and_whether_they_hold_codes() {
     e.import_state(plain_state).unwrap();
     assert!(step(&mut e, 1, 1, 2, MlxDtype::Float32), "6 held: the next call converts first");
     // Other schemes refuse it.
-    for other in ["plain", "affine4", "affine8:group=32"] {
+    for other in ["plain", "affine4", "affine8:group=32", "turbo"] {
         let mut x = cache(other, plugin_api::Dtype::FLOAT32, 1);
         assert!(x.import_state(c.export_state().unwrap()).is_err(), "{other} took an affine8/g64 state");
     }

@@ -24,7 +24,7 @@
 //! `is_trimmable`: `offset < max_size`), `spec-round` (a serial ring refuses
 //! it once wrapped; the batched one rolls back per row), `state-io`, `rows`.
 
-use kv_quant::{AffineScheme, Quantized, Widths};
+use kv_quant::{KvCodec, Quantized, Scheme, Widths};
 use model_kit::ops::dtype_from_raw;
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::*;
@@ -54,7 +54,7 @@ fn manifest() -> PluginManifest {
         "sliding-window K/V in a ring of `window` slots, as mlx-lm's RotatingKVCache",
         Claims {
             cache_needs: rstrings(&["sliding"]),
-            cache_schemes: rstrings(&["plain", AffineScheme::NAMES[0], AffineScheme::NAMES[1]]),
+            cache_schemes: rstrings(&["plain", Scheme::AFFINE[0], Scheme::AFFINE[1]]),
             ..Default::default()
         },
         &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS],
@@ -69,7 +69,13 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
         )));
     }
     let scheme =
-        AffineScheme::parse(spec.scheme.as_str()).map_err(|e| PluginError::unsupported(format!("kv-rotating: {e}")))?;
+        Scheme::parse(spec.scheme.as_str()).map_err(|e| PluginError::unsupported(format!("kv-rotating: {e}")))?;
+    if let Some(Scheme { codec: KvCodec::Turbo(_), .. }) = scheme {
+        // TurboQuant is for full-attention layers (the host gives sliding
+        // ones a plain ring); its rotated values would fit the ring too,
+        // but nothing measured it there.
+        return Err(PluginError::unsupported("kv-rotating: no scheme `turbo` (full-attention layers only)"));
+    }
     if spec.need.window == 0 {
         return Err(PluginError::invalid_input("kv-rotating: a sliding layer needs a window > 0"));
     }
