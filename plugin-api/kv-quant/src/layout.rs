@@ -19,8 +19,9 @@
 //! model call), so each row converts exactly where it would alone.
 //!
 //! Exported states carry the scheme and whether they hold codes in their
-//! signature (`kv:affine8:g64:<inner>`, `kv:turbo:k8v3:g64:<inner>`, where the inner layout's signature
-//! names its widths and dtype), so the prefix cache never mixes schemes.
+//! signature (`kv:affine8:g64:<inner>`, `kv:turbo:k8v3:g64:<inner>`, where
+//! the inner layout's signature names its widths and dtype), so the prefix
+//! cache never mixes schemes.
 
 use crate::attention::QMask;
 use crate::codec::Widths;
