@@ -341,6 +341,21 @@ VARIANTS = {
     },
 }
 
+# Quantized K/V (`--kv-quant`, mlx-lm's kv_bits) groups a head's row in
+# groups of 64 by default, so head_dim 16 cannot be quantized: these variants
+# give every attention layer head_dim 64 (one group per head row), f32 and
+# bf16 only.
+KV_VARIANTS = {
+    f"{base}-hd64": {**copy.deepcopy(VARIANTS[base]), "head_dim": 64, **extra}
+    for base, extra in [
+        ("llama", {}),
+        ("qwen3", {}),
+        ("gemma3", {"query_pre_attn_scalar": 64}),
+        ("qwen3_5", {}),
+    ]
+}
+VARIANTS.update(KV_VARIANTS)
+
 # flavour -> (torch_dtype written in config.json, quantization or None).
 # Quantized folders are made as `mlx_lm.convert -q` makes them from a bf16
 # checkpoint: cast to torch_dtype first, then quantize (scales/biases in bf16).
@@ -351,6 +366,7 @@ FLAVOURS = {
     "q8g32": ("bfloat16", (32, 8)),
 }
 EXTRA_FLAVOURS = {"llama": ["q8g32"]}
+ONLY_FLAVOURS = {name: ["f32", "bf16"] for name in KV_VARIANTS}
 
 
 def seed_of(name):
@@ -453,7 +469,8 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
 
     for name in names:
-        for flavour in ["f32", "bf16", "q4"] + EXTRA_FLAVOURS.get(name, []):
+        flavours = ONLY_FLAVOURS.get(name, ["f32", "bf16", "q4"] + EXTRA_FLAVOURS.get(name, []))
+        for flavour in flavours:
             path = args.out / f"tiny-{name}-{flavour}"
             t0 = time.perf_counter()
             exists = (path / "config.json").exists() and (path / "model.safetensors").exists()

@@ -11,6 +11,15 @@ greedy sampler (argmax of the log-probabilities), the way `mlx_lm.generate
 `tokens` has exactly --max-tokens entries. The raw logits of each step are
 captured with a pass-through logits processor (which changes nothing else);
 `step_logprobs_top` holds the log-probabilities the sampler actually argmaxed.
+
+With --kv-bits, generate_step quantizes the K/V as `mlx_lm.generate --kv-bits`
+does (`maybe_quantize_kv_cache`: a KVCache becomes a QuantizedKVCache once a
+model call leaves it holding --quantized-kv-start tokens). mlx-lm has no
+quantized RotatingKVCache (its to_quantized raises), so for sliding-window
+layers this script stands one in: the same RotatingKVCache, whose fetched K/V
+are quantized with mx.quantize before mlx-lm's own quantized attention reads
+them. Quantization groups along the head dimension, so this equals storing
+each token's codes in the ring.
 """
 
 import argparse
@@ -23,7 +32,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm import __version__ as mlx_lm_version
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.utils import load, load_model
 
@@ -36,6 +45,30 @@ def top(x, key="logits", k=TOP_K):
     return {"ids": ids.tolist(), key: v[ids].tolist()}
 
 
+class QuantizedWindow(RotatingKVCache):
+    """A RotatingKVCache that hands out its window as mx.quantize codes; the
+    `bits` attribute sends attention through mlx-lm's
+    quantized_scaled_dot_product_attention (models/base.py)."""
+
+    def __init__(self, ring, group_size, bits):
+        self.__dict__.update(ring.__dict__)
+        self.group_size = group_size
+        self.bits = bits
+
+    def update_and_fetch(self, keys, values):
+        k, v = super().update_and_fetch(keys, values)
+        q = lambda x: mx.quantize(x, group_size=self.group_size, bits=self.bits)
+        return q(k), q(v)
+
+    def to_quantized(self, group_size=64, bits=4):
+        return self
+
+
+RotatingKVCache.to_quantized = lambda self, group_size=64, bits=4: QuantizedWindow(
+    self, group_size, bits
+)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, type=Path)
@@ -46,6 +79,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--stop-at-eos", action="store_true")
     ap.add_argument("--logits-only", action="store_true", help="skip generation")
+    ap.add_argument("--kv-bits", type=int, help="quantize the K/V (mlx-lm kv_bits)")
+    ap.add_argument("--kv-group-size", type=int, default=64)
+    ap.add_argument("--quantized-kv-start", type=int, default=0)
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
 
@@ -128,6 +164,9 @@ def main():
                 max_tokens=args.max_tokens,
                 sampler=greedy_sampler,
                 logits_processors=[capture],
+                kv_bits=args.kv_bits,
+                kv_group_size=args.kv_group_size,
+                quantized_kv_start=args.quantized_kv_start,
             )
         ):
             if n == 0:  # timing as mlx_lm.stream_generate measures it

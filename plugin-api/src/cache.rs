@@ -5,14 +5,18 @@
 //! 1. `positions()` gives the RoPE offset (scalar, or per row when batched);
 //! 2. `attention_mask(L)` for the L new queries, asked BEFORE the update;
 //! 3. `update_and_fetch(k, v)` stores the new keys/values (transferred) and
-//!    returns owned handles to everything to attend over.
+//!    returns owned handles to everything to attend over; or, for a graph
+//!    that lets the layout attend (`caps::LAYOUT_ATTENTION`), first
+//!    `attend(q, k, v, scale, mask)`: a layout whose K/V only it can read
+//!    (a quantized scheme) stores them and returns the attention output, a
+//!    plain one declines and the graph goes on with `update_and_fetch`.
 //!
 //! The host drives everything else: trim, speculative rounds, state
 //! export/import for prefix caching, and row operations for batching.
 
 use crate::error::PResult;
 use crate::model::{Dtype, LayerNeed};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorRef};
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RSlice, RString, RVec};
 use abi_stable::StableAbi;
@@ -22,7 +26,10 @@ use abi_stable::StableAbi;
 #[derive(StableAbi, Debug, Clone)]
 pub struct CacheSpec {
     pub need: LayerNeed,
-    /// `plain` (the model's dtype), or a quantized scheme (`affine4`, ...).
+    /// `plain` (the model's dtype), or a quantized scheme with its
+    /// parameters: `<name>[:<key>=<value>,...]`, e.g.
+    /// `affine8:group=64,start=0`. Layouts claim the name (`scheme:affine8`);
+    /// the parameters are the layout's to read.
     pub scheme: RString,
     /// Storage dtype for `plain`.
     pub dtype: Dtype,
@@ -60,6 +67,15 @@ impl MaskMode {
 pub struct AttentionMask {
     pub mode: MaskMode,
     pub array: ROption<Tensor>,
+}
+
+/// A mask as [`CacheLayout::attend`] receives it: borrowed for the call.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct MaskRef<'a> {
+    pub mode: MaskMode,
+    /// The boolean mask for `MaskMode::ARRAY`.
+    pub array: ROption<TensorRef<'a>>,
 }
 
 /// Where the next tokens sit, for RoPE.
@@ -166,6 +182,29 @@ pub trait CacheLayout: Send {
         abi_stable::std_types::RResult::RErr(crate::error::PluginError::unsupported(
             "this cache layout cannot start left-padded rows",
         ))
+    }
+
+    // --- v2.2: appended after the prefix.
+
+    /// Attention by the layout itself, for K/V kept in a form only the
+    /// layout can attend over (quantized schemes attend through quantized
+    /// matmuls). A graph that advertises `caps::LAYOUT_ATTENTION` calls it
+    /// in place of `update_and_fetch`: the layout stores `keys`/`values`
+    /// `[B, H_kv, L, D]` and returns `softmax(scale * q Kᵀ, masked) V`
+    /// `[B, H_q, L, D_v]` for `queries` `[B, H_q, L, D]`, with `mask` as
+    /// the graph's sdpa would apply it. A layout that declines (the default)
+    /// stores nothing and answers `RNone`; the graph then calls
+    /// `update_and_fetch` and attends itself.
+    fn attend(
+        &mut self,
+        queries: TensorRef<'_>,
+        keys: TensorRef<'_>,
+        values: TensorRef<'_>,
+        scale: f32,
+        mask: MaskRef<'_>,
+    ) -> PResult<ROption<Tensor>> {
+        let _ = (queries, keys, values, scale, mask);
+        abi_stable::std_types::RResult::ROk(ROption::RNone)
     }
 }
 

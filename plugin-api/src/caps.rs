@@ -17,6 +17,11 @@ pub const GROUPED_SPECULATIVE: &str = "grouped:speculative";
 pub const HIDDEN_TAPS: &str = "hidden-taps";
 /// `embed` and `lm_head` are available to drafters that share them.
 pub const SHARED_EMBEDDINGS: &str = "shared-embeddings";
+/// Every attention layer attends through `CacheLayout::attend` first (model-kit's
+/// `attention::attend`), so a layout may attend itself: needed by schemes
+/// whose K/V plain attention cannot read (`--kv-quant`). Implies that
+/// batching works over those schemes wherever their layouts have `rows`.
+pub const LAYOUT_ATTENTION: &str = "layout-attention";
 /// Batching works with quantized KV layouts.
 pub const QUANTIZED_KV_BATCH: &str = "quantized-kv-batch";
 /// Generation checkpoints (resumable state) are supported.
@@ -46,7 +51,8 @@ pub const ROWS: &str = "rows";
 pub const STATE_IO: &str = "state-io";
 /// `need:<kind>`: the layer needs this layout serves (full, sliding, recurrent).
 pub const NEED_PREFIX: &str = "need:";
-/// `scheme:<name>`: a storage scheme this layout implements (bf16, affine4, ...).
+/// `scheme:<name>`: a storage scheme this layout implements (`plain`,
+/// `affine8`, `affine4`); `CacheSpec.scheme` names it, with parameters after a `:`.
 pub const SCHEME_PREFIX: &str = "scheme:";
 
 // --- drafters ---

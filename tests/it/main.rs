@@ -17,6 +17,7 @@ mod fim;
 mod foundation;
 mod http;
 mod keepalive;
+mod kv_quant;
 mod limits;
 mod memory;
 mod page;

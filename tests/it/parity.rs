@@ -18,7 +18,7 @@ use std::process::Command;
 
 const PROMPT: &str = "1,2,3,4,5";
 
-fn oracle(dir: &std::path::Path, args: &[&str]) -> Value {
+pub(crate) fn oracle(dir: &std::path::Path, args: &[&str]) -> Value {
     let s = Scratch::new("oracle");
     let out = s.0.join("ref.json");
     run_ok(
@@ -39,16 +39,16 @@ fn oracle(dir: &std::path::Path, args: &[&str]) -> Value {
     v
 }
 
-fn host_json(args: &[&str]) -> Value {
+pub(crate) fn host_json(args: &[&str]) -> Value {
     let out = run_ok(Command::new(host_bin()).current_dir(it::repo_root()).args(args));
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("host printed no JSON ({e}): {out}"))
 }
 
-fn ids(v: &Value) -> Vec<u64> {
+pub(crate) fn ids(v: &Value) -> Vec<u64> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().unwrap()).collect()
 }
 
-fn floats(v: &Value) -> Vec<f64> {
+pub(crate) fn floats(v: &Value) -> Vec<f64> {
     v.as_array().expect("array").iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect()
 }
 
@@ -111,7 +111,7 @@ pub(crate) fn check_prompt(name: &str, prompt: &str) {
 /// Every `a[i]` within `atol + rtol|b[i]|` of `b[i]`; a NaN or an infinity
 /// anywhere fails (a comparison with NaN is false, so a max over
 /// differences would silently drop it).
-fn assert_close(a: &[f64], b: &[f64], (atol, rtol): (f64, f64), what: &str) {
+pub(crate) fn assert_close(a: &[f64], b: &[f64], (atol, rtol): (f64, f64), what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: lengths differ");
     assert!(!a.is_empty(), "{what}: nothing to compare");
     if let Some(i) = a.iter().chain(b).position(|x| !x.is_finite()) {

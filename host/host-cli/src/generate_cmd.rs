@@ -87,6 +87,8 @@ pub fn generate(
             "dtype_reason": engine.dtype_reason(),
             "family_plugin": engine.model().family_plugin,
             "cache_layouts": engine.model().layouts,
+            "kv_scheme": engine.model().scheme,
+            "layer_kv_schemes": engine.model().layer_schemes,
             "execution": { "plan": plan.summary(), "reasons": plan.reasons },
         });
         if logprobs.is_some() {

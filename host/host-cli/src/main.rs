@@ -4,6 +4,8 @@
 mod bench_cmd;
 mod draft_cmd;
 mod generate_cmd;
+mod kl_cmd;
+mod kv_cmd;
 mod model_options;
 mod plugins_cmd;
 mod runtime_switch;
@@ -57,6 +59,8 @@ struct ModelArgs {
     /// An option for the model family plugin, `key=value` (repeatable; docs/plugin-guide.md lists model-kit's).
     #[arg(long = "model-option", value_name = "KEY=VALUE")]
     model_option: Vec<String>,
+    #[command(flatten)]
+    kv: kv_cmd::KvArgs,
 }
 
 #[derive(Args)]
@@ -171,6 +175,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// How far a KV scheme (--kv-quant) moves next-token distributions from plain K/V's over a text: KL divergence per position, as JSON.
+    KvKl {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The text (tokenized as --prompt is).
+        #[arg(long = "text-file")]
+        text_file: PathBuf,
+        /// Tokens of the text compared (its first N).
+        #[arg(long, default_value_t = 2048)]
+        tokens: usize,
+        /// Tokens per forward (the first chunk attends plain K/V in both runs).
+        #[arg(long, default_value_t = 64)]
+        chunk: usize,
+    },
     /// Debugging aid: last-position logits of one full forward, as JSON.
     Logits {
         #[command(flatten)]
@@ -202,6 +220,7 @@ fn engine(m: &ModelArgs, speculation: Option<SpeculationConfig>) -> Result<Engin
         dtype: DtypeChoice::parse(&m.dtype)?,
         model_options: model_options::options(m.gpu_attention.as_deref(), &m.model_option)?,
         speculation,
+        kv_scheme: m.kv.scheme()?,
         ..Default::default()
     };
     Engine::load(&reg, &m.model, cfg).with_context(|| format!("loading {}", m.model.display()))
@@ -312,6 +331,22 @@ fn main() -> Result<ExitCode> {
         Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json }) => {
             let engine = engine(&model, None)?;
             bench_cmd::run(engine, bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json })?
+        }
+        Some(Command::KvKl { model, text_file, tokens, chunk }) => {
+            init_tracing("warn");
+            let scheme = engine(&model, None)?;
+            let plain_args = ModelArgs { kv: kv_cmd::KvArgs::default(), ..model };
+            let plain = engine(&plain_args, None)?;
+            let text =
+                std::fs::read_to_string(&text_file).with_context(|| format!("reading {}", text_file.display()))?;
+            let p = generate_cmd::Prompt { text: Some(text), chat: None, ids: None };
+            let mut ids = generate_cmd::prompt_ids(&plain, &p)?;
+            if ids.len() < tokens {
+                anyhow::bail!("{} gives {} tokens, fewer than --tokens {tokens}", text_file.display(), ids.len());
+            }
+            ids.truncate(tokens);
+            let out = kl_cmd::run(&plain, &scheme, kl_cmd::KlArgs { tokens: ids, chunk })?;
+            println!("{}", serde_json::to_string_pretty(&out)?);
         }
         Some(Command::Logits { model, prompt_ids }) => {
             let engine = engine(&model, None)?;

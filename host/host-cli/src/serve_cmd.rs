@@ -147,6 +147,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub draft: crate::draft_cmd::DraftArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub kv: crate::kv_cmd::KvArgs,
 }
 
 /// Flags over the file: the file's table, overlaid with every flag given.
@@ -204,6 +207,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         prefix_cache_bytes: gib(cache_gib) as usize,
         model_options: crate::model_options::options(a.gpu_attention.as_deref(), &a.model_option)?,
         speculation: a.draft.config()?,
+        kv_scheme: a.kv.scheme()?,
         ..Default::default()
     };
     let engine = Engine::load(&reg, &model_dir, cfg).with_context(|| format!("loading {}", model_dir.display()))?;
@@ -212,12 +216,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let m = engine.model();
     let what = format!(
-        "{} via {} with {:?}; dtype {} ({})",
+        "{} via {} with {:?}; dtype {} ({}); KV {}",
         m.model_type,
         m.family_plugin,
         dedup(&m.layouts),
         engine.dtype_name(),
-        engine.dtype_reason()
+        engine.dtype_reason(),
+        m.scheme_summary()
     );
     stage(2, 4, &what, t0);
     // MLX maps weights lazily: one tiny generation reads them all now rather

@@ -41,6 +41,9 @@ pub struct EngineConfig {
     pub model_options: Vec<(String, String)>,
     /// Speculative decoding, when configured.
     pub speculation: Option<SpeculationConfig>,
+    /// The KV storage scheme every cache is made in (`CacheSpec.scheme`):
+    /// `plain`, or e.g. `affine8:group=64,start=0` ([`kv_scheme`]).
+    pub kv_scheme: String,
 }
 
 impl Default for EngineConfig {
@@ -51,7 +54,41 @@ impl Default for EngineConfig {
             prefix_cache_bytes: 0,
             model_options: Vec::new(),
             speculation: None,
+            kv_scheme: "plain".to_owned(),
         }
+    }
+}
+
+/// The scheme string for `--kv-quant` (`off`, `8`, `4`, `turbo[:kXvY]`),
+/// `--kv-group-size` and `--quantized-kv-start`: `plain`,
+/// `affine<bits>:group=<g>,start=<s>` or `turbo:k=<X>,v=<Y>,group=<g>,start=<s>`
+/// (the form `CacheSpec.scheme` documents; layouts claim the name).
+pub fn kv_scheme(kv_quant: &str, group_size: u32, start: u64) -> Result<String, crate::EngineError> {
+    let bad = |why: String| crate::EngineError::Config(why);
+    if !matches!(group_size, 32 | 64 | 128) {
+        return Err(bad(format!("--kv-group-size {group_size}: expected 32, 64 or 128")));
+    }
+    let tail = format!("group={group_size},start={start}");
+    match kv_quant {
+        "off" | "none" | "plain" => Ok("plain".to_owned()),
+        "8" | "4" => Ok(format!("affine{kv_quant}:{tail}")),
+        "turbo" => Ok(format!("turbo:k=8,v=3,{tail}")),
+        t if t.starts_with("turbo:") => {
+            let kv = &t["turbo:".len()..];
+            let parsed = kv
+                .strip_prefix('k')
+                .and_then(|r| r.split_once('v'))
+                .and_then(|(k, v)| Some((k.parse::<u32>().ok()?, v.parse::<u32>().ok()?)));
+            match parsed {
+                Some((k, v)) if matches!(k, 2..=6 | 8) && (2..=5).contains(&v) => {
+                    Ok(format!("turbo:k={k},v={v},{tail}"))
+                }
+                _ => Err(bad(format!(
+                    "--kv-quant `{t}`: expected turbo:k<bits>v<bits>, keys at 2-6 or 8 bits, values at 2-5 (default turbo = turbo:k8v3)"
+                ))),
+            }
+        }
+        other => Err(bad(format!("--kv-quant `{other}`: expected off, 8, 4 or turbo[:k<bits>v<bits>]"))),
     }
 }
 

@@ -95,7 +95,7 @@ impl Engine {
                 ),
             },
         };
-        let model = Arc::new(registry.open_model(dir, dtype, "plain", &cfg.model_options)?);
+        let model = Arc::new(registry.open_model(dir, dtype, &cfg.kv_scheme, &cfg.model_options)?);
         let dtype_name = match dtype {
             Some(d) => d.name().to_owned(),
             None if quantized => {
@@ -241,6 +241,7 @@ impl Engine {
             capabilities: self.capabilities(),
             features: self.features(batch_limit),
             draft_kind: self.drafting.as_ref().map(|d| d.kind.clone()),
+            kv_quant: Some(self.model.scheme.clone()).filter(|s| s != "plain"),
         }
     }
 
@@ -373,6 +374,25 @@ impl Engine {
         let l = self.forward(&token_array(prompt), &mut caches, true)?.as_dtype(mlx_rs::Dtype::Float32)?;
         l.eval()?;
         Ok(l.as_slice::<f32>().to_vec())
+    }
+
+    /// The next-token log-probabilities (float32 `[n, V]`) at every position
+    /// of `tokens`, run through fresh caches `chunk` tokens per forward;
+    /// `each(first position, rows)` sees one chunk's rows at a time.
+    pub fn next_token_logprobs(
+        &self,
+        tokens: &[u32],
+        chunk: usize,
+        mut each: impl FnMut(usize, &Array) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let mut caches = self.new_caches()?;
+        for (i, c) in tokens.chunks(chunk.max(1)).enumerate() {
+            let logits = self.forward_all(&token_array(c), &mut caches)?.as_dtype(mlx_rs::Dtype::Float32)?;
+            let lp = logits.subtract(mlx_rs::ops::logsumexp_axis(&logits, -1, true)?)?;
+            lp.eval()?;
+            each(i * chunk.max(1), &lp)?;
+        }
+        Ok(())
     }
 
     /// What every request must be, serial or batched: a prompt of ids in

@@ -40,7 +40,7 @@ pub struct RequestFacts {
     /// The drafter's kind (`mtp`, `ngram`, `two-model`, ...), for reasons.
     pub draft_kind: Option<String>,
     pub wants_logprobs: bool,
-    /// A non-default KV storage scheme (`affine4`, ...).
+    /// A non-default KV storage scheme (`affine4:group=64,start=0`, ...).
     pub kv_quant: Option<String>,
     pub has_grammar: bool,
     /// Repetition/presence/frequency penalties: fine in every mechanism, but
@@ -119,7 +119,9 @@ impl Capabilities {
             continuous: continuous_blocker.is_none(),
             continuous_blocker,
             grouped_methods,
-            quantized_batch: has(model, caps::QUANTIZED_KV_BATCH),
+            // A graph that attends through its layouts batches over any
+            // scheme whose layouts have row operations (`continuous`).
+            quantized_batch: has(model, caps::QUANTIZED_KV_BATCH) || has(model, caps::LAYOUT_ATTENTION),
             state_io,
             // A checkpoint is exported layout state, so it needs `state-io`.
             checkpoints: has(model, caps::CHECKPOINTS) && state_io,
@@ -212,6 +214,8 @@ pub struct Planner {
     pub features: ServerFeatures,
     /// The drafter's kind, when one is mounted.
     pub draft_kind: Option<String>,
+    /// The KV scheme every request's caches are made in, when not `plain`.
+    pub kv_quant: Option<String>,
 }
 
 impl Planner {
@@ -223,7 +227,7 @@ impl Planner {
             wants_logprobs: req.logprobs.is_some(),
             has_penalties: req.params.has_penalties(),
             has_grammar: req.constraint.is_some(),
-            ..Default::default()
+            kv_quant: self.kv_quant.clone(),
         }
     }
 

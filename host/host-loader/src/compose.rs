@@ -2,6 +2,11 @@
 //! by the strings it claims; each declared layer need picks a cache-layout
 //! plugin that serves that need in the requested scheme. No family or
 //! layout is ever named here.
+//!
+//! A scheme re-encodes stored K/V: a layer whose need no layout serves in
+//! the requested scheme (recurrent state holds no K/V) keeps `plain`
+//! storage, and `ComposedModel::layer_schemes` says so; a scheme that no
+//! layer takes is refused.
 
 use crate::registry::{LoadedPlugin, Registry};
 use abi_stable::std_types::{ROption, RStr, RString, Tuple2};
@@ -19,6 +24,13 @@ pub enum ComposeError {
     NoFamily { model_type: String, architectures: Vec<String>, available: String },
     #[error("no cache-layout plugin serves `{need}` layers in scheme `{scheme}`{extra}")]
     NoLayout { need: String, scheme: String, extra: String },
+    #[error(
+        "KV scheme `{scheme}` needs a model family that attends through its cache layouts (`{}`); `{family}` does not",
+        plugin_api::caps::LAYOUT_ATTENTION
+    )]
+    SchemeNeedsLayoutAttention { scheme: String, family: String },
+    #[error("KV scheme `{scheme}`: no cache-layout plugin serves any of this model's layers in it (layers: {needs})")]
+    SchemeUnused { scheme: String, needs: String },
     #[error("plugin `{plugin}`: {error}")]
     Plugin { plugin: String, error: PluginError },
 }
@@ -36,7 +48,11 @@ pub struct ComposedModel {
     /// The plugin chosen for each layer's cache, and why (for reports).
     pub layouts: Vec<String>,
     pub cache_dtype: Dtype,
+    /// The KV scheme asked for (`plain`, `affine8:group=64,start=0`, ...).
     pub scheme: String,
+    /// The scheme each layer's cache is made in: `scheme`, or `plain` where
+    /// no layout serves that layer's need in it.
+    pub layer_schemes: Vec<String>,
     /// Capability tags of the family (manifest and plan) and of each chosen
     /// layout plugin, for resolve_execution.
     pub model_caps: Vec<String>,
@@ -53,10 +69,11 @@ impl ComposedModel {
         self.factories
             .iter()
             .zip(&self.layouts)
-            .map(|((f, need), plugin)| {
+            .zip(&self.layer_schemes)
+            .map(|(((f, need), plugin), scheme)| {
                 let spec = CacheSpec {
                     need: need.clone(),
-                    scheme: self.scheme.as_str().into(),
+                    scheme: scheme.as_str().into(),
                     dtype: self.cache_dtype,
                     rows,
                     step: KV_STEP,
@@ -65,6 +82,24 @@ impl ComposedModel {
             })
             .collect()
     }
+}
+
+impl ComposedModel {
+    /// `plain`, or the scheme and the layers in it, e.g.
+    /// `affine8:group=64,start=0 on 2 of 4 layers (the others plain)`.
+    pub fn scheme_summary(&self) -> String {
+        let on = self.layer_schemes.iter().filter(|s| **s == self.scheme).count();
+        match (self.scheme.as_str(), self.layer_schemes.len() - on) {
+            ("plain", _) => "plain".to_owned(),
+            (s, 0) => format!("{s} on every layer"),
+            (s, _) => format!("{s} on {on} of {} layers (the others plain)", self.layer_schemes.len()),
+        }
+    }
+}
+
+/// A scheme's name: `affine8` of `affine8:group=64,start=0`.
+pub fn scheme_name(scheme: &str) -> &str {
+    scheme.split_once(':').map_or(scheme, |(name, _)| name)
 }
 
 /// Reads a model folder's config.json.
@@ -115,9 +150,11 @@ impl Registry {
         })
     }
 
-    /// A cache-layout plugin serving `need` in `scheme`; with `rows`, one
-    /// that also advertises row operations (batching).
+    /// A cache-layout plugin serving `need` in `scheme` (claimed by its
+    /// name, the part before any `:` parameters); with `rows`, one that
+    /// also advertises row operations (batching).
     pub fn layout_for(&self, need: &LayerNeed, scheme: &str, rows: bool) -> Result<&LoadedPlugin, ComposeError> {
+        let scheme = scheme_name(scheme);
         let serves = |p: &&LoadedPlugin| {
             let c = &p.manifest.claims;
             c.cache_needs.iter().any(|n| n.as_str() == need.kind.as_str())
@@ -149,11 +186,26 @@ impl Registry {
         let plan_fn = family.root.plan_model().ok_or_else(|| perr(PluginError::unsupported("no plan_model entry")))?;
         let open_fn = family.root.open_model().ok_or_else(|| perr(PluginError::unsupported("no open_model entry")))?;
         let plan = plan_fn(RStr::from_str(&text)).into_result().map_err(perr)?;
+        let attends = |tags: &[RString]| tags.iter().any(|t| t.as_str() == plugin_api::caps::LAYOUT_ATTENTION);
+        if scheme_name(scheme) != "plain" && !attends(&family.manifest.capabilities) && !attends(&plan.capabilities) {
+            return Err(ComposeError::SchemeNeedsLayoutAttention {
+                scheme: scheme.to_owned(),
+                family: family.name().to_owned(),
+            });
+        }
         let mut factories = Vec::new();
         let mut layouts = Vec::new();
+        let mut layer_schemes = Vec::new();
         let mut layout_caps: Vec<(String, Vec<String>)> = Vec::new();
         for need in plan.layers.iter() {
-            let p = self.layout_for(need, scheme, false)?;
+            let (p, layer_scheme) = match self.layout_for(need, scheme, false) {
+                Ok(p) => (p, scheme),
+                Err(ComposeError::NoLayout { .. }) if scheme_name(scheme) != "plain" => {
+                    (self.layout_for(need, "plain", false)?, "plain")
+                }
+                Err(e) => return Err(e),
+            };
+            layer_schemes.push(layer_scheme.to_owned());
             let f = p.root.new_cache().ok_or_else(|| ComposeError::Plugin {
                 plugin: p.name().to_owned(),
                 error: PluginError::unsupported("no new_cache entry"),
@@ -164,6 +216,12 @@ impl Registry {
                 layout_caps
                     .push((p.name().to_owned(), p.manifest.capabilities.iter().map(|c| c.to_string()).collect()));
             }
+        }
+        if scheme_name(scheme) != "plain" && layer_schemes.iter().all(|s| s == "plain") {
+            return Err(ComposeError::SchemeUnused {
+                scheme: scheme.to_owned(),
+                needs: plan.layers.iter().map(|n| n.kind.as_str()).collect::<Vec<_>>().join(", "),
+            });
         }
         let args = ModelOpenArgs {
             dir: RString::from(dir.to_string_lossy().as_ref()),
@@ -196,6 +254,7 @@ impl Registry {
             layouts,
             cache_dtype,
             scheme: scheme.to_owned(),
+            layer_schemes,
             model_caps,
             layout_caps,
             factories,

@@ -1,12 +1,15 @@
 //! Attention through a cache-layout plugin. The graph never knows the
 //! layout's type: it asks for positions and a mask, hands over new keys and
-//! values, and attends over what comes back (see plugin_api::cache).
+//! values, and attends over what comes back (see plugin_api::cache). A
+//! family that attends through [`attend`] (and advertises
+//! `caps::LAYOUT_ATTENTION`) lets the layout attend itself where it stores
+//! K/V in a form plain attention cannot read (quantized schemes).
 
 use crate::rope::Position;
 use crate::{error, Array, Result};
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use plugin_api::abi_stable::std_types::{ROption, RResult};
-use plugin_api::{CacheBox, MaskMode, PluginError};
+use plugin_api::{CacheBox, MaskMode, MaskRef, PluginError};
 use plugin_sdk::{into_array, into_tensor};
 
 fn boundary<T>(r: RResult<T, PluginError>) -> Result<T> {
@@ -62,6 +65,36 @@ pub fn positions(cache: &CacheBox) -> Result<Position> {
 pub fn update(cache: &mut CacheBox, keys: Array, values: Array) -> Result<(Array, Array)> {
     let kv = boundary(cache.update_and_fetch(into_tensor(keys), into_tensor(values)))?;
     Ok((into_array(kv.keys), into_array(kv.values)))
+}
+
+/// Stores `keys`/`values` `[B, H, L, D]` and attends `q` over the layer's
+/// K/V: the layout's own attention when it has one (`CacheLayout::attend`,
+/// e.g. quantized matmuls over a quantized scheme), else
+/// [`update`] then [`sdpa`]. Use it wherever the graph needs the attention
+/// output only (no K/V kept for other layers).
+pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale: f32, mask: &Mask) -> Result<Array> {
+    let mask_ref = MaskRef {
+        mode: match mask {
+            Mask::None => MaskMode::NONE,
+            Mask::Causal => MaskMode::CAUSAL,
+            Mask::Array(_) => MaskMode::ARRAY,
+        },
+        array: match mask {
+            Mask::Array(a) => ROption::RSome(tensor_ref(a)),
+            _ => ROption::RNone,
+        },
+    };
+    let own = boundary(cache.attend(tensor_ref(q), tensor_ref(&keys), tensor_ref(&values), scale, mask_ref))?;
+    if let ROption::RSome(out) = own {
+        return Ok(into_array(out));
+    }
+    let (k, v) = update(cache, keys, values)?;
+    sdpa(q, &k, &v, scale, mask)
+}
+
+/// Borrows an array for one boundary call (the array outlives the call).
+fn tensor_ref(a: &Array) -> plugin_api::TensorRef<'_> {
+    unsafe { plugin_api::TensorRef::from_raw(a.as_ptr()) }
 }
 
 /// `mx.fast.scaled_dot_product_attention` with the mask's mode; multi-token

@@ -5,7 +5,7 @@
 //! attention output scaled by `sigmoid(gate)` before o_proj. K/V live in a
 //! full-attention cache layout.
 
-use crate::attention::{positions, sdpa, update, Mask};
+use crate::attention::{attend, positions, Mask};
 use crate::layers::{Linear, LoadCtx, RmsNorm};
 use crate::rope::Rope;
 use crate::{Array, Result};
@@ -78,8 +78,7 @@ impl GatedAttention {
         let pos = positions(cache)?;
         let q = self.rope.apply(&q, &pos)?;
         let k = self.rope.apply(&k, &pos)?;
-        let (k, v) = update(cache, k, v)?;
-        let out = sdpa(&q, &k, &v, self.scale, mask)?.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        let out = attend(cache, &q, k, v, self.scale, mask)?.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o.forward(&out.multiply(ops::sigmoid(&gate)?)?)
     }
 }

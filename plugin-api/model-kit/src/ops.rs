@@ -112,3 +112,13 @@ pub fn on_gpu() -> bool {
         .and_then(|d| d.get_type().ok())
         .is_some_and(|t| matches!(t, mlx_rs::DeviceType::Gpu))
 }
+
+/// Bytes per element of `dtype`.
+pub fn dtype_size(dtype: Dtype) -> usize {
+    match dtype {
+        Dtype::Bool | Dtype::Uint8 | Dtype::Int8 => 1,
+        Dtype::Uint16 | Dtype::Int16 | Dtype::Float16 | Dtype::Bfloat16 => 2,
+        Dtype::Uint32 | Dtype::Int32 | Dtype::Float32 => 4,
+        Dtype::Uint64 | Dtype::Int64 | Dtype::Float64 | Dtype::Complex64 => 8,
+    }
+}

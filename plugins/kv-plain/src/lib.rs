@@ -8,14 +8,24 @@
 //! `write index - left padding`, and masks hide the padding. A batched
 //! speculative round whose rows keep different counts leaves per-row holes
 //! (`holes.rs`), hidden the same way.
+//!
+//! Schemes: `plain`, the affine ones (`affine8`, `affine4`) and TurboQuant
+//! (`turbo`): the same storage holding each token's codes (`kv_quant::Quantized` around this
+//! layout, which moves whole token columns and so implements
+//! `kv_quant::Columns`), attended through quantized matmuls as mlx-lm's
+//! `QuantizedKVCache` is (TurboQuant's values: weighted in their rotated
+//! form, rotated back once per query).
 
 mod holes;
+#[cfg(test)]
+mod quantized_tests;
 #[cfg(test)]
 mod tests;
 
 use holes::{compact_plan, gather_columns, Holes, COMPACT_AFTER};
 
-use model_kit::ops::{dtype_from_raw, slice, slice_update, zeros};
+use kv_quant::{Columns, Quantized, Scheme, Widths};
+use model_kit::ops::{dtype_from_raw, dtype_size, slice, slice_update, zeros};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
@@ -30,8 +40,12 @@ plugin_sdk::export_plugin! {
 fn manifest() -> PluginManifest {
     plugin_sdk::manifest!(
         PluginKind::CACHE_LAYOUT,
-        "plain K/V in the model dtype, grown in steps, written in place",
-        Claims { cache_needs: rstrings(&["full"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
+        "K/V for full attention, in the model dtype or as affine or TurboQuant codes, grown in steps, written in place",
+        Claims {
+            cache_needs: rstrings(&["full"]),
+            cache_schemes: rstrings(&["plain", Scheme::AFFINE[0], Scheme::AFFINE[1], Scheme::TURBO]),
+            ..Default::default()
+        },
         &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS],
     )
 }
@@ -43,9 +57,7 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
             spec.need.kind.as_str()
         )));
     }
-    if spec.scheme.as_str() != "plain" {
-        return Err(PluginError::unsupported(format!("kv-plain has no scheme `{}`", spec.scheme)));
-    }
+    let scheme = Scheme::parse(spec.scheme.as_str()).map_err(|e| PluginError::unsupported(format!("kv-plain: {e}")))?;
     let dtype = dtype_from_raw(spec.dtype.0).map_err(|e| PluginError::invalid_input(e.what()))?;
     let kv = PlainKv {
         keys: None,
@@ -60,7 +72,15 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
         dtype,
         mark: None,
     };
-    Ok(CacheLayout_TO::from_value(kv, TD_Opaque))
+    match scheme {
+        None => Ok(CacheLayout_TO::from_value(kv, TD_Opaque)),
+        Some(scheme) => {
+            let plain = Widths { k: kv.k_dim, v: kv.v_dim, dtype };
+            let q =
+                Quantized::new(kv, scheme, plain).map_err(|e| PluginError::invalid_input(format!("kv-plain: {e}")))?;
+            Ok(CacheLayout_TO::from_value(q, TD_Opaque))
+        }
+    }
 }
 
 struct PlainKv {
@@ -348,6 +368,36 @@ impl PlainKv {
     }
 }
 
+impl Columns for PlainKv {
+    fn blank(&self, w: Widths, one_row: bool) -> Self {
+        let rows = if one_row { 1 } else { self.rows() };
+        PlainKv {
+            keys: None,
+            values: None,
+            idx: 0,
+            left_pad: vec![0; rows],
+            holes: Holes::none(rows),
+            mark: None,
+            k_dim: w.k,
+            v_dim: w.v,
+            dtype: w.dtype,
+            ..*self.geometry()
+        }
+    }
+
+    fn recode(
+        &mut self,
+        w: Widths,
+        keys: &dyn Fn(&Array) -> Result<Array>,
+        values: &dyn Fn(&Array) -> Result<Array>,
+    ) -> Result<()> {
+        self.keys = self.keys.as_ref().map(keys).transpose()?;
+        self.values = self.values.as_ref().map(values).transpose()?;
+        (self.k_dim, self.v_dim, self.dtype) = (w.k, w.v, w.dtype);
+        Ok(())
+    }
+}
+
 fn r_used(a: Array, idx: usize) -> Result<Array> {
     let s = a.shape().to_vec();
     if s[2] as usize == idx {
@@ -444,11 +494,7 @@ impl CacheLayout for PlainKv {
     }
 
     fn bytes_per_token(&self) -> u64 {
-        let elem = match self.dtype {
-            Dtype::Float32 => 4,
-            _ => 2,
-        };
-        (self.rows().max(1) * self.heads as usize * (self.k_dim + self.v_dim) as usize * elem) as u64
+        (self.rows().max(1) * self.heads as usize * (self.k_dim + self.v_dim) as usize * dtype_size(self.dtype)) as u64
     }
 
     fn export_state(&self) -> PResult<CacheState> {

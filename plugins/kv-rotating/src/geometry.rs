@@ -1,6 +1,7 @@
 //! What a cache is built for: the ring's size, the attention window, the
 //! growth step, and the shape and dtype of the keys and values.
 
+use model_kit::ops::dtype_size;
 use model_kit::{Array, Dtype};
 use plugin_api::abi_stable::std_types::RString;
 use plugin_api::PluginError;
@@ -50,10 +51,6 @@ impl Geometry {
 
     /// Bytes one token takes in one row, keys and values.
     pub fn token_bytes(&self) -> u64 {
-        let element = match self.dtype {
-            Dtype::Float32 => 4,
-            _ => 2,
-        };
-        (self.heads as usize * (self.k_dim + self.v_dim) as usize * element) as u64
+        (self.heads as usize * (self.k_dim + self.v_dim) as usize * dtype_size(self.dtype)) as u64
     }
 }

@@ -13,10 +13,18 @@
 //! methods, answering as the serial or the batched class), `geometry.rs`
 //! and `columns.rs` (shapes, and array helpers along the token axis).
 //!
+//! Schemes: `plain`, and the affine ones (`affine8`, `affine4`): the same
+//! ring holding each token's codes (`kv_quant::Quantized` around it; the
+//! ring only moves whole token columns, so quantizing a token once as it
+//! arrives equals quantizing the window mlx-lm's ring would attend over).
+//! mlx-lm has no quantized rotating cache (`RotatingKVCache.to_quantized`
+//! raises); this one is its ring with the codes of `QuantizedKVCache`.
+//!
 //! Capabilities: `trim` while the ring has not wrapped (mlx-lm's
 //! `is_trimmable`: `offset < max_size`), `spec-round` (a serial ring refuses
 //! it once wrapped; the batched one rolls back per row), `state-io`, `rows`.
 
+use kv_quant::{KvCodec, Quantized, Scheme, Widths};
 use model_kit::ops::dtype_from_raw;
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::*;
@@ -24,6 +32,7 @@ use plugin_sdk::rstrings;
 
 mod columns;
 mod geometry;
+mod in_codes;
 mod layout;
 mod masks;
 mod ring;
@@ -43,7 +52,11 @@ fn manifest() -> PluginManifest {
     plugin_sdk::manifest!(
         PluginKind::CACHE_LAYOUT,
         "sliding-window K/V in a ring of `window` slots, as mlx-lm's RotatingKVCache",
-        Claims { cache_needs: rstrings(&["sliding"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
+        Claims {
+            cache_needs: rstrings(&["sliding"]),
+            cache_schemes: rstrings(&["plain", Scheme::AFFINE[0], Scheme::AFFINE[1]]),
+            ..Default::default()
+        },
         &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS],
     )
 }
@@ -55,8 +68,13 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
             spec.need.kind.as_str()
         )));
     }
-    if spec.scheme.as_str() != "plain" {
-        return Err(PluginError::unsupported(format!("kv-rotating has no scheme `{}`", spec.scheme)));
+    let scheme =
+        Scheme::parse(spec.scheme.as_str()).map_err(|e| PluginError::unsupported(format!("kv-rotating: {e}")))?;
+    if let Some(Scheme { codec: KvCodec::Turbo(_), .. }) = scheme {
+        // TurboQuant is for full-attention layers (the host gives sliding
+        // ones a plain ring); its rotated values would fit the ring too,
+        // but nothing measured it there.
+        return Err(PluginError::unsupported("kv-rotating: no scheme `turbo` (full-attention layers only)"));
     }
     if spec.need.window == 0 {
         return Err(PluginError::invalid_input("kv-rotating: a sliding layer needs a window > 0"));
@@ -78,7 +96,15 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
         1 => RotatingKv::serial(geo),
         rows => RotatingKv::batch(geo, rows as usize),
     };
-    Ok(CacheLayout_TO::from_value(cache, TD_Opaque))
+    match scheme {
+        None => Ok(CacheLayout_TO::from_value(cache, TD_Opaque)),
+        Some(scheme) => {
+            let plain = Widths { k: geo.k_dim, v: geo.v_dim, dtype };
+            let q = Quantized::new(cache, scheme, plain)
+                .map_err(|e| PluginError::invalid_input(format!("kv-rotating: {e}")))?;
+            Ok(CacheLayout_TO::from_value(q, TD_Opaque))
+        }
+    }
 }
 
 #[cfg(test)]

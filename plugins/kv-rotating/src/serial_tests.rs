@@ -310,7 +310,7 @@ fn a_serial_cache_is_its_one_row_and_has_no_slots() {
 }
 
 #[test]
-fn new_cache_serves_only_plain_sliding_layers() {
+fn new_cache_serves_sliding_layers_plain_and_affine() {
     let need = |kind, window| LayerNeed {
         kind,
         window,
@@ -334,9 +334,18 @@ fn new_cache_serves_only_plain_sliding_layers() {
         let b = new_cache(&spec(need(NeedKind::SLIDING, 8), "plain", rows)).unwrap();
         assert_eq!((b.rows(), b.signature().as_str()), (rows, "kv:rotating:w8:bfloat16:h2:k16:v16"));
     }
-    for bad in [spec(need(NeedKind::FULL, 0), "plain", 1), spec(need(NeedKind::SLIDING, 8), "affine4", 1)] {
+    for bad in [spec(need(NeedKind::FULL, 0), "plain", 1), spec(need(NeedKind::SLIDING, 8), "affine5", 1)] {
         assert_eq!(new_cache(&bad).err().unwrap().code, ErrorCode::UNSUPPORTED);
     }
+    // Affine codes: head rows of 16 are no whole number of 64-groups; of 32-groups neither.
+    let e = new_cache(&spec(need(NeedKind::SLIDING, 8), "affine4", 1)).err().unwrap();
+    assert_eq!(e.code, ErrorCode::INVALID_INPUT, "{e}");
+    let mut wide = need(NeedKind::SLIDING, 8);
+    (wide.k_head_dim, wide.v_head_dim) = (64, 64);
+    let q = new_cache(&spec(wide, "affine4:group=32", 1)).unwrap();
+    assert_eq!(q.signature().as_str(), "kv:affine4:g32:kv:rotating:w8:bfloat16:h2:k64:v64");
+    // 64 values: 8 uint32 words (16 uint16) and 2 scales, 2 biases, per K and V.
+    assert_eq!(q.bytes_per_token(), 2 * 2 * 20 * 2);
     assert_eq!(new_cache(&spec(need(NeedKind::SLIDING, 0), "plain", 1)).err().unwrap().code, ErrorCode::INVALID_INPUT);
 }
 

@@ -11,7 +11,7 @@ mod args;
 
 use args::Args;
 use mlx_rs::ops;
-use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
+use model_kit::attention::{attend, masks_by_kind, positions, Mask};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::compiled::gelu_approx;
 use model_kit::config::Config;
@@ -39,7 +39,7 @@ fn manifest() -> PluginManifest {
             architectures: rstrings(&["Gemma3ForCausalLM"]),
             ..Default::default()
         },
-        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::GROUPED_SPECULATIVE],
+        &[caps::CONTINUOUS_BATCHING, caps::LAYOUT_ATTENTION, caps::HIDDEN_TAPS, caps::GROUPED_SPECULATIVE],
     )
 }
 
@@ -160,8 +160,7 @@ impl Attention {
         let pos = positions(cache)?;
         let q = self.rope.apply(&q, &pos)?;
         let k = self.rope.apply(&k, &pos)?;
-        let (k, v) = update(cache, k, v)?;
-        let out = sdpa(&q, &k, &v, self.scale, mask)?;
+        let out = attend(cache, &q, k, v, self.scale, mask)?;
         self.o.forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }

@@ -8,7 +8,7 @@
 mod args;
 
 use args::Args;
-use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
+use model_kit::attention::{attend, masks_by_kind, positions, Mask};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
 use model_kit::graph::{input_tokens, into_model, Family};
@@ -40,7 +40,13 @@ fn manifest() -> PluginManifest {
             ]),
             ..Default::default()
         },
-        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, caps::GROUPED_SPECULATIVE],
+        &[
+            caps::CONTINUOUS_BATCHING,
+            caps::LAYOUT_ATTENTION,
+            caps::HIDDEN_TAPS,
+            caps::SHARED_EMBEDDINGS,
+            caps::GROUPED_SPECULATIVE
+        ],
     )
 }
 
@@ -123,8 +129,7 @@ impl Attention {
             q = rope.apply(&q, &pos)?;
             k = rope.apply(&k, &pos)?;
         }
-        let (k, v) = update(cache, k, v)?;
-        let out = sdpa(&q, &k, &v, self.scale, mask)?;
+        let out = attend(cache, &q, k, v, self.scale, mask)?;
         self.o.forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }

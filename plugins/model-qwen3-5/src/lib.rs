@@ -51,7 +51,13 @@ fn manifest() -> PluginManifest {
             ]),
             ..Default::default()
         },
-        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, caps::GROUPED_SPECULATIVE],
+        &[
+            caps::CONTINUOUS_BATCHING,
+            caps::LAYOUT_ATTENTION,
+            caps::HIDDEN_TAPS,
+            caps::SHARED_EMBEDDINGS,
+            caps::GROUPED_SPECULATIVE
+        ],
     )
 }
 

@@ -10,7 +10,7 @@
 mod args;
 
 use args::Args;
-use model_kit::attention::{masks_by_kind, positions, sdpa, update, Mask};
+use model_kit::attention::{attend, masks_by_kind, positions, Mask};
 use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
 use model_kit::graph::{input_tokens, into_model, Family};
@@ -37,7 +37,13 @@ fn manifest() -> PluginManifest {
             architectures: rstrings(&["Qwen3MoeForCausalLM"]),
             ..Default::default()
         },
-        &[caps::CONTINUOUS_BATCHING, caps::HIDDEN_TAPS, caps::SHARED_EMBEDDINGS, caps::GROUPED_SPECULATIVE],
+        &[
+            caps::CONTINUOUS_BATCHING,
+            caps::LAYOUT_ATTENTION,
+            caps::HIDDEN_TAPS,
+            caps::SHARED_EMBEDDINGS,
+            caps::GROUPED_SPECULATIVE
+        ],
     )
 }
 
@@ -98,8 +104,7 @@ impl Attention {
         let v = heads(self.v.forward(x)?, self.kv_heads)?.transpose_axes(&[0, 2, 1, 3])?;
         let pos = positions(cache)?;
         let (q, k) = (self.rope.apply(&q, &pos)?, self.rope.apply(&k, &pos)?);
-        let (k, v) = update(cache, k, v)?;
-        let out = sdpa(&q, &k, &v, self.scale, mask)?;
+        let out = attend(cache, &q, k, v, self.scale, mask)?;
         self.o.forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }
