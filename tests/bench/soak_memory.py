@@ -126,7 +126,8 @@ def main():
         for t in threads:
             t.join()
         # Idle: only the weights and the prefix cache's entries should be live.
-        while get_json(port, "/stats").get("active", 0) > 0:
+        # (engine_idle: rows answered, their device work run out, buffers returned.)
+        while (st := get_json(port, "/stats")).get("active", 0) > 0 or st.get("engine_idle") is not True:
             time.sleep(0.2)
         idle = sample()
         warm = rows[1] if len(rows) > 2 else rows[0]

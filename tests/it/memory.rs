@@ -203,8 +203,10 @@ fn sustained_load_keeps_memory_bounded_and_the_prefix_cache_counts_what_it_holds
         let allowed = rss_warm + prefix.saturating_sub(prefix_warm) + reserved + slack;
         assert!(*rss <= allowed, "at {t:.0} s resident memory is {rss} bytes: more than {allowed} (warm {rss_warm}, prefix cache {prefix} vs {prefix_warm} at warm-up, rows' KV {reserved}, slack {slack}); {requests} requests done");
     }
-    // Idle: MLX holds the weights and the prefix cache's entries.
-    while s.stats()["active"].as_u64().unwrap() > 0 {
+    // Idle: MLX holds the weights and the prefix cache's entries. (The
+    // engine says when it is idle: rows answered, their work on the
+    // device run out, buffers returned.)
+    while s.stats()["engine_idle"] != true || s.stats()["active"].as_u64().unwrap() > 0 {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let st = s.stats();

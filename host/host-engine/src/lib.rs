@@ -22,6 +22,7 @@ pub mod embed;
 pub mod engine;
 pub mod histogram;
 pub mod hold;
+mod idle;
 pub mod job;
 pub mod owned_state;
 pub mod plan;

@@ -4,7 +4,7 @@
 use crate::engine::Engine;
 use crate::histogram::{Histogram, TOKENS_PER_SECOND, TTFT_SECONDS};
 use crate::job::GenerateResult;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Counters for observability (and for tests that watch cancellation).
 #[derive(Default)]
@@ -52,6 +52,11 @@ pub struct Stats {
     /// KV bytes reserved by the batch's rows and joiners now (as the
     /// layouts hold batched rows: every row as wide as the widest).
     pub kv_reserved: AtomicU64,
+    /// The engine's loop waits for work with nothing left on the device
+    /// (a step queued ahead of rows that all finished has run and its
+    /// buffers are freed) and MLX's buffer cache returned: what it holds
+    /// now is the weights and the prefix cache.
+    pub idle: AtomicBool,
 }
 
 impl Stats {

@@ -120,14 +120,10 @@ fn run_serially(engine: Engine, rx: Receiver<Work>, stats: Arc<Stats>, shutdown:
         let work = match rx.try_recv() {
             Ok(work) => work,
             Err(TryRecvError::Disconnected) => break,
-            Err(TryRecvError::Empty) => {
-                // Between requests, with nothing queued: freed buffers go back.
-                crate::runtime::clear_cache();
-                match rx.recv() {
-                    Ok(work) => work,
-                    Err(_) => break,
-                }
-            }
+            Err(TryRecvError::Empty) => match crate::idle::wait_for_work(&rx, &stats) {
+                Ok(work) => work,
+                Err(_) => break,
+            },
         };
         hold.checkpoint();
         let mut job = match work {

@@ -44,11 +44,8 @@ impl Scheduler<'_> {
                 if !open {
                     return;
                 }
-                // Between requests: freed buffers go back (mlx-lm clears its
-                // buffer cache between requests too).
-                crate::runtime::clear_cache();
                 self.steps_since_clear = 0;
-                match rx.recv() {
+                match crate::idle::wait_for_work(&rx, &self.stats) {
                     Ok(work) => {
                         self.hold.checkpoint();
                         self.receive(work)

@@ -34,6 +34,7 @@ pub async fn stats(State(st): State<AppState>) -> Json<Value> {
     Json(json!({
         "queued": w.queued.load(Relaxed),
         "active": w.active.load(Relaxed),
+        "engine_idle": w.idle.load(Relaxed),
         "requests": w.requests.load(Relaxed),
         "completed": w.completed.load(Relaxed),
         "cancelled": w.cancelled.load(Relaxed),

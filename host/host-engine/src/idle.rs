@@ -1,0 +1,18 @@
+//! What the engine's loop does between requests, batched or serial.
+
+use crate::stats::Stats;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvError};
+
+/// With nothing queued: the work still on the device (a step built ahead
+/// for rows that all finished) runs out, freed buffers go back (mlx-lm
+/// clears its buffer cache between requests too), `stats.idle` says so
+/// while the loop waits for the next piece of work.
+pub(crate) fn wait_for_work<T>(rx: &Receiver<T>, stats: &Stats) -> Result<T, RecvError> {
+    crate::runtime::wait_for_streams();
+    crate::runtime::clear_cache();
+    stats.idle.store(true, Ordering::SeqCst);
+    let work = rx.recv();
+    stats.idle.store(false, Ordering::SeqCst);
+    work
+}
