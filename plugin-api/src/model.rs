@@ -70,6 +70,35 @@ pub struct LayerNeed {
     pub state_shapes: RVec<RVec<i64>>,
 }
 
+impl LayerNeed {
+    /// Full attention over every position: K and V of `kv_heads` heads of
+    /// `head_dim`.
+    pub fn full(kv_heads: u32, head_dim: u32) -> Self {
+        Self::attention(NeedKind::FULL, 0, kv_heads, head_dim)
+    }
+
+    /// Attention over the last `window` positions.
+    pub fn sliding(window: u32, kv_heads: u32, head_dim: u32) -> Self {
+        Self::attention(NeedKind::SLIDING, window, kv_heads, head_dim)
+    }
+
+    /// A recurrent layer's per-row state slots.
+    pub fn recurrent(state_shapes: Vec<Vec<i64>>) -> Self {
+        Self {
+            kind: NeedKind::RECURRENT,
+            window: 0,
+            kv_heads: 0,
+            k_head_dim: 0,
+            v_head_dim: 0,
+            state_shapes: state_shapes.into_iter().map(RVec::from).collect(),
+        }
+    }
+
+    fn attention(kind: NeedKind, window: u32, kv_heads: u32, head_dim: u32) -> Self {
+        Self { kind, window, kv_heads, k_head_dim: head_dim, v_head_dim: head_dim, state_shapes: RVec::new() }
+    }
+}
+
 /// A family's plan for a model folder, computed before any weight is read.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]

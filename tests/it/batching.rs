@@ -164,13 +164,19 @@ fn a_burst_prefills_as_one_padded_cohort_and_matches_serial() {
     let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
     let bodies: Vec<Value> = prompts.iter().map(body).collect();
     let got: Vec<String> = s.post_burst("/v1/completions", &bodies).iter().map(text).collect();
+    assert_one_cohort_matching_serial(&s, &got, &want);
+}
+
+/// The burst prefilled as exactly one cohort of all its rows, and each
+/// row's text equals its serial run's.
+fn assert_one_cohort_matching_serial(s: &Server, got: &[String], want: &[String]) {
     let st = s.stats();
     assert_eq!(
         (st["cohort_prefills"].as_u64().unwrap(), st["cohort_rows"].as_u64().unwrap()),
-        (1, prompts.len() as u64),
+        (1, want.len() as u64),
         "the burst did not prefill as one cohort: {st}"
     );
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert_eq!(g, w, "request {i} differs between its cohort prefill and its serial run");
     }
 }
@@ -196,14 +202,8 @@ fn a_burst_sharing_a_short_cached_prefix_still_prefills_as_one_cohort() {
     s.post("/v1/completions", &body(&warm)).json();
     let bodies: Vec<Value> = prompts.iter().map(body).collect();
     let got = s.post_burst("/v1/completions", &bodies);
-    let st = s.stats();
-    assert_eq!(
-        (st["cohort_prefills"].as_u64().unwrap(), st["cohort_rows"].as_u64().unwrap()),
-        (1, prompts.len() as u64),
-        "the burst did not prefill as one cohort: {st}"
-    );
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(&text(g), w, "request {i} differs between its cohort prefill and its serial run");
+    assert_one_cohort_matching_serial(&s, &got.iter().map(text).collect::<Vec<_>>(), &want);
+    for (i, g) in got.iter().enumerate() {
         assert_eq!(g["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "request {i}: {g}");
     }
 }

@@ -4,8 +4,8 @@
 
 use crate::config::Config;
 use crate::{Array, Result};
-use plugin_api::abi_stable::std_types::{ROption, RVec};
-use plugin_api::{Dtype, ForwardArgs, ForwardOutput, LayerNeed, LogitsMode, ModelPlan, NeedKind, Tensor};
+use plugin_api::abi_stable::std_types::ROption;
+use plugin_api::{Dtype, ForwardArgs, ForwardOutput, LayerNeed, LogitsMode, ModelPlan, Tensor};
 use plugin_sdk::{into_tensor, rstrings};
 
 /// The geometry an attention decoder declares before any weight is read.
@@ -26,13 +26,9 @@ pub fn attention_plan(cfg: &Config, s: &AttentionShape) -> ModelPlan {
     let layers = s
         .sliding
         .iter()
-        .map(|&sl| LayerNeed {
-            kind: if sl { NeedKind::SLIDING } else { NeedKind::FULL },
-            window: if sl { s.window as u32 } else { 0 },
-            kv_heads: s.kv_heads as u32,
-            k_head_dim: s.head_dim as u32,
-            v_head_dim: s.head_dim as u32,
-            state_shapes: RVec::new(),
+        .map(|&sl| match sl {
+            true => LayerNeed::sliding(s.window as u32, s.kv_heads as u32, s.head_dim as u32),
+            false => LayerNeed::full(s.kv_heads as u32, s.head_dim as u32),
         })
         .collect();
     let weights_dtype = match cfg.str("torch_dtype").or_else(|| cfg.str("dtype")) {

@@ -60,14 +60,7 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<Mtp, Plugin
     if !left.is_empty() {
         return Err(bad(format!("mtp: {} unexpected tensors in the head (first: {})", left.len(), left[0])));
     }
-    let need = LayerNeed {
-        kind: NeedKind::FULL,
-        window: 0,
-        kv_heads: a.kv_heads as u32,
-        k_head_dim: a.head_dim as u32,
-        v_head_dim: a.head_dim as u32,
-        state_shapes: Default::default(),
-    };
+    let need = LayerNeed::full(a.kv_heads as u32, a.head_dim as u32);
     let caches = (0..head.layers()).map(|_| host.new_cache(&need).into_result()).collect::<Result<Vec<_>, _>>()?;
     let trace = args.options.iter().find(|o| o.0.as_str() == "trace").map(|o| PathBuf::from(o.1.as_str()));
     Ok(Mtp::new(head, caches, host, args.max_depth.max(1) as usize, trace))

@@ -5,8 +5,7 @@
 
 use model_kit::config::Config;
 use model_kit::{error, Result};
-use plugin_api::abi_stable::std_types::RVec;
-use plugin_api::{caps, Dtype, LayerNeed, ModelPlan, NeedKind};
+use plugin_api::{caps, Dtype, LayerNeed, ModelPlan};
 use plugin_sdk::rstrings;
 use serde_json::{json, Value};
 
@@ -244,25 +243,11 @@ impl Args {
             .is_linear
             .iter()
             .map(|&lin| match lin {
-                true => LayerNeed {
-                    kind: NeedKind::RECURRENT,
-                    window: 0,
-                    kv_heads: 0,
-                    k_head_dim: 0,
-                    v_head_dim: 0,
-                    state_shapes: RVec::from(vec![
-                        RVec::from(vec![(l.conv_kernel - 1) as i64, l.conv_dim() as i64]),
-                        RVec::from(vec![l.v_heads as i64, l.v_dim as i64, l.k_dim as i64]),
-                    ]),
-                },
-                false => LayerNeed {
-                    kind: NeedKind::FULL,
-                    window: 0,
-                    kv_heads: self.kv_heads as u32,
-                    k_head_dim: self.head_dim as u32,
-                    v_head_dim: self.head_dim as u32,
-                    state_shapes: RVec::new(),
-                },
+                true => LayerNeed::recurrent(vec![
+                    vec![(l.conv_kernel - 1) as i64, l.conv_dim() as i64],
+                    vec![l.v_heads as i64, l.v_dim as i64, l.k_dim as i64],
+                ]),
+                false => LayerNeed::full(self.kv_heads as u32, self.head_dim as u32),
             })
             .collect();
         let quant = top.quantization().ok().flatten();
