@@ -618,6 +618,27 @@ fn a_forward_error_fails_generate_with_the_plugins_message_without_a_crash() {
     assert!(stderr.contains("toy-family forward failed on purpose (built with feature forward-error)"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+
+    // `host bench` reports the failure instead of timings without it.
+    let out = host(&[
+        "bench",
+        "--plugins",
+        p.0.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-len",
+        "8",
+        "--gen-len",
+        "4",
+        "--batch",
+        "2",
+        "--trials",
+        "1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}: {stderr}", out.status);
+    assert!(stderr.contains("benchmark requests failed") && stderr.contains("failed on purpose"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("tok/s"), "{}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]

@@ -47,6 +47,13 @@ fn prompt(n: usize, vocab: u32, salt: u64) -> Vec<u32> {
 
 /// B requests released together; returns (prefill s, decode s) measured
 /// from the release.
+/// How far one benchmark request got.
+enum Reached {
+    First(Instant),
+    Done(Instant),
+    Failed(String),
+}
+
 fn trial(
     worker: &Worker,
     planner: &Planner,
@@ -56,7 +63,7 @@ fn trial(
     salt: u64,
 ) -> Result<(f64, f64)> {
     let (prompt_len, gen_len) = shape;
-    let (tx, rx) = mpsc::channel::<(usize, bool, Instant)>();
+    let (tx, rx) = mpsc::channel::<Reached>();
     worker.hold.hold();
     for i in 0..batch {
         let tx = tx.clone();
@@ -71,10 +78,13 @@ fn trial(
             match ev {
                 Event::Token(_) if first => {
                     first = false;
-                    let _ = tx.send((i, false, Instant::now()));
+                    let _ = tx.send(Reached::First(Instant::now()));
                 }
-                Event::Done(_) | Event::Failed(_) => {
-                    let _ = tx.send((i, true, Instant::now()));
+                Event::Done(_) => {
+                    let _ = tx.send(Reached::Done(Instant::now()));
+                }
+                Event::Failed(e) => {
+                    let _ = tx.send(Reached::Failed(format!("request {i}: {e}")));
                 }
                 Event::Token(_) => {}
             }
@@ -91,13 +101,21 @@ fn trial(
     let released = Instant::now();
     worker.hold.release();
     let (mut last_first, mut last_done, mut done) = (released, released, 0);
-    for (_, finished, at) in rx {
-        if finished {
-            done += 1;
-            last_done = last_done.max(at);
-        } else {
-            last_first = last_first.max(at);
+    let mut failures = Vec::new();
+    for reached in rx {
+        match reached {
+            Reached::First(at) => last_first = last_first.max(at),
+            Reached::Done(at) => {
+                done += 1;
+                last_done = last_done.max(at);
+            }
+            Reached::Failed(e) => failures.push(e),
         }
+    }
+    // A failed request has no timings: the trial reports the failure, never
+    // figures that leave it out.
+    if let Some(first) = failures.first() {
+        bail!("{} of {batch} benchmark requests failed; {first}", failures.len());
     }
     if done != batch {
         bail!("{} of {batch} benchmark requests ended", done);
