@@ -5,8 +5,15 @@
 //! built from indices), a precise softmax, then a quantized matmul against
 //! the value codes. Grouped-query heads share their K/V head through a
 //! broadcast axis, as there.
+//!
+//! MLX's CUDA backend has no quantized matmul for codes read in place from
+//! a cache (its kernels want contiguous operands, and keys transposed with
+//! groups as wide as the head): there the codes are dequantized and the
+//! fused attention runs over them (`Route::Dequantized`). The K/V stay
+//! codes in the cache; the dequantized copy lives for one layer's call.
 
 use crate::codec::{Affine, Codes};
+use model_kit::attention::{sdpa, Mask};
 use model_kit::ops::scalar;
 use model_kit::{error, Array, Dtype, Result};
 use plugin_sdk::mlx_rs;
@@ -19,6 +26,37 @@ pub enum QMask {
     /// Boolean `[B, 1, L, K]` (or broadcastable), true where a query may
     /// attend; an additive float mask is added.
     Array(Array),
+}
+
+/// How attention reads the codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Quantized matmuls over the codes, as mlx-lm (the CPU).
+    QuantizedMatmul,
+    /// The codes dequantized, then the fused attention (the GPU).
+    Dequantized,
+}
+
+impl Route {
+    /// The route the default device runs.
+    pub fn for_device() -> Self {
+        if model_kit::ops::on_gpu() {
+            Route::Dequantized
+        } else {
+            Route::QuantizedMatmul
+        }
+    }
+}
+
+impl QMask {
+    /// The same mask as model-kit's attention takes it.
+    pub(crate) fn as_mask(&self) -> Mask {
+        match self {
+            QMask::None => Mask::None,
+            QMask::Causal => Mask::Causal,
+            QMask::Array(m) => Mask::Array(m.clone()),
+        }
+    }
 }
 
 /// The lowest finite value of `dtype` (mlx's `finfo(dtype).min`).
@@ -46,6 +84,26 @@ pub fn quantized_sdpa(
         return out.reshape(&[b, heads, l, -1]);
     }
     Ok(out)
+}
+
+/// Attention of `q` `[B, Hq, L, D]` over `keys` and `values` dequantized
+/// to `q`'s dtype, by model-kit's attention (fused where it is).
+pub fn dequantized_sdpa(
+    q: &Array,
+    keys: &Codes,
+    values: &Codes,
+    scale: f32,
+    mask: &QMask,
+    codec: Affine,
+) -> Result<Array> {
+    let k = dequantize(keys, codec, q.dtype())?;
+    let v = dequantize(values, codec, q.dtype())?;
+    sdpa(q, &k, &v, scale, &mask.as_mask())
+}
+
+/// The values of `c` in `dtype`.
+pub(crate) fn dequantize(c: &Codes, codec: Affine, dtype: Dtype) -> Result<Array> {
+    mlx_rs::ops::dequantize(&c.words, &c.scales, &c.biases, codec.group, codec.bits)?.as_dtype(dtype)
 }
 
 /// The softmax weights of `q` over the key codes, masked: `[B, Hkv,

@@ -12,8 +12,10 @@
 //!   the packed values, scales and biases of `mx.quantize`, bit-cast side by
 //!   side (copies of unsigned words are bitwise on every backend);
 //! - `attention`: mlx-lm's `quantized_scaled_dot_product_attention`
-//!   (quantized matmuls for the scores and for the weighted values, never a
-//!   dequantized copy);
+//!   (quantized matmuls for the scores and for the weighted values) on the
+//!   CPU; on the GPU, whose MLX backend has no quantized matmul for codes
+//!   read in place, the codes dequantized for the fused attention
+//!   (`Route`);
 //! - `layout`: [`Quantized`], the `CacheLayout` around any layout that
 //!   implements [`Columns`]: plain K/V until the cache holds
 //!   `quantized_kv_start` tokens (mlx-lm's `maybe_quantize_kv_cache`), codes
@@ -32,7 +34,7 @@ pub mod rotation;
 mod scheme;
 mod turbo;
 
-pub use attention::{quantized_sdpa, QMask};
+pub use attention::{dequantized_sdpa, quantized_sdpa, QMask, Route};
 pub use codec::{Affine, Codes, Widths};
 pub use layout::{Columns, Quantized};
 pub use scheme::{KvCodec, Scheme};

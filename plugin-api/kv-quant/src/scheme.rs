@@ -4,7 +4,7 @@
 //! `turbo` (`turbo:k=8,v=3,group=64,start=0`: 8-bit affine keys, 3-bit
 //! rotated Lloyd-Max values, the defaults).
 
-use crate::attention::{quantized_sdpa, QMask};
+use crate::attention::{dequantized_sdpa, quantized_sdpa, QMask, Route};
 use crate::codec::{Affine, Widths};
 use crate::turbo::Turbo;
 use model_kit::{Array, Result};
@@ -48,9 +48,24 @@ impl KvCodec {
     }
 
     /// Attention of `q` over stored key and value codes of a layer whose
-    /// plain K/V are `plain`.
+    /// plain K/V are `plain`, by the route the default device runs.
     pub fn attend(
         &self,
+        q: &Array,
+        keys: &Array,
+        values: &Array,
+        plain: Widths,
+        scale: f32,
+        mask: &QMask,
+    ) -> Result<Array> {
+        self.attend_by(Route::for_device(), q, keys, values, plain, scale, mask)
+    }
+
+    /// `attend` by a given route.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_by(
+        &self,
+        route: Route,
         q: &Array,
         keys: &Array,
         values: &Array,
@@ -62,11 +77,14 @@ impl KvCodec {
             KvCodec::Affine(a) => {
                 let k = a.decode(keys, plain.k, plain.dtype)?;
                 let v = a.decode(values, plain.v, plain.dtype)?;
-                quantized_sdpa(q, &k, &v, scale, mask, *a)
+                match route {
+                    Route::QuantizedMatmul => quantized_sdpa(q, &k, &v, scale, mask, *a),
+                    Route::Dequantized => dequantized_sdpa(q, &k, &v, scale, mask, *a),
+                }
             }
             KvCodec::Turbo(t) => {
                 let k = t.keys.decode(keys, plain.k, plain.dtype)?;
-                t.attend(q, &k, values, plain, scale, mask)
+                t.attend(route, q, &k, values, plain, scale, mask)
             }
         }
     }

@@ -105,6 +105,13 @@ fn quantized_attention_equals_attention_over_the_dequantized_kv() {
     let got = quantized_sdpa(&q, &k, &v, scale, &QMask::None, codec).unwrap();
     assert!(max_diff(&got, &reference(&q, &k, &v, scale, None, codec)) < 1e-4);
     assert_eq!(got.shape(), &[2, 4, 3, 64]);
+    // The GPU's route (dequantized codes, fused attention) is the same
+    // attention.
+    for (mask, want) in [(QMask::Causal, Some(&causal)), (QMask::Array(m.clone()), Some(&m)), (QMask::None, None)] {
+        let got = dequantized_sdpa(&q, &k, &v, scale, &mask, codec).unwrap();
+        let d = max_diff(&got, &reference(&q, &k, &v, scale, want, codec));
+        assert!(d < 1e-4, "dequantized route: {d}");
+    }
 }
 
 #[test]
@@ -234,6 +241,9 @@ fn turbo_attention_equals_attention_over_the_decoded_values() {
     let s = q.matmul(kd.transpose_axes(&[0, 1, 3, 2]).unwrap()).unwrap().multiply(Array::from_f32(scale)).unwrap();
     let want = mlx_rs::ops::softmax_axes(&s, &[-1], true).unwrap().matmul(&vd).unwrap();
     assert!(max_diff(&got, &want) < 1e-4, "{}", max_diff(&got, &want));
+    let (kc, route) = (t.keys.encode(&kx).unwrap(), Route::Dequantized);
+    let got = KvCodec::Turbo(t.clone()).attend_by(route, &q, &kc, &vc, plain, scale, &QMask::None).unwrap();
+    assert!(max_diff(&got, &want) < 1e-4, "dequantized route: {}", max_diff(&got, &want));
     // Widths: 8-bit keys as the affine scheme's, 3-bit values in 7 words and a norm.
     let w = KvCodec::Turbo(t).packed(Widths { dtype: Dtype::Bfloat16, ..plain }).unwrap();
     assert_eq!((w.k, w.v, w.dtype), (34, 16, Dtype::Uint16));

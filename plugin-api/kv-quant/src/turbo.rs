@@ -153,8 +153,10 @@ impl Turbo {
     /// Attention of `q` `[B, Hq, L, D]` over key codes (affine) and value
     /// codes: scores exactly as the affine schemes make them, then the
     /// softmax weights times the rotated values, rotated back.
+    #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &self,
+        route: crate::Route,
         q: &Array,
         keys: &Codes,
         values: &Array,
@@ -162,6 +164,14 @@ impl Turbo {
         scale: f32,
         mask: &crate::QMask,
     ) -> Result<Array> {
+        if route == crate::Route::Dequantized {
+            // Attention is linear in the values: over the rotated values,
+            // then rotated back.
+            let k = crate::attention::dequantize(keys, self.keys, q.dtype())?;
+            let v_rot = self.decode_values(values, plain.v, plain.dtype)?.as_dtype(q.dtype())?;
+            let out = model_kit::attention::sdpa(q, &k, &v_rot, scale, &mask.as_mask())?;
+            return out.as_dtype(Dtype::Float32)?.matmul(self.rotation(plain.v)?)?.as_dtype(q.dtype());
+        }
         let weights = crate::attention::attention_weights(q, keys, scale, mask, self.keys)?;
         let (b, heads, l) = (q.shape()[0], q.shape()[1], q.shape()[2]);
         let kv_heads = keys.words.shape()[1];
