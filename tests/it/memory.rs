@@ -142,14 +142,16 @@ fn client(
 }
 
 const WARM_UP_S: f64 = 8.0;
+const CLIENTS: u64 = 64;
 
-/// 32 concurrent streaming clients for 30 s (after 8 s of warm-up) on the
+/// 64 concurrent streaming clients for 30 s (after 8 s of warm-up) on the
 /// default model, batching and the prefix cache on (its cap small enough to
 /// fill and evict): resident memory grows by no more than what the prefix
 /// cache added, the KV the running rows reserve and 10% of (its cap + the
 /// weights), the cache never
 /// counts more than its cap, and once the load ends MLX holds the weights
-/// and the prefix cache's counted bytes, within 16 MiB.
+/// and the prefix cache's counted bytes, within 16 MiB, with no request
+/// queued or running and no K/V reserved.
 #[test]
 fn sustained_load_keeps_memory_bounded_and_the_prefix_cache_counts_what_it_holds() {
     let cap: u64 = 96 << 20;
@@ -173,7 +175,7 @@ fn sustained_load_keeps_memory_bounded_and_the_prefix_cache_counts_what_it_holds
     };
     let samples = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|sc| {
-        for i in 0..32 {
+        for i in 0..CLIENTS {
             let (s, done, errors) = (&s, &done, &errors);
             sc.spawn(move || client(s, i, until, done, errors));
         }
@@ -210,6 +212,11 @@ fn sustained_load_keeps_memory_bounded_and_the_prefix_cache_counts_what_it_holds
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let st = s.stats();
+    assert_eq!(
+        (st["queued"].as_u64(), st["active"].as_u64(), st["kv_reserved_bytes"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "idle: requests or K/V left: {st}"
+    );
     let active = st["mlx_memory"]["active_bytes"].as_u64().unwrap();
     let prefix = st["prefix_cache_bytes"].as_u64().unwrap();
     let gap = active as i64 - (weights + prefix) as i64;

@@ -11,6 +11,8 @@ use std::sync::mpsc::{Receiver, RecvError};
 pub(crate) fn wait_for_work<T>(rx: &Receiver<T>, stats: &Stats) -> Result<T, RecvError> {
     crate::runtime::wait_for_streams();
     crate::runtime::clear_cache();
+    // No row, joiner or cohort: nothing holds K/V for a request.
+    stats.kv_reserved.store(0, Ordering::SeqCst);
     stats.idle.store(true, Ordering::SeqCst);
     let work = rx.recv();
     stats.idle.store(false, Ordering::SeqCst);
