@@ -15,7 +15,8 @@ server's RSS (VmRSS of the process), MLX active / cache / peak bytes and the
 prefix cache's counted bytes and entries (both from /stats). At the end it
 prints the growth of RSS after the warm-up row (the second) and the gap
 between MLX's active bytes and weights + prefix-cache bytes once the load has
-stopped (nothing else should be live then).
+stopped (nothing else should be live then), and what /stats says is left
+then (queued and running requests, reserved K/V: all 0).
 """
 import argparse
 import http.client
@@ -130,14 +131,19 @@ def main():
         while (st := get_json(port, "/stats")).get("active", 0) > 0 or st.get("engine_idle") is not True:
             time.sleep(0.2)
         idle = sample()
+        left = {k: st.get(k) for k in ("queued", "active", "kv_reserved_bytes")}
         warm = rows[1] if len(rows) > 2 else rows[0]
         growth = max(r["rss"] for r in rows) - warm["rss"]
         gap = idle["active"] - idle["weights"] - idle["prefix"]
         summary = {"clients": a.clients, "seconds": a.seconds, "requests": len(done), "errors": len(errors),
                    "rss_after_warmup": warm["rss"], "rss_growth_after_warmup": growth,
-                   "idle_active_minus_weights_minus_prefix": gap, "rows": rows, "first_errors": errors[:5]}
+                   "idle_active_minus_weights_minus_prefix": gap, "left_when_idle": left, "rows": rows,
+                   "first_errors": errors[:5]}
         print(f"requests {len(done)} ({len(done) / a.seconds * 60:.0f}/min), errors {len(errors)}; "
-              f"RSS growth after warm-up {growth / 1e9:.2f} GB; idle MLX active - weights - prefix cache = {gap / 1e6:.1f} MB")
+              f"RSS growth after warm-up {growth / 1e9:.2f} GB; idle MLX active - weights - prefix cache = {gap / 1e6:.1f} MB; "
+              f"left when idle {left}")
+        if errors:
+            print("first errors:", *errors[:5], sep="\n  ")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(summary, f, indent=1)
