@@ -69,6 +69,11 @@ impl<'a> Fields<'a> {
 
 impl Common {
     pub fn parse(f: &Fields, max_tokens_field: &str) -> Result<Self, ApiError> {
+        // One model is served, whatever a request names, but a name that is
+        // not a string is a malformed request.
+        if f.value("model").is_some_and(|m| !m.is_string()) {
+            return Err(ApiError::param("model", "`model` must be a string"));
+        }
         // `max_completion_tokens` is the newer name and wins when both are given.
         let max_tokens = match f.integer("max_completion_tokens")? {
             Some(n) => Some(n),
