@@ -28,7 +28,7 @@ pub struct Common {
 }
 
 /// Most choices one request may ask for (OpenAI's limit).
-pub const MAX_N: i64 = 128;
+pub const MAX_N: i64 = host_engine::queue::MAX_GROUP as i64;
 
 pub struct Fields<'a>(pub &'a Map<String, Value>);
 
