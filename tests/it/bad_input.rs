@@ -58,6 +58,7 @@ fn bad_completions_requests_get_openai_errors_and_the_server_keeps_serving() {
         ("a lone surrogate", "POST", p(), b"{\"prompt\": \"\\ud800\"}".to_vec(), 400, "", "malformed JSON"),
         ("nesting past the parser's limit", "POST", p(), deep("prompt"), 400, "", "malformed JSON"),
         ("prompt null", "POST", p(), j(json!({"prompt": null})), 400, "prompt", "`prompt` is required"),
+        ("model a number", "POST", p(), with(json!({"model": 5})), 400, "model", "`model` must be a string"),
         ("prompt a boolean", "POST", p(), j(json!({"prompt": true})), 400, "prompt", "must be a string"),
         ("prompt a list of booleans", "POST", p(), j(json!({"prompt": [true]})), 400, "prompt", "must be a string"),
         ("token ids as floats", "POST", p(), j(json!({"prompt": [1.5, 2]})), 400, "prompt", "non-negative integers"),

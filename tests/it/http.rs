@@ -1,6 +1,7 @@
 //! The HTTP server as clients meet it: a corpus of bad requests (each a
 //! 4xx OpenAI-shaped JSON error, and the server keeps serving), a client
-//! that vanishes mid-stream, the queue's 503, API keys, the config file,
+//! that vanishes mid-stream, the queue's 503 (a request's choices queued
+//! together), API keys, the config file,
 //! and the official `openai` Python SDK against a live server.
 
 use it::{model, python, run_ok, Scratch, Server};
@@ -251,6 +252,31 @@ fn a_full_queue_answers_503_with_retry_after() {
         assert!(t.elapsed().as_secs() < 20, "{}", s.stats());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    assert_good(&s);
+}
+
+/// Found by tests/it/fuzz.rs: a lone request with more choices (`n`) than
+/// `--queue` got a 503 or not depending on how fast the engine drained its
+/// first choices, as each choice took its own place in the queue.
+#[test]
+fn a_request_with_more_choices_than_the_queue_goes_in_whole() {
+    let s = Server::start(&model("tiny/tiny-llama-f32"), &["--queue", "2", "--debug-endpoints"]);
+    s.hold();
+    std::thread::scope(|sc| {
+        let a = sc.spawn(|| s.post("/v1/chat/completions", &chat("A", json!({"n": 5, "max_tokens": 3}))));
+        s.wait_for("all five choices to be queued", |st| st["queued"] == 5);
+        // The queue holds more than its limit now: a request finds it full
+        // and queues none of its choices.
+        let r = s.post("/v1/completions", &json!({"prompt": "B", "max_tokens": 3, "n": 2}));
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert_eq!(s.stats()["queued"], 5);
+        s.release();
+        let r = a.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let choices = r.json()["choices"].as_array().unwrap().clone();
+        assert_eq!(choices.len(), 5);
+        assert!(choices.iter().all(|c| c["finish_reason"].is_string()), "{choices:?}");
+    });
     assert_good(&s);
 }
 

@@ -15,6 +15,7 @@ mod embeddings;
 mod exit_stress;
 mod fim;
 mod foundation;
+mod fuzz;
 mod http;
 mod keepalive;
 mod kv_quant;

@@ -1,14 +1,15 @@
 //! What the engine's loop does between requests, batched or serial.
 
+use crate::queue::Inbox;
 use crate::stats::Stats;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvError};
+use std::sync::mpsc::RecvError;
 
 /// With nothing queued: the work still on the device (a step built ahead
 /// for rows that all finished) runs out, freed buffers go back (mlx-lm
 /// clears its buffer cache between requests too), `stats.idle` says so
 /// while the loop waits for the next piece of work.
-pub(crate) fn wait_for_work<T>(rx: &Receiver<T>, stats: &Stats) -> Result<T, RecvError> {
+pub(crate) fn wait_for_work<T>(rx: &Inbox<T>, stats: &Stats) -> Result<T, RecvError> {
     crate::runtime::wait_for_streams();
     crate::runtime::clear_cache();
     // No row, joiner or cohort: nothing holds K/V for a request.

@@ -29,6 +29,7 @@ pub mod plan;
 pub mod pooling;
 pub mod prefix_cache;
 pub mod probe;
+pub mod queue;
 pub mod runtime;
 pub mod sampling;
 pub mod serial;

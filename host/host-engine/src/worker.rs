@@ -1,6 +1,6 @@
 //! One thread owns the engine and runs requests in arrival order; callers
-//! submit jobs (generation, or embeddings) to a bounded queue and hear back
-//! through a callback. MLX work for the served model therefore never runs
+//! submit jobs (generation, or embeddings) to a bounded queue (`queue`: a
+//! request's jobs go in together) and hear back through a callback. MLX work for the served model therefore never runs
 //! on two threads at once.
 //!
 //! Cancellation: the callback returns `Flow::Stop` (client gone, stop string
@@ -14,9 +14,10 @@ use crate::embed::EmbedJob;
 use crate::engine::{Engine, EngineError};
 use crate::hold::Hold;
 use crate::job::{Event, Job};
+use crate::queue::{Inbox, Outbox, Refused};
 use crate::stats::Stats;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -29,7 +30,7 @@ pub enum Work {
 }
 
 pub struct Worker {
-    tx: Option<SyncSender<Work>>,
+    tx: Option<Outbox<Work>>,
     thread: Option<JoinHandle<()>>,
     pub stats: Arc<Stats>,
     /// Pauses the engine's loop between iterations (tests arrange
@@ -40,7 +41,7 @@ pub struct Worker {
 
 #[derive(Debug)]
 pub enum SubmitError {
-    /// The queue is full: try again later.
+    /// The queue holds its limit: try again later.
     Full,
     /// The worker has stopped (shutdown).
     Closed,
@@ -50,7 +51,7 @@ impl Worker {
     /// Starts the engine thread. `batch` rows may share a decode step
     /// (continuous batching); `batch == 1` runs strictly one job at a time.
     pub fn start(engine: Engine, queue: usize, batch: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
-        let (tx, rx) = sync_channel::<Work>(queue.max(1));
+        let (tx, rx) = crate::queue::bounded::<Work>(queue);
         let stats = Arc::new(Stats::default());
         let shutdown = Arc::new(AtomicBool::new(false));
         let hold = Arc::new(Hold::default());
@@ -69,22 +70,29 @@ impl Worker {
     }
 
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
-        self.send(Work::Generate(Box::new(job)))
+        self.submit_all(vec![job])
+    }
+
+    /// Queues one request's jobs (one per choice), all or none: at most
+    /// `queue::MAX_GROUP`, refused only when the queue holds its limit.
+    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), SubmitError> {
+        self.send(jobs.into_iter().map(|j| Work::Generate(Box::new(j))).collect())
     }
 
     /// Queues an embedding job (same queue, same 503 when it is full).
     pub fn embed(&self, job: EmbedJob) -> Result<(), SubmitError> {
-        self.send(Work::Embed(job))
+        self.send(vec![Work::Embed(job)])
     }
 
-    fn send(&self, work: Work) -> Result<(), SubmitError> {
+    fn send(&self, work: Vec<Work>) -> Result<(), SubmitError> {
         let tx = self.tx.as_ref().ok_or(SubmitError::Closed)?;
-        self.stats.queued.fetch_add(1, Ordering::SeqCst);
-        tx.try_send(work).map_err(|e| {
-            self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+        let n = work.len() as u64;
+        self.stats.queued.fetch_add(n, Ordering::SeqCst);
+        tx.send_all(work).map_err(|e| {
+            self.stats.queued.fetch_sub(n, Ordering::SeqCst);
             match e {
-                TrySendError::Full(_) => SubmitError::Full,
-                TrySendError::Disconnected(_) => SubmitError::Closed,
+                Refused::Full => SubmitError::Full,
+                Refused::Closed => SubmitError::Closed,
             }
         })
     }
@@ -112,7 +120,7 @@ impl Drop for Worker {
 }
 
 /// `--batch 1`: one job at a time, in arrival order.
-fn run_serially(engine: Engine, rx: Receiver<Work>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, hold: Arc<Hold>) {
+fn run_serially(engine: Engine, rx: Inbox<Work>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, hold: Arc<Hold>) {
     loop {
         // Between jobs there is nothing to step.
         hold.idle();

@@ -137,6 +137,21 @@ fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usize>)
 
 /// Queues the request; the job stops when `stop` is set or the receiver is gone.
 pub fn submit(st: &AppState, id: &str, req: GenerateRequest) -> Result<Running, ApiError> {
+    Ok(submit_all(st, id, vec![req])?.remove(0))
+}
+
+/// Queues one job per choice, all or none (a 503 queues nothing).
+pub fn submit_all(st: &AppState, id: &str, reqs: Vec<GenerateRequest>) -> Result<Vec<Running>, ApiError> {
+    let (jobs, runs): (Vec<Job>, Vec<Running>) = reqs.into_iter().map(|req| job(st, id, req)).unzip();
+    st.worker.submit_all(jobs).map_err(|e| match e {
+        SubmitError::Full => ApiError::busy(),
+        SubmitError::Closed => ApiError::internal("the engine has stopped"),
+    })?;
+    Ok(runs)
+}
+
+/// A job for the engine and the handler's end of it.
+fn job(st: &AppState, id: &str, req: GenerateRequest) -> (Job, Running) {
     // Resolved once, here; the engine runs what it says.
     let plan = st.planner.plan(&req);
     tracing::info!(id, prompt_tokens = req.prompt.len(), max_tokens = req.max_tokens, plan = %plan.summary(), "request accepted");
@@ -159,9 +174,6 @@ pub fn submit(st: &AppState, id: &str, req: GenerateRequest) -> Result<Running, 
             Flow::Continue
         }
     });
-    st.worker.submit(Job { request: req, plan, on_event }).map_err(|e| match e {
-        SubmitError::Full => ApiError::busy(),
-        SubmitError::Closed => ApiError::internal("the engine has stopped"),
-    })?;
-    Ok(Running { events: rx, stop, prompt_tokens, started: std::time::Instant::now() })
+    let running = Running { events: rx, stop, prompt_tokens, started: std::time::Instant::now() };
+    (Job { request: req, plan, on_event }, running)
 }

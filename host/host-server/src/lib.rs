@@ -9,6 +9,7 @@
 
 mod answer;
 mod assemble;
+mod auth;
 mod choice;
 mod embed_wire;
 pub mod error;
@@ -66,21 +67,13 @@ pub fn router(st: AppState) -> Router {
         .with_state(st)
 }
 
-/// Whether the request carries `key`, as OpenAI clients send it
-/// (`Authorization: Bearer`) or as Anthropic's do (`x-api-key`).
-fn has_key(req: &Request, key: &str) -> bool {
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
-    let bearer = header("authorization").and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|k| k.trim() == key);
-    bearer || header("x-api-key").is_some_and(|k| k.trim() == key)
-}
-
 /// Auth, body-size errors in the path's API's JSON shape, and counters,
 /// around every route.
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
     ServerStats::bump(&st.stats.http_requests);
     let path = req.uri().path().to_owned();
     if let Some(key) = &st.cfg.api_key {
-        if path.starts_with("/v1/") && !has_key(&req, key) {
+        if path.starts_with("/v1/") && !auth::has_key(&req, key) {
             ServerStats::bump(&st.stats.client_errors);
             return shaped_for(&path, ApiError::unauthorized());
         }

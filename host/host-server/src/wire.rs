@@ -28,7 +28,7 @@ pub struct Common {
 }
 
 /// Most choices one request may ask for (OpenAI's limit).
-pub const MAX_N: i64 = 128;
+pub const MAX_N: i64 = host_engine::queue::MAX_GROUP as i64;
 
 pub struct Fields<'a>(pub &'a Map<String, Value>);
 
@@ -69,6 +69,11 @@ impl<'a> Fields<'a> {
 
 impl Common {
     pub fn parse(f: &Fields, max_tokens_field: &str) -> Result<Self, ApiError> {
+        // One model is served, whatever a request names, but a name that is
+        // not a string is a malformed request.
+        if f.value("model").is_some_and(|m| !m.is_string()) {
+            return Err(ApiError::param("model", "`model` must be a string"));
+        }
         // `max_completion_tokens` is the newer name and wins when both are given.
         let max_tokens = match f.integer("max_completion_tokens")? {
             Some(n) => Some(n),

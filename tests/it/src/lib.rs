@@ -202,9 +202,36 @@ impl Server {
 
     /// One raw HTTP/1.1 request (Connection: close); the whole response.
     pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
+        let (raw, _) = self.exchange(method, path, headers, body, std::time::Duration::from_secs(120));
+        HttpResponse::parse(&raw)
+    }
+
+    /// As `request`, but a response that has not ended within `timeout`
+    /// of the last byte read is an error (a hang), not a truncated answer.
+    pub fn request_within(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: std::time::Duration,
+    ) -> std::io::Result<HttpResponse> {
+        let (raw, read) = self.exchange(method, path, headers, body, timeout);
+        read.map(|()| HttpResponse::parse(&raw))
+    }
+
+    /// Sends one request and reads until the server closes the connection.
+    fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: std::time::Duration,
+    ) -> (Vec<u8>, std::io::Result<()>) {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
-        s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+        s.set_read_timeout(Some(timeout)).unwrap();
         let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
         let mut has_len = false;
         for (k, v) in headers {
@@ -218,8 +245,8 @@ impl Server {
         s.write_all(req.as_bytes()).unwrap();
         s.write_all(body).unwrap();
         let mut raw = Vec::new();
-        let _ = s.read_to_end(&mut raw);
-        HttpResponse::parse(&raw)
+        let read = s.read_to_end(&mut raw).map(drop);
+        (raw, read)
     }
 
     /// POSTs JSON.

@@ -29,11 +29,11 @@ use crate::engine::EngineError;
 use crate::job::Event;
 use crate::worker::Work;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::TryRecvError;
 
 impl Scheduler<'_> {
     /// Runs until the queue is closed and all work is done.
-    pub fn run(mut self, rx: Receiver<Work>) {
+    pub fn run(mut self, rx: crate::queue::Inbox<Work>) {
         let mut open = true;
         loop {
             if self.idle() {

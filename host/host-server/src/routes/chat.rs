@@ -57,11 +57,13 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     let gate = thinking.as_ref().and_then(reasoning::Plan::gate);
     let reqs = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref(), gate)?;
     let id = st.next_id("chatcmpl");
-    let mut runs = Vec::with_capacity(reqs.len());
-    for (i, req) in reqs.into_iter().enumerate() {
-        let out = choice_out(i, text.clone(), common.stop.clone(), syntax, &tools.tools, thinking.as_ref());
-        runs.push((gen::submit(&st, &id, req)?, out));
-    }
+    let runs = gen::submit_all(&st, &id, reqs)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, run)| {
+            (run, choice_out(i, text.clone(), common.stop.clone(), syntax, &tools.tools, thinking.as_ref()))
+        })
+        .collect();
     let ctx =
         Ctx { st: st.clone(), api: Api::Chat, id, created: unix_now(), logprobs, include_usage: common.include_usage };
     if common.stream {

@@ -102,11 +102,11 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         .map_err(|e| e.renamed("messages", "prompt"))?;
     let text = st.text.clone().ok_or_else(|| ApiError::invalid("this model has no tokenizer to decode its output"))?;
     let id = st.next_id("cmpl");
-    let mut runs = Vec::with_capacity(reqs.len());
-    for (i, req) in reqs.into_iter().enumerate() {
-        let out = ChoiceOut::new(i, Assembler::new(text.clone(), common.stop.clone()), None, None);
-        runs.push((gen::submit(&st, &id, req)?, out));
-    }
+    let runs = gen::submit_all(&st, &id, reqs)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, run)| (run, ChoiceOut::new(i, Assembler::new(text.clone(), common.stop.clone()), None, None)))
+        .collect();
     let ctx = Ctx {
         st: st.clone(),
         api: Api::Completion,

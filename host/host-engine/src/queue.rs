@@ -1,0 +1,118 @@
+//! The bounded queue between request handlers and the engine thread. It
+//! counts what it holds itself, so that the jobs of one request (one per
+//! choice of `n`) go in together or not at all: a request is refused only
+//! when the queue already holds its limit, and then none of its jobs is
+//! queued. (A plain bounded channel of the limit refused a lone request
+//! with more choices than the limit, or not, depending on how fast the
+//! engine drained the first ones.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+
+/// The most jobs one request queues together (`n` is at most this).
+pub const MAX_GROUP: usize = 128;
+
+/// Why nothing was queued.
+#[derive(Debug, PartialEq)]
+pub enum Refused {
+    /// The queue holds its limit already: try again later.
+    Full,
+    /// The engine has stopped taking work.
+    Closed,
+}
+
+/// A queue that refuses new groups once `limit` items wait in it.
+pub fn bounded<T>(limit: usize) -> (Outbox<T>, Inbox<T>) {
+    let limit = limit.max(1);
+    // Room for a whole group sent while fewer than `limit` items wait.
+    let (tx, rx) = sync_channel(limit + MAX_GROUP - 1);
+    let held = Arc::new(AtomicUsize::new(0));
+    (Outbox { tx, held: held.clone(), limit, one_at_a_time: Mutex::new(()) }, Inbox { rx, held })
+}
+
+pub struct Outbox<T> {
+    tx: SyncSender<T>,
+    held: Arc<AtomicUsize>,
+    limit: usize,
+    /// Senders check the room and send as one step.
+    one_at_a_time: Mutex<()>,
+}
+
+impl<T> Outbox<T> {
+    /// Queues every item, or none when the queue already holds its limit
+    /// (or `items` is larger than a group may be).
+    pub fn send_all(&self, items: Vec<T>) -> Result<(), Refused> {
+        let _turn = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if items.len() > MAX_GROUP || self.held.load(Ordering::SeqCst) >= self.limit {
+            return Err(Refused::Full);
+        }
+        for item in items {
+            self.held.fetch_add(1, Ordering::SeqCst);
+            // Only the engine takes items out while the turn is held, so
+            // the room checked above is still there.
+            self.tx.try_send(item).map_err(|e| {
+                self.held.fetch_sub(1, Ordering::SeqCst);
+                match e {
+                    TrySendError::Full(_) => Refused::Full,
+                    TrySendError::Disconnected(_) => Refused::Closed,
+                }
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The engine's end.
+pub struct Inbox<T> {
+    rx: Receiver<T>,
+    held: Arc<AtomicUsize>,
+}
+
+impl<T> Inbox<T> {
+    pub fn recv(&self) -> Result<T, RecvError> {
+        let item = self.rx.recv()?;
+        self.held.fetch_sub(1, Ordering::SeqCst);
+        Ok(item)
+    }
+
+    pub fn try_recv(&self) -> Result<T, TryRecvError> {
+        let item = self.rx.try_recv()?;
+        self.held.fetch_sub(1, Ordering::SeqCst);
+        Ok(item)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_larger_than_the_limit_goes_in_whole_when_the_queue_has_room() {
+        let (tx, rx) = bounded::<usize>(2);
+        assert_eq!(tx.send_all((0..MAX_GROUP).collect()), Ok(()));
+        // The queue holds its limit (and more): the next group is refused whole.
+        assert_eq!(tx.send_all(vec![1]), Err(Refused::Full));
+        for i in 0..MAX_GROUP - 1 {
+            assert_eq!(rx.try_recv(), Ok(i));
+        }
+        // One item waits: below the limit of 2, so a group fits again.
+        assert_eq!(tx.send_all(vec![7, 8]), Ok(()));
+        assert_eq!(tx.send_all(vec![9]), Err(Refused::Full));
+        assert_eq!((rx.try_recv(), rx.try_recv(), rx.try_recv()), (Ok(MAX_GROUP - 1), Ok(7), Ok(8)));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        assert_eq!(tx.send_all(vec![0; MAX_GROUP + 1]), Err(Refused::Full), "past a group's size");
+    }
+
+    #[test]
+    fn single_items_are_refused_at_the_limit_as_a_channel_of_that_size_would() {
+        let (tx, rx) = bounded::<u8>(1);
+        assert_eq!(tx.send_all(vec![1]), Ok(()));
+        assert_eq!(tx.send_all(vec![2]), Err(Refused::Full));
+        assert_eq!(rx.recv(), Ok(1));
+        assert_eq!(tx.send_all(vec![3]), Ok(()));
+        assert_eq!(rx.recv(), Ok(3));
+        drop(rx);
+        assert_eq!(tx.send_all(vec![4]), Err(Refused::Closed));
+    }
+}
