@@ -35,5 +35,6 @@ mod speculation;
 mod speculation_batched;
 mod speculation_mtp;
 mod speculation_scripted;
+mod ssd_cache;
 mod structured;
 mod tools;

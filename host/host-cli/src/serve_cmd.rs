@@ -79,6 +79,19 @@ pub struct ServeArgs {
     #[arg(long = "prompt-cache")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_cache: Option<f64>,
+    /// A directory for the prefix cache's SSD tier: every stored prompt state is also written
+    /// there (one file per entry) and read back on a later lookup, across restarts (default: none).
+    #[arg(long = "ssd-cache", value_name = "DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ssd_cache: Option<PathBuf>,
+    /// Cap in GiB on this model's files in the --ssd-cache directory; least recently used go first (default 16).
+    #[arg(long = "ssd-cache-max", value_name = "GiB")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ssd_cache_max: Option<f64>,
+    /// Check every --ssd-cache file's content hash when it is read (the header and sizes always are).
+    #[arg(long = "ssd-cache-verify")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ssd_cache_verify: bool,
     /// Memory budget in GiB for weights + KV + transients + MLX's buffer cache + the prefix cache (default: 75% of the device's memory).
     #[arg(long = "memory-budget")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -202,9 +215,22 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if !(0.0..=1024.0).contains(&cache_gib) {
         bail!("--prompt-cache must be between 0 and 1024 GiB");
     }
+    let ssd_max = a.ssd_cache_max.unwrap_or(16.0);
+    if !(0.0..=1_000_000.0).contains(&ssd_max) {
+        bail!("--ssd-cache-max must be between 0 and 1000000 GiB");
+    }
+    if a.ssd_cache.is_some() && cache_gib == 0.0 {
+        bail!("--ssd-cache needs the prefix cache (--prompt-cache above 0): entries are promoted into it");
+    }
+    let ssd_cache = a.ssd_cache.clone().map(|dir| host_engine::ssd_cache::SsdConfig {
+        dir,
+        max_bytes: gib(ssd_max),
+        verify: a.ssd_cache_verify,
+    });
     let cfg = EngineConfig {
         dtype: DtypeChoice::parse(a.dtype.as_deref().unwrap_or("auto"))?,
         prefix_cache_bytes: gib(cache_gib) as usize,
+        ssd_cache,
         model_options: crate::model_options::options(a.gpu_attention.as_deref(), &a.model_option)?,
         speculation: a.draft.config()?,
         kv_scheme: a.kv.scheme()?,

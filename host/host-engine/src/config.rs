@@ -44,6 +44,8 @@ pub struct EngineConfig {
     /// The KV storage scheme every cache is made in (`CacheSpec.scheme`):
     /// `plain`, or e.g. `affine8:group=64,start=0` ([`kv_scheme`]).
     pub kv_scheme: String,
+    /// The prefix cache's SSD tier (`--ssd-cache`), when configured.
+    pub ssd_cache: Option<crate::ssd_cache::SsdConfig>,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +57,7 @@ impl Default for EngineConfig {
             model_options: Vec::new(),
             speculation: None,
             kv_scheme: "plain".to_owned(),
+            ssd_cache: None,
         }
     }
 }

@@ -126,6 +126,11 @@ impl Engine {
             model.layouts.join(","),
             drafting.as_ref().map_or("none".to_owned(), |d| format!("{}/{}", d.plugin, d.kind)),
         );
+        let prefix = match &cfg.ssd_cache {
+            Some(ssd) => PrefixStore::with_ssd(namespace, cfg.prefix_cache_bytes, ssd)
+                .map_err(|e| EngineError::Config(format!("--ssd-cache {}: {e}", ssd.dir.display())))?,
+            None => PrefixStore::new(namespace, cfg.prefix_cache_bytes),
+        };
         Ok(Self {
             model,
             text,
@@ -133,7 +138,7 @@ impl Engine {
             dtype_name,
             dtype_reason: reason,
             prefill_step: cfg.prefill_step.max(1),
-            prefix: PrefixStore::new(namespace, cfg.prefix_cache_bytes),
+            prefix,
             drafting,
             pooling: Pooling::read(dir),
         })

@@ -34,6 +34,7 @@ pub mod runtime;
 pub mod sampling;
 pub mod serial;
 pub mod speculation;
+pub mod ssd_cache;
 pub mod stats;
 mod target_states;
 mod template_json;

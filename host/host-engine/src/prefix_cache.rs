@@ -17,6 +17,7 @@
 //! the next-longest candidate is tried: a half-imported state never leaks.
 
 use crate::owned_state;
+use crate::ssd_cache::{SsdConfig, SsdCounters, SsdTier};
 use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::{CacheBox, CacheState, Tensor};
 
@@ -125,36 +126,48 @@ impl PrefixCache {
         0
     }
 
-    /// Stores the state of `caches`, which hold exactly `tokens`.
-    pub fn put(&mut self, ns: &str, tokens: &[u32], caches: &[CacheBox]) {
+    /// Stores the state of `caches`, which hold exactly `tokens`; returns
+    /// whether a new entry was stored and whether it can be trimmed.
+    pub fn put(&mut self, ns: &str, tokens: &[u32], caches: &[CacheBox]) -> Option<bool> {
         if !self.enabled() || tokens.is_empty() {
-            return;
+            return None;
         }
         if self.entries.iter().any(|e| e.ns == ns && e.tokens == tokens) {
-            return;
+            return None;
         }
         let mut states = Vec::with_capacity(caches.len());
         for c in caches {
             match c.export_state().into_result() {
                 Ok(s) => states.push(s),
-                Err(_) => return,
+                Err(_) => return None,
             }
         }
         let trimmable = caches.iter().all(|c| c.is_trimmable());
-        self.insert(ns, tokens.to_vec(), states, trimmable);
+        self.insert(ns, tokens.to_vec(), states, trimmable).then_some(trimmable)
+    }
+
+    /// The longest prefix of `usable` any entry of `ns` shares.
+    pub fn longest(&self, ns: &str, usable: &[u32]) -> usize {
+        self.entries.iter().filter(|e| e.ns == ns).map(|e| common_prefix(&e.tokens, usable)).max().unwrap_or(0)
+    }
+
+    /// The stored states of exactly `tokens`, shared (for the SSD tier's writer).
+    pub fn shares(&self, ns: &str, tokens: &[u32]) -> Option<Vec<CacheState>> {
+        let e = self.entries.iter().find(|e| e.ns == ns && e.tokens == tokens)?;
+        Some(e.states.iter().map(share).collect())
     }
 
     /// Stores already-exported 1-row states (copied into buffers of their
     /// own first); `trimmable` says whether every layout can cut them down
-    /// (then shorter prefixes of it are redundant).
-    pub fn insert(&mut self, ns: &str, tokens: Vec<u32>, states: Vec<CacheState>, trimmable: bool) {
+    /// (then shorter prefixes of it are redundant). True when stored.
+    pub fn insert(&mut self, ns: &str, tokens: Vec<u32>, states: Vec<CacheState>, trimmable: bool) -> bool {
         if !self.enabled() || tokens.is_empty() || states.iter().any(|s| s.offset as usize != tokens.len()) {
-            return;
+            return false;
         }
         if owned_state::bytes(&states) > self.cap {
-            return;
+            return false;
         }
-        let Ok(states) = owned_state::own(states) else { return };
+        let Ok(states) = owned_state::own(states) else { return false };
         let bytes = owned_state::bytes(&states);
         // A stored sequence that is a prefix of the new one is superseded,
         // unless the new one cannot be trimmed back to it.
@@ -164,6 +177,7 @@ impl PrefixCache {
         self.clock += 1;
         self.entries.push(Entry { ns: ns.to_owned(), tokens, states, bytes, used: self.clock });
         self.shrink_to(self.cap);
+        true
     }
 
     /// Bytes the entries hold.
@@ -192,15 +206,38 @@ impl PrefixCache {
 }
 
 /// The engine's prefix cache: the LRU above, behind a lock, under the
-/// engine's namespace.
+/// engine's namespace, with the SSD tier behind it when configured
+/// (`ssd_cache`: written behind on every store, read back on a lookup it
+/// can serve longer than RAM, promoted into RAM).
 pub struct PrefixStore {
     cache: std::sync::Mutex<PrefixCache>,
     namespace: String,
+    ssd: Option<SsdTier>,
 }
 
 impl PrefixStore {
     pub fn new(namespace: String, cap_bytes: usize) -> Self {
-        Self { cache: std::sync::Mutex::new(PrefixCache::new(cap_bytes)), namespace }
+        Self { cache: std::sync::Mutex::new(PrefixCache::new(cap_bytes)), namespace, ssd: None }
+    }
+
+    /// With an SSD tier in `cfg.dir` (opened, scanned, its writer started).
+    pub fn with_ssd(namespace: String, cap_bytes: usize, cfg: &SsdConfig) -> std::io::Result<Self> {
+        let ssd = SsdTier::open(cfg, &namespace)?;
+        Ok(Self { ssd: Some(ssd), ..Self::new(namespace, cap_bytes) })
+    }
+
+    /// The SSD tier's live counters, when there is one.
+    pub fn ssd_counters(&self) -> Option<std::sync::Arc<SsdCounters>> {
+        self.ssd.as_ref().map(SsdTier::counters)
+    }
+
+    /// Hands a just-stored entry to the SSD tier's writer.
+    fn write_behind(&self, p: &PrefixCache, tokens: &[u32], trimmable: Option<bool>) {
+        if let (Some(ssd), Some(trimmable)) = (&self.ssd, trimmable) {
+            if let Some(states) = p.shares(&self.namespace, tokens) {
+                ssd.write_behind(tokens, states, trimmable);
+            }
+        }
     }
 
     fn lock(&self) -> Option<std::sync::MutexGuard<'_, PrefixCache>> {
@@ -219,14 +256,26 @@ impl PrefixStore {
 
     /// Imports the longest cached prefix of `prompt` into fresh `caches`;
     /// `fresh` makes a new cache set.
+    /// A prefix the SSD tier holds longer than any in RAM is read back and
+    /// promoted into RAM first (not written back).
     pub fn take(&self, prompt: &[u32], caches: &mut [CacheBox], fresh: &dyn Fn() -> Option<Vec<CacheBox>>) -> usize {
-        self.lock().map(|mut p| p.take(&self.namespace, prompt, caches, fresh)).unwrap_or(0)
+        let Some(mut p) = self.lock() else { return 0 };
+        if let Some(ssd) = &self.ssd {
+            if p.enabled() && prompt.len() >= 2 {
+                let usable = &prompt[..prompt.len() - 1];
+                if let Some(e) = ssd.fetch(usable, p.longest(&self.namespace, usable)) {
+                    p.insert(&self.namespace, e.tokens, e.states, e.trimmable);
+                }
+            }
+        }
+        p.take(&self.namespace, prompt, caches, fresh)
     }
 
     /// Stores `caches`, which must hold exactly `tokens`.
     pub fn put(&self, tokens: &[u32], caches: &[CacheBox]) {
         if let Some(mut p) = self.lock() {
-            p.put(&self.namespace, tokens, caches);
+            let stored = p.put(&self.namespace, tokens, caches);
+            self.write_behind(&p, tokens, stored);
         }
     }
 
@@ -234,7 +283,11 @@ impl PrefixStore {
     /// layouts they came from report it.
     pub fn insert(&self, tokens: Vec<u32>, states: Vec<CacheState>, trimmable: bool) {
         if let Some(mut p) = self.lock() {
-            p.insert(&self.namespace, tokens, states, trimmable);
+            let key = self.ssd.as_ref().map(|_| tokens.clone());
+            let stored = p.insert(&self.namespace, tokens, states, trimmable);
+            if let Some(key) = key {
+                self.write_behind(&p, &key, stored.then_some(trimmable));
+            }
         }
     }
 

@@ -57,6 +57,8 @@ pub struct Stats {
     /// buffers are freed) and MLX's buffer cache returned: what it holds
     /// now is the weights and the prefix cache.
     pub idle: AtomicBool,
+    /// The SSD tier's live counters, when the engine has one.
+    pub ssd: Option<std::sync::Arc<crate::ssd_cache::SsdCounters>>,
 }
 
 impl Stats {

@@ -52,7 +52,7 @@ impl Worker {
     /// (continuous batching); `batch == 1` runs strictly one job at a time.
     pub fn start(engine: Engine, queue: usize, batch: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
         let (tx, rx) = crate::queue::bounded::<Work>(queue);
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Stats { ssd: engine.prefix().ssd_counters(), ..Stats::default() });
         let shutdown = Arc::new(AtomicBool::new(false));
         let hold = Arc::new(Hold::default());
         let (s, stop, h) = (stats.clone(), shutdown.clone(), hold.clone());

@@ -31,7 +31,7 @@ pub async fn health() -> Json<Value> {
 pub async fn stats(State(st): State<AppState>) -> Json<Value> {
     let w = &st.worker.stats;
     let s = &st.stats;
-    Json(json!({
+    let mut out = json!({
         "queued": w.queued.load(Relaxed),
         "active": w.active.load(Relaxed),
         "engine_idle": w.idle.load(Relaxed),
@@ -65,5 +65,10 @@ pub async fn stats(State(st): State<AppState>) -> Json<Value> {
             "cache_limit_bytes": st.budget.mlx_cache_bytes,
             "budget_bytes": st.budget.memory_bytes,
         },
-    }))
+    });
+    // The SSD tier's counters, flat (`ssd_cache_hits`, ...), when it is on.
+    if let (Some(c), Some(o)) = (&w.ssd, out.as_object_mut()) {
+        o.extend(c.fields().iter().map(|&(name, _, _, v)| (format!("ssd_cache_{name}"), Value::from(v))));
+    }
+    Json(out)
 }

@@ -92,6 +92,10 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
     );
     metric(&mut o, "prefix_cache_bytes", "gauge", "Bytes held by the prefix cache.", w.prefix_bytes.load(Relaxed));
     metric(&mut o, "prefix_cache_entries", "gauge", "Entries in the prefix cache.", w.prefix_entries.load(Relaxed));
+    for (name, kind, help, value) in w.ssd.iter().flat_map(|c| c.fields()) {
+        let total = if kind == "counter" { "_total" } else { "" };
+        metric(&mut o, &format!("ssd_cache_{name}{total}"), kind, help, value);
+    }
     metric(
         &mut o,
         "mlx_active_bytes",
