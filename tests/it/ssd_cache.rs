@@ -94,11 +94,40 @@ fn metric(s: &Server, name: &str) -> f64 {
 /// the answer equals the cold server's, and the state comes from disk.
 #[test]
 fn a_restarted_server_reuses_the_prompt_state_from_disk() {
-    let m = model("tiny/tiny-llama-f32");
+    restart_reuse("tiny/tiny-llama-f32", &[]);
+}
+
+/// Quantized K/V (uint32 codes, scales and biases) round-trips too.
+#[test]
+fn a_restarted_server_reuses_quantized_kv_from_disk() {
+    restart_reuse("tiny/tiny-llama-hd64-f32", &["--kv-quant", "8"]);
+}
+
+/// A recurrent state that cannot be trimmed is reused at its exact length
+/// (the prompt-boundary snapshot).
+#[test]
+fn a_restarted_server_reuses_a_recurrent_state_from_disk() {
+    restart_reuse("tiny/tiny-qwen3_5-f32", &[]);
+}
+
+/// Sliding-window layers (a ring, with its positions in the state's meta)
+/// beside full-attention ones.
+#[test]
+fn a_restarted_server_reuses_a_sliding_window_state_from_disk() {
+    restart_reuse("tiny/tiny-gemma3-f32", &[]);
+}
+
+fn restart_reuse(model_dir: &str, extra: &[&str]) {
+    let m = model(model_dir);
     let dir = Scratch::new("ssd-restart");
     let chat = conversation("restart", 4, 12);
+    let args = |batch: &'static str| {
+        let mut a = vec!["--batch", batch];
+        a.extend_from_slice(extra);
+        a
+    };
     let (want, prompt, cold_cached) = {
-        let cold = Server::start(&m, &ssd(&dir.0, &["--batch", "1"]));
+        let cold = Server::start(&m, &ssd(&dir.0, &args("1")));
         let r = ask(&cold, &chat, 16);
         drain(&cold);
         assert!(stat(&cold, "ssd_cache_writes") >= 1);
@@ -108,7 +137,7 @@ fn a_restarted_server_reuses_the_prompt_state_from_disk() {
     assert_eq!(cold_cached, 0);
     assert!(!files(&dir.0, "mlxkv").is_empty());
     for batch in ["1", "8"] {
-        let warm = Server::start(&m, &ssd(&dir.0, &["--batch", batch]));
+        let warm = Server::start(&m, &ssd(&dir.0, &args(batch)));
         assert!(stat(&warm, "ssd_cache_entries") >= 1);
         let (got, p, cached) = ask(&warm, &chat, 16);
         assert_eq!(got, want, "state read back from disk changed the output (batch {batch})");
