@@ -263,7 +263,7 @@ impl PrefixStore {
         if let Some(ssd) = &self.ssd {
             if p.enabled() && prompt.len() >= 2 {
                 let usable = &prompt[..prompt.len() - 1];
-                if let Some(e) = ssd.fetch(usable, p.longest(&self.namespace, usable)) {
+                if let Some(e) = ssd.fetch(usable, p.longest(&self.namespace, usable), p.cap as u64) {
                     p.insert(&self.namespace, e.tokens, e.states, e.trimmable);
                 }
             }

@@ -98,10 +98,12 @@ impl Index {
 
     /// The entry sharing the longest prefix with `usable`, longer than
     /// `floor` tokens, that can be used at that length (it is exactly that
-    /// long or it could be trimmed): (name, shared tokens).
-    pub fn best(&self, usable: &[u32], floor: usize) -> Option<(String, usize)> {
+    /// long or it could be trimmed) and is at most `max_bytes` large:
+    /// (name, shared tokens).
+    pub fn best(&self, usable: &[u32], floor: usize, max_bytes: u64) -> Option<(String, usize)> {
         self.entries
             .iter()
+            .filter(|e| e.bytes <= max_bytes)
             .map(|e| (e, common_prefix(&e.tokens, usable)))
             .filter(|&(e, k)| k > floor && (k == e.tokens.len() || e.trimmable))
             .max_by_key(|&(e, k)| (k, std::cmp::Reverse(e.tokens.len() - k)))
@@ -170,4 +172,77 @@ fn read_one(path: &Path, stem: &str) -> Result<(format::Header, u64, SystemTime)
     let meta = f.get_ref().metadata()?;
     let h = format::read_header(&mut f, meta.len(), stem)?;
     Ok((h, meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn entry(name: &str, tokens: &[u32], trimmable: bool, at: u64) -> DiskEntry {
+        DiskEntry {
+            name: name.to_owned(),
+            tokens: tokens.to_vec(),
+            trimmable,
+            bytes: 100,
+            used: SystemTime::UNIX_EPOCH + Duration::from_secs(at),
+        }
+    }
+
+    fn names(i: &Index) -> Vec<&str> {
+        let mut v: Vec<&str> = i.entries.iter().map(|e| e.name.as_str()).collect();
+        v.sort();
+        v
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ssd-index-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn the_cap_evicts_the_least_recently_used_and_a_read_counts_as_use() {
+        let dir = scratch("lru");
+        let mut i = Index { dir: dir.clone(), cap: 250, entries: Vec::new() };
+        assert_eq!(i.add(entry("a", &[1, 2, 3], true, 1)), 0);
+        assert_eq!(i.add(entry("b", &[4, 5], true, 2)), 0);
+        i.touch("a");
+        // c is newer than b, older than a's read: b goes.
+        assert_eq!(i.add(entry("c", &[6], true, 3)), 1);
+        assert_eq!(names(&i), ["a", "c"]);
+        assert_eq!(i.bytes(), 200);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_trimmable_entry_supersedes_its_prefixes_and_an_untrimmable_one_does_not() {
+        let dir = scratch("supersede");
+        let mut i = Index { dir: dir.clone(), cap: 10_000, entries: Vec::new() };
+        i.add(entry("short", &[1, 2], true, 1));
+        i.add(entry("ring", &[1, 2, 3], false, 2));
+        assert_eq!(names(&i), ["ring", "short"]);
+        i.add(entry("long", &[1, 2, 3, 4], true, 3));
+        assert_eq!(names(&i), ["long"]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_best_entry_is_the_longest_usable_one_that_beats_ram_and_fits() {
+        let dir = scratch("best");
+        let mut i = Index { dir: dir.clone(), cap: 10_000, entries: Vec::new() };
+        i.entries.push(entry("trim", &[1, 2, 3, 9, 9], true, 1));
+        i.entries.push(entry("exact", &[1, 2], false, 1));
+        i.entries.push(entry("ring", &[1, 2, 3, 4, 8], false, 1));
+        let prompt = [1, 2, 3, 4, 5];
+        // The ring shares 4 tokens but cannot be cut down to them.
+        assert_eq!(i.best(&prompt, 0, 1000), Some(("trim".to_owned(), 3)));
+        assert_eq!(i.best(&prompt, 3, 1000), None, "RAM already holds 3 tokens");
+        // At equal length, the entry that needs no trim.
+        assert_eq!(i.best(&[1, 2, 7], 0, 1000), Some(("exact".to_owned(), 2)));
+        assert_eq!(i.best(&prompt, 0, 99), None, "larger than the RAM tier can hold");
+        i.entries.retain(|e| e.name != "trim");
+        assert_eq!(i.best(&prompt, 0, 1000), Some(("exact".to_owned(), 2)));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -107,6 +107,13 @@ struct WriteJob {
     states: Vec<CacheState>,
 }
 
+impl WriteJob {
+    /// Whether writing `self` would delete `older`'s file at once.
+    fn supersedes(&self, older: &WriteJob) -> bool {
+        self.trimmable && self.tokens.len() > older.tokens.len() && self.tokens.starts_with(&older.tokens)
+    }
+}
+
 pub struct SsdTier {
     shared: Arc<Shared>,
     verify: bool,
@@ -135,9 +142,17 @@ impl SsdTier {
         let (tx, rx) = mpsc::channel::<WriteJob>();
         let s = shared.clone();
         let writer = std::thread::Builder::new().name("ssd-cache-writer".into()).spawn(move || {
-            for job in rx {
-                s.write(job);
-                s.counters.pending.fetch_sub(1, Relaxed);
+            while let Ok(first) = rx.recv() {
+                let mut queued: std::collections::VecDeque<WriteJob> =
+                    std::iter::once(first).chain(rx.try_iter()).collect();
+                while let Some(job) = queued.pop_front() {
+                    // A prompt-boundary snapshot whose generation already
+                    // ended is not written: the end state supersedes it.
+                    if !queued.iter().any(|later| later.supersedes(&job)) {
+                        s.write(job);
+                    }
+                    s.counters.pending.fetch_sub(1, Relaxed);
+                }
             }
         })?;
         Ok(Self { shared, verify: cfg.verify, tx: Some(tx), writer: Some(writer) })
@@ -171,11 +186,12 @@ impl SsdTier {
     /// The stored entry sharing the longest usable prefix with `usable`
     /// when it beats the RAM tier's `ram` tokens, read back and checked; a
     /// file that fails its checks is deleted and counted, and the next
-    /// best is tried.
-    pub fn fetch(&self, usable: &[u32], ram: usize) -> Option<Promoted> {
+    /// best is tried. Files larger than `room` (what the RAM tier can hold)
+    /// are not read.
+    pub fn fetch(&self, usable: &[u32], ram: usize, room: u64) -> Option<Promoted> {
         let c = &self.shared.counters;
         loop {
-            let best = self.shared.index.lock().ok()?.best(usable, ram);
+            let best = self.shared.index.lock().ok()?.best(usable, ram, room);
             let Some((name, _)) = best else {
                 c.misses.fetch_add(1, Relaxed);
                 return None;
