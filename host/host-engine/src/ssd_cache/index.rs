@@ -40,7 +40,10 @@ impl Index {
     /// Scans `dir` (created if missing): removes temp files, indexes the
     /// entries of namespace `ns`, then evicts down to `cap` bytes.
     pub fn scan(dir: &Path, ns: &str, cap: u64) -> std::io::Result<(Self, ScanReport)> {
-        std::fs::create_dir_all(dir)?;
+        // Private to the user when this creates it (the files hold prompts' state).
+        let mut builder = std::fs::DirBuilder::new();
+        std::os::unix::fs::DirBuilderExt::mode(builder.recursive(true), 0o700);
+        builder.create(dir)?;
         let mut report = ScanReport::default();
         let mut entries = Vec::new();
         for item in std::fs::read_dir(dir)? {
@@ -117,7 +120,7 @@ impl Index {
         if let Some(e) = self.entries.iter_mut().find(|e| e.name == name) {
             e.used = now;
             let path = self.path(name);
-            if let Ok(f) = std::fs::File::options().write(true).open(path) {
+            if let Ok(f) = std::fs::File::open(path) {
                 let _ = f.set_modified(now);
             }
         }

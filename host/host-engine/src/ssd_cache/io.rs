@@ -80,7 +80,11 @@ pub fn write_entry(
     let tmp = dir.join(format!("{name}.{}", format::TMP_EXT));
     let done = dir.join(format!("{name}.{}", format::EXT));
     let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
-    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp).map_err(io)?);
+    // A fresh file, never an existing one: `create_new` does not follow a
+    // link planted under the temp name, so nothing is written outside DIR.
+    let _ = std::fs::remove_file(&tmp);
+    let file = std::fs::File::options().write(true).create_new(true).open(&tmp).map_err(io)?;
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, file);
     f.write_all(&format::preamble(&text)).map_err(io)?;
     f.write_all(&text).map_err(io)?;
     let mut pos = 0u64;
