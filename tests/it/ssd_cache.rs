@@ -224,6 +224,16 @@ fn damaged_foreign_and_other_namespace_files_are_skipped_and_counted() {
     }
     check(&d.0, &["--batch", "1"], stored.len() as u64, false, "truncated");
 
+    // A flipped byte in the header (a token id): seen without --ssd-cache-verify.
+    let d = copy("ssd-header-flip");
+    for f in files(&d.0, "mlxkv") {
+        let mut bytes = std::fs::read(&f).unwrap();
+        let at = 32 + bytes[32..].windows(10).position(|w| w == b"\"tokens\":[").unwrap() + 10;
+        bytes[at] ^= 0x01;
+        std::fs::write(&f, &bytes).unwrap();
+    }
+    check(&d.0, &["--batch", "1"], stored.len() as u64, false, "flipped header byte");
+
     // Flipped bytes in the tensor data: only the content hash sees them.
     let d = copy("ssd-flipped");
     let mut flipped = Vec::new();
