@@ -17,6 +17,7 @@ mod fim;
 mod foundation;
 mod fuzz;
 mod http;
+mod isolation;
 mod keepalive;
 mod kv_quant;
 mod limits;

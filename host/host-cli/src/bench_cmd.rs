@@ -64,7 +64,7 @@ fn trial(
 ) -> Result<(f64, f64)> {
     let (prompt_len, gen_len) = shape;
     let (tx, rx) = mpsc::channel::<Reached>();
-    worker.hold.hold();
+    worker.hold();
     for i in 0..batch {
         let tx = tx.clone();
         let mut first = true;
@@ -93,13 +93,13 @@ fn trial(
         // The plan a server would give it.
         let plan = planner.plan(&request);
         if worker.submit(Job { request, plan, on_event }).is_err() {
-            worker.hold.release();
+            worker.release(None);
             bail!("the engine refused the benchmark's requests");
         }
     }
     drop(tx);
     let released = Instant::now();
-    worker.hold.release();
+    worker.release(None);
     let (mut last_first, mut last_done, mut done) = (released, released, 0);
     let mut failures = Vec::new();
     for reached in rx {

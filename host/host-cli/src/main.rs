@@ -4,6 +4,7 @@
 mod bench_cmd;
 mod draft_cmd;
 mod generate_cmd;
+mod isolate_cmd;
 mod kl_cmd;
 mod kv_cmd;
 mod model_options;
@@ -143,6 +144,16 @@ enum Command {
     },
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve_cmd::ServeArgs),
+    /// The engine process of `serve --isolate` (the server starts it; not for use by hand).
+    #[command(name = "engine-child", hide = true)]
+    EngineChild {
+        /// The server's socket to connect to.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The server's options, as JSON.
+        #[arg(long = "serve-args")]
+        serve_args: String,
+    },
     /// Estimate the memory a model needs for a context length, and the largest context that fits.
     Fit {
         #[command(flatten)]
@@ -237,6 +248,10 @@ fn main() -> Result<ExitCode> {
         Some(Command::Serve(args)) => {
             init_tracing("info");
             serve_cmd::run(args)?
+        }
+        Some(Command::EngineChild { socket, serve_args }) => {
+            init_tracing("info");
+            isolate_cmd::engine_child(&socket, &serve_args)?
         }
         Some(Command::Probe { size, dtype, iters }) => probe(size, &dtype, iters)?,
         Some(Command::Plugins { dir, json }) => {

@@ -153,6 +153,12 @@ pub struct ServeArgs {
     #[arg(long = "responses-store")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub responses_store: Option<f64>,
+    /// Run the engine (model, plugins, MLX) in a child process: when it dies (a crash, an
+    /// abort, an out-of-memory kill) its requests fail with a clear error, the server keeps
+    /// serving, and a new engine process starts (with a back-off while they keep dying).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub isolate: bool,
     /// Serve POST /debug/hold and /debug/release: pause the engine's loop (tests arrange concurrency with it).
     #[arg(long = "debug-endpoints")]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -204,6 +210,57 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let Some(model_dir) = a.model.clone() else { bail!("--model DIR is required (or `model` in the --config file)") };
     // Checked before the model loads: a typo fails at once.
     let system_rules = SystemRules::parse(&a.system_prompt_rule).map_err(anyhow::Error::msg)?;
+    let cfg = server_config(&a, &model_dir, system_rules);
+    let (worker, served) = if a.isolate {
+        crate::isolate_cmd::start(&a, &model_dir)?
+    } else {
+        let loaded = load(&a, &model_dir, t0)?;
+        let served = Served {
+            text: loaded.engine.text().cloned(),
+            planner: loaded.engine.planner(cfg.batch),
+            info: loaded.info,
+            memory: loaded.memory,
+            budget: loaded.budget,
+        };
+        (Worker::start(loaded.engine, cfg.queue, cfg.batch, Some((loaded.memory, loaded.budget))), served)
+    };
+    stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let Served { text, info, planner, memory, budget } = served;
+    rt.block_on(host_server::serve(cfg, worker, text, info, planner, memory, budget))?;
+    Ok(())
+}
+
+/// What the HTTP layer needs from the loaded engine.
+pub struct Served {
+    pub text: Option<std::sync::Arc<host_engine::tokenizer::TextSide>>,
+    pub info: ModelInfo,
+    pub planner: host_engine::plan::Planner,
+    pub memory: host_engine::admission::MemoryModel,
+    pub budget: host_engine::admission::Budget,
+}
+
+/// The engine, loaded and warmed up, with its memory model and budget.
+pub struct Loaded {
+    pub engine: Engine,
+    pub info: ModelInfo,
+    pub memory: host_engine::admission::MemoryModel,
+    pub budget: host_engine::admission::Budget,
+}
+
+/// Rows per decode step as configured.
+pub fn batch(a: &ServeArgs) -> usize {
+    a.batch.unwrap_or(8).max(1)
+}
+
+/// Requests that may wait as configured.
+pub fn queue(a: &ServeArgs) -> usize {
+    a.queue.unwrap_or(64)
+}
+
+/// Discovers the plugins, loads the model, reads its weights once and
+/// sets MLX's buffer cache limit (stages 0 to 3 of the progress lines).
+pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant) -> Result<Loaded> {
     let plugins = a.plugins.clone().unwrap_or_else(|| PathBuf::from("plugins"));
     stage(0, 4, "discovering plugins", t0);
     let reg = crate::registry(&plugins)?;
@@ -236,7 +293,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         kv_scheme: a.kv.scheme()?,
         ..Default::default()
     };
-    let engine = Engine::load(&reg, &model_dir, cfg).with_context(|| format!("loading {}", model_dir.display()))?;
+    let engine = Engine::load(&reg, model_dir, cfg).with_context(|| format!("loading {}", model_dir.display()))?;
     if let Some(d) = engine.drafting() {
         eprintln!("speculative decoding: kind {} via {}, up to {} tokens per round", d.kind, d.plugin, d.depth);
     }
@@ -298,18 +355,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
             g(memory_bytes)
         );
     }
-    let text = engine.text().cloned();
+    Ok(Loaded { engine, info, memory, budget })
+}
+
+fn server_config(a: &ServeArgs, model_dir: &std::path::Path, system_rules: SystemRules) -> ServerConfig {
     let model_id = a.model_id.clone().unwrap_or_else(|| {
         model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
     });
-    let cfg = ServerConfig {
+    ServerConfig {
         host: a.host.clone().unwrap_or_else(|| "127.0.0.1".into()),
         port: a.port.unwrap_or(8080),
         api_key: a.api_key.clone(),
         body_limit: a.body_limit.unwrap_or(4 << 20),
-        queue: a.queue.unwrap_or(64),
+        queue: queue(a),
         default_max_tokens: a.max_tokens.unwrap_or(512),
-        batch: a.batch.unwrap_or(8).max(1),
+        batch: batch(a),
         debug_endpoints: a.debug_endpoints,
         sse_keepalive: Some(a.sse_keepalive.unwrap_or(5)).filter(|&s| s > 0).map(std::time::Duration::from_secs),
         defaults: SamplingDefaults {
@@ -329,13 +389,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
         preserve_thinking: a.preserve_thinking,
         system_rules,
-    };
-    let planner = engine.planner(cfg.batch);
-    let worker = Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget)));
-    stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(host_server::serve(cfg, worker, text, info, planner, memory, budget))?;
-    Ok(())
+    }
 }
 
 fn dedup(v: &[String]) -> Vec<String> {

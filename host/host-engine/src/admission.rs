@@ -19,7 +19,7 @@ use crate::engine::Engine;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy)]
 pub struct MemoryModel {
     pub weights_bytes: u64,
     pub kv_bytes_per_token: u64,
@@ -33,7 +33,7 @@ pub struct MemoryModel {
     pub max_context: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy)]
 pub struct Budget {
     /// Everything: weights + all running requests' KV + transients + MLX's
     /// buffer cache + the prefix cache.

@@ -40,6 +40,10 @@ pub enum EngineError {
     Mlx(String),
     #[error(transparent)]
     Grammar(#[from] crate::constraint::GrammarError),
+    /// An error the isolated engine process reported (by its message), or
+    /// its death.
+    #[error("{0}")]
+    Reported(String),
 }
 
 impl From<mlx_rs::error::ConversionError> for EngineError {

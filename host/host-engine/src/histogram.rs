@@ -29,6 +29,21 @@ impl Histogram {
         self.sum_micro.fetch_add((v.max(0.0) * 1e6) as u64, Relaxed);
     }
 
+    /// The buckets, then count and sum: what [`Histogram::load`] takes back.
+    pub fn snapshot(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        v.extend([self.count.load(Relaxed), self.sum_micro.load(Relaxed)]);
+        v
+    }
+
+    /// Overwrites every counter with a snapshot's (another process's histogram).
+    pub fn load(&self, v: &[u64]) {
+        let cells = self.buckets.iter().chain([&self.count, &self.sum_micro]);
+        for (cell, &x) in cells.zip(v) {
+            cell.store(x, Relaxed);
+        }
+    }
+
     pub fn count(&self) -> u64 {
         self.count.load(Relaxed)
     }

@@ -25,7 +25,7 @@ pub struct GenerateRequest {
 }
 
 /// One generated token as the caller sees it.
-#[derive(Debug, Clone)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct TokenOut {
     pub id: u32,
     pub logprob: Option<f32>,
@@ -40,7 +40,7 @@ pub enum Flow {
     Stop,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
     /// An EOS token (not emitted) or the caller stopped.
     Stop,
@@ -48,6 +48,7 @@ pub enum Finish {
     Length,
 }
 
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct GenerateResult {
     pub tokens: Vec<u32>,
     pub finish: Finish,

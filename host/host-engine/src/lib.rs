@@ -23,6 +23,7 @@ pub mod engine;
 pub mod histogram;
 pub mod hold;
 mod idle;
+pub mod isolate;
 pub mod job;
 pub mod owned_state;
 pub mod plan;

@@ -49,7 +49,7 @@ pub struct RequestFacts {
 }
 
 /// What the composed binding (model family + cache layouts + drafter) can do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Capabilities {
     /// The base method id; this host knows only `autoregressive`.
     pub method: String,
@@ -135,7 +135,7 @@ impl Capabilities {
 }
 
 /// How the server is configured (flags), independent of any request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerFeatures {
     /// Most rows per batch group; 1 (or 0) = strict serial (`--batch 1`).
     pub batch_limit: usize,
@@ -145,7 +145,7 @@ pub struct ServerFeatures {
     pub compiled_decode: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Method {
     Autoregressive,
     Speculative,
@@ -161,14 +161,14 @@ impl Method {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mechanism {
     Serial,
     Continuous,
 }
 
 /// The frozen plan for one request. Only [`resolve_execution`] builds one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ResolvedExecution {
     pub method: Method,
@@ -208,7 +208,7 @@ impl fmt::Display for ResolvedExecution {
 /// do and what the server offers. Made once by the engine
 /// (`Engine::planner`); the HTTP layer keeps a copy to resolve each
 /// request's plan before queueing it.
-#[derive(Debug, Clone)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct Planner {
     pub capabilities: Capabilities,
     pub features: ServerFeatures,

@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::Path;
 
 /// Which positions' hidden states make an input's vector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolingMode {
     /// The first position (BERT's [CLS]).
     Cls,
@@ -29,7 +29,7 @@ impl PoolingMode {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Pooling {
     pub mode: PoolingMode,
     /// The pipeline ends with L2 normalisation (sentence-transformers'
@@ -37,7 +37,7 @@ pub struct Pooling {
     pub normalize: bool,
 }
 
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum PoolingError {
     #[error("embeddings need a folder that declares pooling (1_Pooling/config.json)")]
     NotDeclared,

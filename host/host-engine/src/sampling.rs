@@ -9,7 +9,7 @@ use mlx_rs::{ops, random, Array};
 
 type R<T> = Result<T, mlx_rs::error::Exception>;
 
-#[derive(Debug, Clone)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct SamplingParams {
     /// 0 = greedy.
     pub temperature: f32,

@@ -61,7 +61,77 @@ pub struct Stats {
     pub ssd: Option<std::sync::Arc<crate::ssd_cache::SsdCounters>>,
 }
 
+/// The counters that travel from an isolated engine to the API process
+/// (`admission_refusals` stays: the API process counts it).
+macro_rules! mirrored {
+    ($apply:ident) => {
+        $apply!(
+            queued,
+            active,
+            requests,
+            completed,
+            cancelled,
+            failed,
+            prompt_tokens,
+            generated_tokens,
+            last_cancelled_tokens,
+            decode_steps,
+            max_batch_rows,
+            pipelined_steps,
+            spec_replays,
+            spec_replays_padded,
+            cohorts,
+            cohort_rows,
+            last_prefill_tps,
+            last_decode_tps,
+            prefix_hits,
+            prefix_misses,
+            prefix_hit_tokens,
+            prefix_bytes,
+            prefix_entries,
+            kv_reserved
+        )
+    };
+}
+
+/// Everything [`Stats`] holds, as plain numbers (for another process).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StatsSnapshot {
+    pub counters: Vec<u64>,
+    pub histograms: [Vec<u64>; 3],
+    pub idle: bool,
+    pub ssd: Option<Vec<u64>>,
+}
+
 impl Stats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        macro_rules! read {
+            ($($f:ident),*) => { vec![$(self.$f.load(Ordering::Relaxed)),*] };
+        }
+        StatsSnapshot {
+            counters: mirrored!(read),
+            histograms: [self.ttft.snapshot(), self.prefill_rate.snapshot(), self.decode_rate.snapshot()],
+            idle: self.idle.load(Ordering::Relaxed),
+            ssd: self.ssd.as_ref().map(|c| c.snapshot()),
+        }
+    }
+
+    /// Overwrites the mirrored counters with `s` (an isolated engine's).
+    pub fn load(&self, s: &StatsSnapshot) {
+        let mut values = s.counters.iter().copied();
+        macro_rules! write {
+            ($($f:ident),*) => { $( if let Some(v) = values.next() { self.$f.store(v, Ordering::Relaxed); } )* };
+        }
+        mirrored!(write);
+        self.ttft.load(&s.histograms[0]);
+        self.prefill_rate.load(&s.histograms[1]);
+        self.decode_rate.load(&s.histograms[2]);
+        self.idle.store(s.idle, Ordering::Relaxed);
+        if let (Some(c), Some(v)) = (&self.ssd, &s.ssd) {
+            c.load(v);
+        }
+    }
+
     /// Records a finished request's timings and the engine's cache counters.
     pub(crate) fn record(&self, r: &GenerateResult, engine: &Engine) {
         self.ttft.observe(TTFT_SECONDS, r.prefill_s);

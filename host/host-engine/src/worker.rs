@@ -13,6 +13,7 @@ use crate::batch::Scheduler;
 use crate::embed::EmbedJob;
 use crate::engine::{Engine, EngineError};
 use crate::hold::Hold;
+use crate::isolate::{EngineHealth, Remote, Supervisor};
 use crate::job::{Event, Job};
 use crate::queue::{Inbox, Outbox, Refused};
 use crate::stats::Stats;
@@ -30,13 +31,22 @@ pub enum Work {
 }
 
 pub struct Worker {
-    tx: Option<Outbox<Work>>,
-    thread: Option<JoinHandle<()>>,
+    backend: Backend,
     pub stats: Arc<Stats>,
-    /// Pauses the engine's loop between iterations (tests arrange
-    /// concurrency with it; `host serve --debug-endpoints` exposes it).
-    pub hold: Arc<Hold>,
-    shutdown: Arc<AtomicBool>,
+}
+
+enum Backend {
+    /// The engine runs on a thread of this process.
+    Local {
+        tx: Option<Outbox<Work>>,
+        thread: Option<JoinHandle<()>>,
+        /// Pauses the engine's loop between iterations (tests arrange
+        /// concurrency with it; `host serve --debug-endpoints` exposes it).
+        hold: Arc<Hold>,
+        shutdown: Arc<AtomicBool>,
+    },
+    /// The engine runs in a child process (`--isolate`).
+    Isolated { remote: Arc<Remote>, supervisor: Supervisor },
 }
 
 #[derive(Debug)]
@@ -45,6 +55,8 @@ pub enum SubmitError {
     Full,
     /// The worker has stopped (shutdown).
     Closed,
+    /// The isolated engine's process died and a new one is starting.
+    Restarting,
 }
 
 impl Worker {
@@ -66,7 +78,81 @@ impl Worker {
                 }
             })
             .expect("engine thread");
-        Self { tx: Some(tx), thread: Some(thread), stats, hold, shutdown }
+        Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown }, stats }
+    }
+
+    /// A worker whose engine runs in child processes that `supervisor` keeps
+    /// alive (`remote` holds the jobs sent to them).
+    pub fn isolated(remote: Arc<Remote>, supervisor: Supervisor) -> Self {
+        Self { stats: remote.stats.clone(), backend: Backend::Isolated { remote, supervisor } }
+    }
+
+    /// The engine child's state, when the engine is isolated.
+    pub fn engine_health(&self) -> Option<EngineHealth> {
+        match &self.backend {
+            Backend::Local { .. } => None,
+            Backend::Isolated { supervisor, .. } => Some(supervisor.health()),
+        }
+    }
+
+    /// MLX's active, cache and peak bytes where the engine runs.
+    pub fn mlx_memory(&self) -> [u64; 3] {
+        match &self.backend {
+            Backend::Local { .. } => [
+                crate::runtime::active_memory() as u64,
+                crate::runtime::cache_memory() as u64,
+                crate::runtime::peak_memory() as u64,
+            ],
+            Backend::Isolated { remote, .. } => remote.mirror().mlx,
+        }
+    }
+
+    /// Makes `stats` current (an isolated engine's are pushed when they
+    /// change; this asks for them now). A local engine's always are.
+    pub fn refresh_stats(&self) {
+        if let Backend::Isolated { remote, .. } = &self.backend {
+            remote.refresh();
+        }
+    }
+
+    /// Pauses the engine's loop at its next iteration.
+    pub fn hold(&self) {
+        match &self.backend {
+            Backend::Local { hold, .. } => hold.hold(),
+            Backend::Isolated { remote, .. } => remote.hold(),
+        }
+    }
+
+    /// Lets the held loop run `steps` iterations (None: for good).
+    pub fn release(&self, steps: Option<u64>) {
+        match (&self.backend, steps) {
+            (Backend::Local { hold, .. }, Some(n)) => hold.release_for(n),
+            (Backend::Local { hold, .. }, None) => hold.release(),
+            (Backend::Isolated { remote, .. }, steps) => remote.release(steps),
+        }
+    }
+
+    pub fn held(&self) -> bool {
+        match &self.backend {
+            Backend::Local { hold, .. } => hold.held(),
+            Backend::Isolated { remote, .. } => remote.mirror().held,
+        }
+    }
+
+    /// The held loop is waiting at its checkpoint.
+    pub fn parked(&self) -> bool {
+        match &self.backend {
+            Backend::Local { hold, .. } => hold.parked(),
+            Backend::Isolated { remote, .. } => remote.mirror().parked,
+        }
+    }
+
+    /// The local engine's hold (for a thread that reports it).
+    pub fn hold_view(&self) -> Option<Arc<Hold>> {
+        match &self.backend {
+            Backend::Local { hold, .. } => Some(hold.clone()),
+            Backend::Isolated { .. } => None,
+        }
     }
 
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
@@ -76,16 +162,22 @@ impl Worker {
     /// Queues one request's jobs (one per choice), all or none: at most
     /// `queue::MAX_GROUP`, refused only when the queue holds its limit.
     pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), SubmitError> {
+        if let Backend::Isolated { remote, .. } = &self.backend {
+            return remote.submit_all(jobs);
+        }
         self.send(jobs.into_iter().map(|j| Work::Generate(Box::new(j))).collect())
     }
 
     /// Queues an embedding job (same queue, same 503 when it is full).
     pub fn embed(&self, job: EmbedJob) -> Result<(), SubmitError> {
+        if let Backend::Isolated { remote, .. } = &self.backend {
+            return remote.embed(job);
+        }
         self.send(vec![Work::Embed(job)])
     }
 
     fn send(&self, work: Vec<Work>) -> Result<(), SubmitError> {
-        let tx = self.tx.as_ref().ok_or(SubmitError::Closed)?;
+        let Backend::Local { tx: Some(tx), .. } = &self.backend else { return Err(SubmitError::Closed) };
         let n = work.len() as u64;
         self.stats.queued.fetch_add(n, Ordering::SeqCst);
         tx.send_all(work).map_err(|e| {
@@ -99,16 +191,29 @@ impl Worker {
 
     /// Asks running and queued work to stop (each job ends within a step).
     pub fn cancel_all(&self) {
-        self.shutdown.store(true, Ordering::SeqCst);
-        self.hold.release();
+        match &self.backend {
+            Backend::Local { hold, shutdown, .. } => {
+                shutdown.store(true, Ordering::SeqCst);
+                hold.release();
+            }
+            Backend::Isolated { remote, .. } => {
+                remote.cancel_all();
+                remote.release(None);
+            }
+        }
     }
 
     /// Cancels running and queued work, then waits for the thread to end.
     pub fn shutdown(&mut self) {
         self.cancel_all();
-        self.tx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        match &mut self.backend {
+            Backend::Local { tx, thread, .. } => {
+                tx.take();
+                if let Some(t) = thread.take() {
+                    let _ = t.join();
+                }
+            }
+            Backend::Isolated { remote, supervisor } => supervisor.shutdown(remote),
         }
     }
 }

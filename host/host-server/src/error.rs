@@ -85,6 +85,17 @@ impl ApiError {
         e
     }
 
+    /// The isolated engine's process died and a new one is loading.
+    pub fn restarting() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the engine is restarting after its process ended; retry shortly",
+        );
+        e.retry_after = Some(1);
+        e
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }

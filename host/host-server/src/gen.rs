@@ -146,6 +146,7 @@ pub fn submit_all(st: &AppState, id: &str, reqs: Vec<GenerateRequest>) -> Result
     st.worker.submit_all(jobs).map_err(|e| match e {
         SubmitError::Full => ApiError::busy(),
         SubmitError::Closed => ApiError::internal("the engine has stopped"),
+        SubmitError::Restarting => ApiError::restarting(),
     })?;
     Ok(runs)
 }

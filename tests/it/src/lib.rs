@@ -300,6 +300,11 @@ impl Drop for Server {
     }
 }
 
+/// Sends `sig` to process `pid` (tests kill engine children with it).
+pub fn signal(pid: u32, sig: i32) -> bool {
+    unsafe { libc_kill(pid as i32, sig) == 0 }
+}
+
 extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;

@@ -2,7 +2,7 @@
 //! mask is built once per model (lazily, on the first constrained request)
 //! and shared by every row's matcher.
 
-use super::{Constraint, Grammar, MaskClock};
+use super::{Constraint, ConstraintSource, Grammar, MaskClock};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use std::path::Path;
@@ -40,6 +40,15 @@ impl GrammarCompiler {
         Ok(Self { factory: Arc::new(factory), vocab, eos: known, clock })
     }
 
+    /// The constraint `source` describes, compiled afresh.
+    pub fn rebuild(&self, source: &ConstraintSource) -> Result<Constraint, GrammarError> {
+        let c = self.compile(&source.grammar)?;
+        Ok(match source.gate {
+            Some(gate) => c.after_reasoning(gate),
+            None => c,
+        })
+    }
+
     /// A fresh matcher for `grammar`, or why the grammar is refused (a
     /// schema llguidance does not support, a regex or grammar that does not
     /// parse).
@@ -70,7 +79,7 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError(e));
         }
-        Ok(Constraint::new(matcher, self.vocab, self.eos.clone(), self.clock.clone()))
+        Ok(Constraint::new(matcher, self.vocab, self.eos.clone(), self.clock.clone()).compiled_from(grammar))
     }
 }
 

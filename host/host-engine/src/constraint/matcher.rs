@@ -16,13 +16,23 @@ pub struct Constraint {
     eos: Vec<u32>,
     clock: Arc<MaskClock>,
     gate: Option<Gate>,
+    /// What it was compiled from, so that another process (an isolated
+    /// engine) can compile the same constraint.
+    source: Option<ConstraintSource>,
+}
+
+/// A constraint as a request asked for it: its grammar and reasoning gate.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq)]
+pub struct ConstraintSource {
+    pub grammar: super::Grammar,
+    pub gate: Option<ReasoningGate>,
 }
 
 /// Where the grammar starts when the model reasons first, by the single
 /// tokens that mark its reasoning block (as a reasoning parser finds them):
 /// `open` when the prompt already opened the block, otherwise the answer
 /// may open one with `start` as its first token, or begin the grammar at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReasoningGate {
     pub start: Option<u32>,
     pub end: u32,
@@ -62,7 +72,17 @@ fn failed(what: &str, e: impl std::fmt::Display) -> GrammarError {
 
 impl Constraint {
     pub(crate) fn new(matcher: Matcher, vocab: usize, eos: Vec<u32>, clock: Arc<MaskClock>) -> Self {
-        Self { matcher, vocab, eos, clock, gate: None }
+        Self { matcher, vocab, eos, clock, gate: None, source: None }
+    }
+
+    pub(crate) fn compiled_from(mut self, grammar: &super::Grammar) -> Self {
+        self.source = Some(ConstraintSource { grammar: grammar.clone(), gate: None });
+        self
+    }
+
+    /// The grammar and gate it was made from (None: built by hand in a test).
+    pub fn source(&self) -> Option<&ConstraintSource> {
+        self.source.as_ref()
     }
 
     /// This grammar behind `gate`: it constrains only the answer after the
@@ -75,6 +95,9 @@ impl Constraint {
             (false, None) => Phase::Active,
         };
         self.gate = Some(Gate { start: gate.start, end: gate.end, phase, trail: Vec::new() });
+        if let Some(src) = &mut self.source {
+            src.gate = Some(gate);
+        }
         self
     }
 

@@ -15,7 +15,7 @@ mod compiler;
 mod matcher;
 
 pub use compiler::{GrammarCompiler, GrammarError};
-pub use matcher::{Constraint, ReasoningGate};
+pub use matcher::{Constraint, ConstraintSource, ReasoningGate};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -48,7 +48,7 @@ impl MaskClock {
 }
 
 /// What a request constrains its output to.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq)]
 pub enum Grammar {
     /// A JSON value valid under this JSON Schema.
     JsonSchema(serde_json::Value),

@@ -32,7 +32,7 @@ use plugin_api::abi_stable::std_types::ROption;
 use plugin_api::DraftSampling;
 
 /// What speculation did for one request.
-#[derive(Debug, Clone, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Default)]
 pub struct SpecStats {
     pub kind: String,
     pub drafted: u64,

@@ -86,6 +86,35 @@ impl SsdCounters {
     }
 }
 
+impl SsdCounters {
+    /// Every counter, in field order: what [`SsdCounters::load`] takes back.
+    pub fn snapshot(&self) -> Vec<u64> {
+        self.cells().iter().map(|c| c.load(Relaxed)).collect()
+    }
+
+    /// Overwrites every counter with a snapshot's (another process's tier).
+    pub fn load(&self, v: &[u64]) {
+        for (cell, &x) in self.cells().iter().zip(v) {
+            cell.store(x, Relaxed);
+        }
+    }
+
+    fn cells(&self) -> [&AtomicU64; 10] {
+        [
+            &self.hits,
+            &self.misses,
+            &self.rejected,
+            &self.writes,
+            &self.write_errors,
+            &self.write_skips,
+            &self.pending,
+            &self.evictions,
+            &self.bytes,
+            &self.entries,
+        ]
+    }
+}
+
 struct Shared {
     dir: PathBuf,
     ns: String,

@@ -21,7 +21,7 @@ fn enabled(st: &AppState) -> Result<(), ApiError> {
 
 pub async fn hold(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
     enabled(&st)?;
-    st.worker.hold.hold();
+    st.worker.hold();
     Ok(Json(json!({ "held": true })))
 }
 
@@ -32,9 +32,6 @@ pub struct Release {
 
 pub async fn release(State(st): State<AppState>, Query(q): Query<Release>) -> Result<Json<Value>, ApiError> {
     enabled(&st)?;
-    match q.steps {
-        Some(n) => st.worker.hold.release_for(n),
-        None => st.worker.hold.release(),
-    }
-    Ok(Json(json!({ "held": st.worker.hold.held(), "steps": q.steps })))
+    st.worker.release(q.steps);
+    Ok(Json(json!({ "held": st.worker.held(), "steps": q.steps })))
 }

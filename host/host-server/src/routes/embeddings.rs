@@ -95,6 +95,7 @@ async fn embed(st: &AppState, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, Ap
     st.worker.embed(EmbedJob { inputs, on_done }).map_err(|e| match e {
         SubmitError::Full => ApiError::busy(),
         SubmitError::Closed => ApiError::internal("the engine has stopped"),
+        SubmitError::Restarting => ApiError::restarting(),
     })?;
     match rx.await {
         Ok(Ok(v)) => Ok(v),

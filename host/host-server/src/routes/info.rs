@@ -2,6 +2,7 @@
 
 use crate::state::{unix_now, AppState};
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering::Relaxed;
@@ -23,14 +24,27 @@ pub async fn models(State(st): State<AppState>) -> Json<Value> {
     }))
 }
 
-pub async fn health() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+/// `ok`, or with `--isolate` while no engine process serves (one died and
+/// the next is starting) `restarting` with 503; `engine` then says how the
+/// engine process fares (restarts, how the last one ended, the back-off).
+pub async fn health(State(st): State<AppState>) -> (StatusCode, Json<Value>) {
+    match st.worker.engine_health() {
+        None => (StatusCode::OK, Json(json!({ "status": "ok" }))),
+        Some(h) => {
+            let up = h.state == "running";
+            let status = if up { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            (status, Json(json!({ "status": if up { "ok" } else { "restarting" }, "engine": h })))
+        }
+    }
 }
 
 /// Counters for operators and tests (e.g. that a disconnect cancelled work).
 pub async fn stats(State(st): State<AppState>) -> Json<Value> {
+    let worker = st.worker.clone();
+    let _ = tokio::task::spawn_blocking(move || worker.refresh_stats()).await;
     let w = &st.worker.stats;
     let s = &st.stats;
+    let mlx = st.worker.mlx_memory();
     let mut out = json!({
         "queued": w.queued.load(Relaxed),
         "active": w.active.load(Relaxed),
@@ -53,14 +67,14 @@ pub async fn stats(State(st): State<AppState>) -> Json<Value> {
         "client_errors": s.client_errors.load(Relaxed),
         "client_disconnects": s.client_disconnects.load(Relaxed),
         "stop_string_hits": s.stop_string_hits.load(Relaxed),
-        "hold": { "held": st.worker.hold.held(), "parked": st.worker.hold.parked() },
+        "hold": { "held": st.worker.held(), "parked": st.worker.parked() },
         "kv_reserved_bytes": w.kv_reserved.load(Relaxed),
         "prefix_cache_bytes": w.prefix_bytes.load(Relaxed),
         "prefix_cache_entries": w.prefix_entries.load(Relaxed),
         "mlx_memory": {
-            "active_bytes": host_engine::runtime::active_memory(),
-            "cache_bytes": host_engine::runtime::cache_memory(),
-            "peak_bytes": host_engine::runtime::peak_memory(),
+            "active_bytes": mlx[0],
+            "cache_bytes": mlx[1],
+            "peak_bytes": mlx[2],
             "weights_bytes": st.memory.weights_bytes,
             "cache_limit_bytes": st.budget.mlx_cache_bytes,
             "budget_bytes": st.budget.memory_bytes,

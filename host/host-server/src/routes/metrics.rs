@@ -14,8 +14,11 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std:
 }
 
 pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
+    let worker = st.worker.clone();
+    let _ = tokio::task::spawn_blocking(move || worker.refresh_stats()).await;
     let w = &st.worker.stats;
     let s = &st.stats;
+    let mlx = st.worker.mlx_memory();
     let mut o = String::new();
     metric(&mut o, "queue_depth", "gauge", "Requests waiting for the engine.", w.queued.load(Relaxed));
     metric(&mut o, "active_rows", "gauge", "Requests being prefilled or decoded.", w.active.load(Relaxed));
@@ -92,6 +95,13 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
     );
     metric(&mut o, "prefix_cache_bytes", "gauge", "Bytes held by the prefix cache.", w.prefix_bytes.load(Relaxed));
     metric(&mut o, "prefix_cache_entries", "gauge", "Entries in the prefix cache.", w.prefix_entries.load(Relaxed));
+    if let Some(h) = st.worker.engine_health() {
+        let up = u8::from(h.state == "running");
+        metric(&mut o, "engine_up", "gauge", "1 while an isolated engine process serves.", up);
+        metric(&mut o, "engine_restarts_total", "counter", "Isolated engine processes that ended.", h.restarts);
+        let backoff = h.next_start_in_s.unwrap_or(0.0);
+        metric(&mut o, "engine_backoff_seconds", "gauge", "The wait before the next engine process starts.", backoff);
+    }
     for (name, kind, help, value) in w.ssd.iter().flat_map(|c| c.fields()) {
         let total = if kind == "counter" { "_total" } else { "" };
         metric(&mut o, &format!("ssd_cache_{name}{total}"), kind, help, value);
@@ -101,22 +111,16 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
         "mlx_active_bytes",
         "gauge",
         "Bytes MLX holds in live arrays (weights, caches, prefix cache, transients).",
-        host_engine::runtime::active_memory(),
+        mlx[0],
     );
     metric(
         &mut o,
         "mlx_cache_bytes",
         "gauge",
         "Bytes of freed buffers MLX keeps for reuse (bounded by --mlx-cache-limit).",
-        host_engine::runtime::cache_memory(),
+        mlx[1],
     );
-    metric(
-        &mut o,
-        "mlx_peak_bytes",
-        "gauge",
-        "The most bytes MLX held in live arrays since start.",
-        host_engine::runtime::peak_memory(),
-    );
+    metric(&mut o, "mlx_peak_bytes", "gauge", "The most bytes MLX held in live arrays since start.", mlx[2]);
     metric(&mut o, "mlx_cache_limit_bytes", "gauge", "MLX's buffer cache limit.", st.budget.mlx_cache_bytes);
     metric(
         &mut o,
