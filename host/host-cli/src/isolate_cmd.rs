@@ -30,7 +30,8 @@ pub fn start(a: &ServeArgs, model_dir: &Path) -> Result<(Worker, Served)> {
     });
     // The mirror holds the SSD tier's counters when the engine has one.
     let ssd = a.ssd_cache.is_some().then(Arc::default);
-    let remote = Arc::new(Remote::new(Arc::new(Stats { ssd, ..Stats::default() })));
+    let resume = a.generation_checkpoint.is_some();
+    let remote = Arc::new(Remote::new(Arc::new(Stats { ssd, ..Stats::default() }), resume));
     let (supervisor, hello) = Supervisor::start(command, remote.clone()).context("starting the engine process")?;
     eprintln!("engine isolated: process {} serves the model; this process serves HTTP", hello.pid);
     let text = text_side(model_dir, hello.vocab_size)?;

@@ -159,6 +159,12 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub isolate: bool,
+    /// With --isolate and --ssd-cache: every N generated tokens a running request's state is
+    /// stored in the prefix cache and its SSD tier, and a request whose engine process died
+    /// continues in the next one from the tokens it had streamed (the client's stream goes on).
+    #[arg(long = "generation-checkpoint", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation_checkpoint: Option<usize>,
     /// Serve POST /debug/hold and /debug/release: pause the engine's loop (tests arrange concurrency with it).
     #[arg(long = "debug-endpoints")]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -210,6 +216,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let Some(model_dir) = a.model.clone() else { bail!("--model DIR is required (or `model` in the --config file)") };
     // Checked before the model loads: a typo fails at once.
     let system_rules = SystemRules::parse(&a.system_prompt_rule).map_err(anyhow::Error::msg)?;
+    if let Some(n) = a.generation_checkpoint {
+        if n == 0 || !a.isolate || a.ssd_cache.is_none() {
+            bail!("--generation-checkpoint N needs N >= 1, --isolate (a generation resumes in a new engine process) and --ssd-cache DIR (where its checkpoints are kept)");
+        }
+    }
     let cfg = server_config(&a, &model_dir, system_rules);
     let (worker, served) = if a.isolate {
         crate::isolate_cmd::start(&a, &model_dir)?
@@ -291,6 +302,7 @@ pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant) -> Result<L
         model_options: crate::model_options::options(a.gpu_attention.as_deref(), &a.model_option)?,
         speculation: a.draft.config()?,
         kv_scheme: a.kv.scheme()?,
+        generation_checkpoint: a.generation_checkpoint,
         ..Default::default()
     };
     let engine = Engine::load(&reg, model_dir, cfg).with_context(|| format!("loading {}", model_dir.display()))?;

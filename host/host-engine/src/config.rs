@@ -46,6 +46,10 @@ pub struct EngineConfig {
     pub kv_scheme: String,
     /// The prefix cache's SSD tier (`--ssd-cache`), when configured.
     pub ssd_cache: Option<crate::ssd_cache::SsdConfig>,
+    /// Every this many generated tokens, a running request's state goes to
+    /// the prefix cache (and its SSD tier): a resumed generation
+    /// (`--generation-checkpoint`) prefills only what came after.
+    pub generation_checkpoint: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +62,7 @@ impl Default for EngineConfig {
             speculation: None,
             kv_scheme: "plain".to_owned(),
             ssd_cache: None,
+            generation_checkpoint: None,
         }
     }
 }

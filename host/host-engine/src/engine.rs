@@ -75,6 +75,9 @@ pub struct Engine {
     drafting: Option<Drafting>,
     /// How the folder pools hidden states into embeddings, or why it serves none.
     pooling: Result<Pooling, PoolingError>,
+    checkpoint_every: Option<usize>,
+    /// Generation checkpoints stored (see [`Engine::checkpoint`]).
+    checkpoints: std::sync::atomic::AtomicU64,
 }
 
 impl Engine {
@@ -145,6 +148,8 @@ impl Engine {
             prefix,
             drafting,
             pooling: Pooling::read(dir),
+            checkpoint_every: cfg.generation_checkpoint.filter(|&n| n > 0),
+            checkpoints: Default::default(),
         })
     }
 
@@ -178,6 +183,35 @@ impl Engine {
 
     pub fn prefix(&self) -> &PrefixStore {
         &self.prefix
+    }
+
+    /// A running request that has generated `generated` tokens is due for a
+    /// checkpoint (`--generation-checkpoint`).
+    pub(crate) fn checkpoint_due(&self, generated: usize) -> bool {
+        self.checkpoint_every.is_some_and(|n| generated > 0 && generated.is_multiple_of(n))
+    }
+
+    /// Stores a running request's state for `known` (prompt + generated)
+    /// tokens, the first `held` of which its caches hold.
+    pub(crate) fn checkpoint(&self, known: &[u32], states: Vec<plugin_api::CacheState>, trimmable: bool) {
+        let held = states.first().map(|s| s.offset as usize).unwrap_or(0);
+        if held > 0 && held <= known.len() {
+            self.prefix.insert(known[..held].to_vec(), states, trimmable);
+            self.checkpoints.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// As [`Engine::checkpoint`], from one request's own caches.
+    pub(crate) fn checkpoint_caches(&self, known: &[u32], caches: &[plugin_api::CacheBox]) {
+        let held = caches.first().map(|c| c.offset() as usize).unwrap_or(0);
+        if held > 0 && held <= known.len() {
+            self.prefix.put(&known[..held], caches);
+            self.checkpoints.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    pub fn checkpoints(&self) -> u64 {
+        self.checkpoints.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn drafting(&self) -> Option<&Drafting> {

@@ -32,6 +32,10 @@ pub struct SamplingParams {
     /// Added to these tokens' logits before anything else (OpenAI's
     /// `logit_bias`; -100 bans a token, +100 all but forces it).
     pub logit_bias: Vec<(u32, f32)>,
+    /// Draws the request's key chain made before its generation was resumed
+    /// in another engine process: the chain continues from there.
+    #[serde(default)]
+    pub resume_draws: u64,
 }
 
 impl Default for SamplingParams {
@@ -47,6 +51,7 @@ impl Default for SamplingParams {
             penalty_context: 20,
             seed: None,
             logit_bias: Vec::new(),
+            resume_draws: 0,
         }
     }
 }
@@ -114,7 +119,11 @@ impl Sampler {
         let seed = params.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
-        Ok(Self { params, key: Some(random::key(seed)?), seed })
+        let mut key = random::key(seed)?;
+        for _ in 0..params.resume_draws {
+            key = random::split(&key, 2)?.0;
+        }
+        Ok(Self { params, key: Some(key), seed })
     }
 
     /// Applies the logit bias, then the penalties, to `[1, V]` logits

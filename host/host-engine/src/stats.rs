@@ -52,6 +52,8 @@ pub struct Stats {
     /// KV bytes reserved by the batch's rows and joiners now (as the
     /// layouts hold batched rows: every row as wide as the widest).
     pub kv_reserved: AtomicU64,
+    /// Running requests' states stored for resuming (`--generation-checkpoint`).
+    pub generation_checkpoints: AtomicU64,
     /// The engine's loop waits for work with nothing left on the device
     /// (a step queued ahead of rows that all finished has run and its
     /// buffers are freed) and MLX's buffer cache returned: what it holds
@@ -89,7 +91,8 @@ macro_rules! mirrored {
             prefix_hit_tokens,
             prefix_bytes,
             prefix_entries,
-            kv_reserved
+            kv_reserved,
+            generation_checkpoints
         )
     };
 }
@@ -152,5 +155,6 @@ impl Stats {
         self.prefix_hit_tokens.store(c.hit_tokens, Ordering::Relaxed);
         self.prefix_bytes.store(c.bytes, Ordering::Relaxed);
         self.prefix_entries.store(c.entries, Ordering::Relaxed);
+        self.generation_checkpoints.store(engine.checkpoints(), Ordering::Relaxed);
     }
 }

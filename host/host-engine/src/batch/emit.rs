@@ -43,6 +43,21 @@ impl Scheduler<'_> {
         Ok(())
     }
 
+    /// Checkpoints the rows in `keep` that are due (`--generation-checkpoint`).
+    pub(super) fn checkpoint_rows(&mut self, keep: &[u32]) {
+        let Some(batch) = self.batch.as_ref() else { return };
+        for &i in keep {
+            let r = &self.rows[i as usize];
+            if !r.job.plan.prompt_cache || !self.engine.checkpoint_due(r.out.len()) {
+                continue;
+            }
+            let states: Option<Vec<_>> = batch.iter().map(|c| c.extract_row(i).into_result().ok()).collect();
+            if let Some(states) = states {
+                self.engine.checkpoint(&r.history, states, batch.iter().all(|c| c.is_trimmable()));
+            }
+        }
+    }
+
     /// Offers a finishing row's state to the prefix cache (multi-turn reuse).
     fn keep_final_state(&mut self, i: usize) {
         if !self.rows[i].job.plan.prompt_cache {

@@ -119,7 +119,18 @@ fn submit(
         let constraint = match &j.request.constraint {
             None => Ok(None),
             Some(src) => match text.map(TextSide::grammar) {
-                Some(Ok(compiler)) => compiler.rebuild(src).map(Some).map_err(|e| e.to_string()),
+                Some(Ok(compiler)) => {
+                    let generated = &j.request.prompt[j.request.prompt.len().saturating_sub(j.request.resumed)..];
+                    compiler
+                        .rebuild(src)
+                        .and_then(|mut c| {
+                            for &t in generated {
+                                c.accept(t)?;
+                            }
+                            Ok(Some(c))
+                        })
+                        .map_err(|e| e.to_string())
+                }
                 Some(Err(e)) => Err(e.to_string()),
                 None => Err("this model has no tokenizer to compile a grammar against".into()),
             },

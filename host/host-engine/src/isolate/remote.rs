@@ -20,6 +20,9 @@ use std::time::Duration;
 /// How long a submission waits for the engine's answer before it counts as
 /// refused (the engine answers at once unless it is dying).
 const SUBMIT_ANSWER: Duration = Duration::from_secs(30);
+/// Times one request may be resumed: an engine that keeps dying on the
+/// same request (a poisonous input) must not take the server down with it.
+const MAX_RESUMES: u32 = 3;
 /// How long a counters request waits before the last pushed ones are used.
 const STATS_ANSWER: Duration = Duration::from_secs(2);
 
@@ -31,6 +34,15 @@ struct Slot {
     /// Stop before it hears the cancel; those tokens are not delivered).
     delivered: usize,
     stopped: bool,
+    /// With resumption on: the request as first sent, the tokens delivered
+    /// so far (a resumed request continues after them) and its resumes.
+    resume: Option<Resumable>,
+}
+
+struct Resumable {
+    job: WireJob,
+    tokens: Vec<u32>,
+    resumes: u32,
 }
 
 /// What the engine last reported besides its counters.
@@ -50,6 +62,13 @@ pub struct Remote {
     next: AtomicU64,
     pub stats: Arc<Stats>,
     mirror: Mutex<Mirror>,
+    /// Resume running generations in the next engine process
+    /// (`--generation-checkpoint`) instead of failing them.
+    resume: bool,
+    /// Jobs whose engine died, waiting for the next one.
+    orphans: Mutex<Vec<Slot>>,
+    /// The API asked the engine to hold: a new engine process holds too.
+    hold_wanted: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -57,7 +76,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Remote {
-    pub fn new(stats: Arc<Stats>) -> Self {
+    /// `resume`: a generation whose engine process died continues in the
+    /// next one from the tokens it had delivered.
+    pub fn new(stats: Arc<Stats>, resume: bool) -> Self {
         Self {
             conn: Mutex::new(None),
             jobs: Mutex::default(),
@@ -66,6 +87,9 @@ impl Remote {
             next: AtomicU64::new(1),
             stats,
             mirror: Mutex::default(),
+            resume,
+            orphans: Mutex::default(),
+            hold_wanted: Default::default(),
         }
     }
 
@@ -78,20 +102,69 @@ impl Remote {
     }
 
     /// A new engine child took over (its socket's writing half).
-    pub(super) fn attach(&self, stream: UnixStream) {
+    pub(super) fn attach(self: &Arc<Self>, stream: UnixStream) {
         *lock(&self.conn) = Some(BufWriter::new(stream));
+        if self.hold_wanted.load(Ordering::SeqCst) {
+            let _ = self.send(&ToEngine::Hold);
+        }
+        let orphans = std::mem::take(&mut *lock(&self.orphans));
+        if !orphans.is_empty() {
+            // Not on the caller's thread: it reads the engine's answers.
+            let me = self.clone();
+            std::thread::spawn(move || me.resume_all(orphans));
+        }
+    }
+
+    /// Sends each orphaned job again: its prompt followed by the tokens it
+    /// delivered, for the tokens it has left; the engine finds the prompt
+    /// and the last checkpoint in its prefix cache's SSD tier.
+    fn resume_all(&self, orphans: Vec<Slot>) {
+        for mut slot in orphans {
+            let Some(r) = slot.resume.as_mut() else { continue };
+            r.resumes += 1;
+            let mut job = r.job.clone();
+            job.id = self.next.fetch_add(1, Ordering::Relaxed);
+            job.request.prompt.extend_from_slice(&r.tokens);
+            job.request.max_tokens -= r.tokens.len();
+            job.request.resumed = r.tokens.len();
+            job.request.params.resume_draws = r.tokens.len() as u64;
+            tracing::info!(generated = r.tokens.len(), resumes = r.resumes, "resuming a generation");
+            let id = job.id;
+            lock(&self.jobs).insert(id, slot);
+            if let Err(e) = self.send_jobs(vec![job], vec![id]) {
+                if let Some(mut slot) = lock(&self.jobs).remove(&id) {
+                    let why = format!("the engine process died and the request could not be resumed ({e:?})");
+                    (slot.on_event)(Event::Failed(EngineError::Reported(why)));
+                }
+            }
+        }
     }
 
     /// The engine child is gone: every job and embedding it held fails with
     /// `why`, and submissions wait for the next child.
-    pub(super) fn detach(&self, why: &str) {
+    /// `resumable`: the jobs may wait for the next engine process (not at shutdown).
+    pub(super) fn detach(&self, why: &str, resumable: bool) {
         if let Some(mut w) = lock(&self.conn).take() {
             let _ = w.get_mut().shutdown(std::net::Shutdown::Both);
         }
         lock(&self.answers).clear();
-        let jobs: Vec<Slot> = lock(&self.jobs).drain().map(|(_, s)| s).collect();
+        let mut jobs: Vec<Slot> = lock(&self.jobs).drain().map(|(_, s)| s).collect();
+        if !resumable {
+            jobs.append(&mut lock(&self.orphans));
+        }
         for mut s in jobs {
-            (s.on_event)(Event::Failed(EngineError::Reported(why.to_owned())));
+            let again = resumable && !s.stopped && s.resume.as_ref().is_some_and(|r| r.resumes < MAX_RESUMES);
+            if again {
+                lock(&self.orphans).push(s);
+                continue;
+            }
+            let why = match &s.resume {
+                Some(r) if resumable && !s.stopped => {
+                    format!("{why}; the request was resumed {} times and is not resumed again", r.resumes)
+                }
+                _ => why.to_owned(),
+            };
+            (s.on_event)(Event::Failed(EngineError::Reported(why)));
         }
         let embeds: Vec<_> = lock(&self.embeds).drain().map(|(_, f)| f).collect();
         for f in embeds {
@@ -120,11 +193,18 @@ impl Remote {
         for job in jobs {
             let request = WireRequest::from_request(&job.request).ok_or(SubmitError::Closed)?;
             let id = self.next.fetch_add(1, Ordering::Relaxed);
-            wire.push(WireJob { id, request, plan: job.plan });
-            slots.push((id, Slot { on_event: job.on_event, delivered: 0, stopped: false }));
+            let wire_job = WireJob { id, request, plan: job.plan };
+            let resume = self.resume.then(|| Resumable { job: wire_job.clone(), tokens: Vec::new(), resumes: 0 });
+            wire.push(wire_job);
+            slots.push((id, Slot { on_event: job.on_event, delivered: 0, stopped: false, resume }));
         }
         let ids: Vec<u64> = slots.iter().map(|(id, _)| *id).collect();
         lock(&self.jobs).extend(slots);
+        self.send_jobs(wire, ids)
+    }
+
+    /// Sends registered jobs as one submission; on refusal they are removed.
+    fn send_jobs(&self, wire: Vec<WireJob>, ids: Vec<u64>) -> Result<(), SubmitError> {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = channel();
         lock(&self.answers).insert(seq, tx);
@@ -169,6 +249,7 @@ impl Remote {
     }
 
     pub fn hold(&self) {
+        self.hold_wanted.store(true, Ordering::SeqCst);
         let _ = self.send(&ToEngine::Hold);
         lock(&self.mirror).held = true;
     }
@@ -176,6 +257,7 @@ impl Remote {
     pub fn release(&self, steps: Option<u64>) {
         let _ = self.send(&ToEngine::Release { steps });
         if steps.is_none() {
+            self.hold_wanted.store(false, Ordering::SeqCst);
             lock(&self.mirror).held = false;
         }
     }
@@ -222,6 +304,9 @@ impl Remote {
                     return;
                 }
                 slot.delivered += 1;
+                if let Some(r) = slot.resume.as_mut() {
+                    r.tokens.push(t.id);
+                }
                 if (slot.on_event)(Event::Token(t)) == Flow::Stop {
                     slot.stopped = true;
                     drop(jobs);
@@ -233,6 +318,12 @@ impl Remote {
                 drop(jobs);
                 if slot.stopped {
                     r.tokens.truncate(slot.delivered);
+                }
+                if let Some(first) = slot.resume.as_ref().filter(|s| s.resumes > 0) {
+                    // A resumed run: the answer covers the request as first sent.
+                    r.tokens = first.tokens.clone();
+                    r.prompt_tokens = first.job.request.prompt.len();
+                    r.cached_tokens = r.cached_tokens.min(r.prompt_tokens);
                 }
                 (slot.on_event)(Event::Done(r));
             }

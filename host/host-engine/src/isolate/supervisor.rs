@@ -92,7 +92,7 @@ impl Supervisor {
     /// Stops restarting; the running child sees its socket close and exits.
     pub fn shutdown(&mut self, remote: &Remote) {
         self.stop.store(true, Ordering::SeqCst);
-        remote.detach("the server is shutting down");
+        remote.detach("the server is shutting down", false);
         let _ = self.wake.send(());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -134,7 +134,8 @@ impl Loop {
                     h.pid = None;
                     h.state = "starting";
                 });
-                self.remote.detach(&format!("the engine process {exit} while this request ran; a new one is starting"));
+                let why = format!("the engine process {exit} while this request ran; a new one is starting");
+                self.remote.detach(&why, !self.stop.load(Ordering::SeqCst));
             }
             if self.stop.load(Ordering::SeqCst) {
                 return;

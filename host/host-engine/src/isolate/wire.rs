@@ -43,6 +43,10 @@ pub struct WireRequest {
     pub stop_on_eos: bool,
     pub logprobs: Option<usize>,
     pub constraint: Option<ConstraintSource>,
+    /// Tokens at the prompt's end that the request generated before it was
+    /// resumed here (its grammar moves past them).
+    #[serde(default)]
+    pub resumed: usize,
 }
 
 impl WireRequest {
@@ -60,6 +64,7 @@ impl WireRequest {
             stop_on_eos: r.stop_on_eos,
             logprobs: r.logprobs,
             constraint,
+            resumed: 0,
         })
     }
 }

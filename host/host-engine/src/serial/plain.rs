@@ -46,6 +46,9 @@ pub(crate) fn decode(
         if let Some(f) = d.emit(id, &lp, on_token)? {
             return Ok(Some(f));
         }
+        if engine.checkpoint_due(d.out.len()) {
+            engine.checkpoint_caches(&d.history, caches);
+        }
         if n + 1 == budget {
             break;
         }

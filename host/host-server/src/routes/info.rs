@@ -69,8 +69,11 @@ pub async fn stats(State(st): State<AppState>) -> Json<Value> {
         "stop_string_hits": s.stop_string_hits.load(Relaxed),
         "hold": { "held": st.worker.held(), "parked": st.worker.parked() },
         "kv_reserved_bytes": w.kv_reserved.load(Relaxed),
+        "generation_checkpoints": w.generation_checkpoints.load(Relaxed),
         "prefix_cache_bytes": w.prefix_bytes.load(Relaxed),
         "prefix_cache_entries": w.prefix_entries.load(Relaxed),
+        "prefix_cache_hits": w.prefix_hits.load(Relaxed),
+        "prefix_cache_hit_tokens": w.prefix_hit_tokens.load(Relaxed),
         "mlx_memory": {
             "active_bytes": mlx[0],
             "cache_bytes": mlx[1],
