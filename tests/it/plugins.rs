@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 // Building the out-of-tree project
 
 /// The feature variants of toy-family built besides the plain one (`good`).
-const VARIANTS: [&str; 5] = ["skew-abi-version", "panic-in-init", "forward-error", "skew-layout", "twin"];
+const VARIANTS: [&str; 6] = ["skew-abi-version", "panic-in-init", "forward-error", "skew-layout", "twin", "faults"];
 
 fn project() -> PathBuf {
     repo_root().join("tests/out-of-tree/toy-plugins")
@@ -754,5 +754,85 @@ fn every_opened_library_stays_mapped_after_its_registry_is_gone() {
     drop(reg);
     for lib in [&admitted, &init_panics, &no_plugin] {
         assert!(mapped(lib), "{} was unmapped", lib.display());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Plugin faults under `host serve --isolate`
+
+/// A word-level tokenizer for the toy vocabulary (`t0` … `t31`), so that the
+/// HTTP API can serve the toy model.
+fn add_word_tokenizer(model: &Path) {
+    let vocab: serde_json::Map<String, Value> = (0..V).map(|t| (format!("t{t}"), json!(t))).collect();
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
+    });
+    std::fs::write(model.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+}
+
+/// The completion's tokens, read back from the word-level text.
+fn toy_tokens(r: &Value) -> Vec<u32> {
+    let text = r["choices"][0]["text"].as_str().unwrap_or_else(|| panic!("{r}"));
+    text.split('t').filter(|w| !w.trim().is_empty()).map(|w| w.trim().parse().unwrap()).collect()
+}
+
+/// A plugin that panics in forward fails only that request (the guard turns
+/// the panic into an error), with or without isolation. One that aborts or
+/// segfaults takes the engine process down: under `--isolate` the request
+/// gets a 5xx naming the signal, and a new engine process serves the next.
+#[test]
+fn plugin_faults_in_forward_end_the_request_and_the_server_serves_the_next() {
+    let p = with_good("faults").family("toy-family", "faults");
+    let model = toy_model("faults");
+    add_word_tokenizer(&model);
+    let poisoned = |t: u32| json!({"prompt": [t], "max_tokens": 2, "temperature": 0});
+    let healthy = json!({"prompt": [0], "max_tokens": 5, "temperature": 0});
+    let expect_healthy = |s: &it::Server| {
+        let r = s.post("/v1/completions", &healthy);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(toy_tokens(&r.json()), chain(&[0], 5));
+    };
+    let plugins = p.0.to_str().unwrap();
+
+    // Without isolation a panic stays a request-level error.
+    let s = it::Server::start(&model, &["--plugins", plugins]);
+    expect_healthy(&s);
+    let r = s.post("/v1/completions", &poisoned(13));
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains("toy-family panics on token 13"), "{}", r.text());
+    expect_healthy(&s);
+    drop(s);
+
+    let s = it::Server::start(&model, &["--plugins", plugins, "--isolate"]);
+    expect_healthy(&s);
+    let r = s.post("/v1/completions", &poisoned(13));
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains("toy-family panics on token 13"), "{}", r.text());
+    expect_healthy(&s);
+    for (poison, signal) in [(14, "signal 6"), (15, "signal 11")] {
+        let pid = s.request("GET", "/health", &[], b"").json()["engine"]["pid"].as_u64().unwrap();
+        let r = s.post("/v1/completions", &poisoned(poison));
+        assert_eq!(r.status, 500, "{}", r.text());
+        let e = r.json();
+        assert!(e["error"]["message"].as_str().unwrap().contains(signal), "{e}");
+        let t = std::time::Instant::now();
+        loop {
+            let h = s.request("GET", "/health", &[], b"");
+            if h.status == 200 && h.json()["engine"]["pid"].as_u64() != Some(pid) {
+                assert!(h.json()["engine"]["last_exit"].as_str().unwrap().contains(signal), "{}", h.text());
+                break;
+            }
+            assert!(t.elapsed().as_secs() < 120, "no new engine process: {}", h.text());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        expect_healthy(&s);
     }
 }

@@ -269,6 +269,8 @@ impl ModelGraph for Bigram {
         // PluginErrors (with their codes); MLX's errors map to code MLX.
         guard(|| {
             self.check(&args, caches.len())?;
+            #[cfg(feature = "faults")]
+            faults::on_poison(&view(args.tokens));
             self.run(&args, &mut caches.as_mut_slice()[0]).map_err(mlx_error)
         })
     }
@@ -324,5 +326,29 @@ mod skewed {
             open_drafter: None,
         }
         .leak_into_prefix()
+    }
+}
+
+/// The `faults` variant: what a broken plugin does to the process that
+/// runs it, on purpose, when a poison token reaches forward (13 panics,
+/// 14 aborts, 15 writes through a wild pointer).
+#[cfg(feature = "faults")]
+mod faults {
+    pub fn on_poison(tokens: &mlx_rs::Array) {
+        let ids: Vec<u32> = match tokens.as_dtype(mlx_rs::Dtype::Uint32) {
+            Ok(t) => t.as_slice::<u32>().to_vec(),
+            Err(_) => return,
+        };
+        if ids.contains(&13) {
+            panic!("toy-family panics on token 13 (built with feature faults)");
+        }
+        if ids.contains(&14) {
+            std::process::abort();
+        }
+        if ids.contains(&15) {
+            // A wild write, as a broken plugin makes one: SIGSEGV.
+            // SAFETY: none; this variant exists to crash its process.
+            unsafe { std::ptr::write_volatile(std::ptr::without_provenance_mut::<u8>(16), 1) };
+        }
     }
 }
