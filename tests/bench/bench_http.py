@@ -7,6 +7,9 @@ Usage:
       [--prompt-words 0] [--extra="--batch 32"] [--mlx-args="--decode-concurrency 64"] \
       [--servers ours,mlx_lm] [--json OUT.json] [--server-log PATH]
 
+`--servers` names any of: ours, isolated (ours with --isolate: the cost of
+engine isolation), mlx_lm.
+
 Each server runs alone while it is measured. For each concurrency C, C client
 threads each send `--per-client` streaming chat requests (greedy, fixed
 max_tokens; the prompts differ per request so no two share more than the
@@ -162,7 +165,8 @@ def burst(port, conc, per_client, max_tokens, words, timeout, base):
 def servers(a):
     ours = lambda port: [a.host, "serve", "--plugins", a.plugins, "--model", a.model, "--port", str(port)] + a.extra.split()
     ref = lambda port: [sys.executable, "-m", "mlx_lm.server", "--model", a.model, "--port", str(port)] + a.mlx_args.split()
-    table = {"ours": (ours, "/health"), "mlx_lm": (ref, "/v1/models")}
+    isolated = lambda port: ours(port) + ["--isolate"]
+    table = {"ours": (ours, "/health"), "isolated": (isolated, "/health"), "mlx_lm": (ref, "/v1/models")}
     return [(n, *table[n]) for n in a.servers.split(",")]
 
 
