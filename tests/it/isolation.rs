@@ -103,6 +103,9 @@ fn a_killed_engine_process_fails_its_requests_clearly_and_a_new_one_serves_the_n
     assert!(metrics.contains("mlx_engine_engine_restarts_total 1"), "{metrics}");
     assert!(metrics.contains("mlx_engine_engine_up 1"), "{metrics}");
 
+    // The API asked the engine to hold; the new engine process holds too.
+    assert_eq!(s.stats()["hold"]["held"], true);
+    s.release();
     let after = s.post("/v1/completions", &body(false)).json();
     assert_eq!(after["choices"][0]["text"], expected.as_str(), "{after}");
     let st = s.wait_for("the new engine idle", |st| st["engine_idle"] == true);
