@@ -72,6 +72,8 @@ fn build_all() -> Result<PathBuf, String> {
         cargo_build(&target, &["-p", "toy-family", "--features", v])?;
         keep(&debug.join("libtoy_family.so"), &variants.join(v))?;
     }
+    cargo_build(&target, &["-p", "toy-drafter", "--features", "faults"])?;
+    keep(&debug.join("libtoy_drafter.so"), &variants.join("faults"))?;
     Ok(variants)
 }
 
@@ -150,8 +152,13 @@ impl Plugins {
     }
 
     fn drafter(self) -> Self {
+        self.drafter_variant("good")
+    }
+
+    /// toy-drafter built with `variant` (`good` or `faults`).
+    fn drafter_variant(self, variant: &str) -> Self {
         let toml = plugin_toml("toy-drafter", "drafter", ABI_VERSION, "libtoy_drafter.so");
-        self.add("toy-drafter", &toml, Some(&lib("good", "libtoy_drafter.so")))
+        self.add("toy-drafter", &toml, Some(&lib(variant, "libtoy_drafter.so")))
     }
 }
 
@@ -835,4 +842,49 @@ fn plugin_faults_in_forward_end_the_request_and_the_server_serves_the_next() {
         }
         expect_healthy(&s);
     }
+}
+
+/// A drafter that aborts while drafting takes its engine process down under
+/// `--isolate`: the request gets a 5xx naming the signal, and a new engine
+/// process serves the next request (speculating with the same drafter).
+#[test]
+fn a_drafter_that_aborts_under_isolate_ends_the_request_and_the_server_serves_the_next() {
+    let p = Plugins::new("drafter-faults").kv_plain().family("toy-family", "good").drafter_variant("faults");
+    let model = toy_model("drafter-faults");
+    add_word_tokenizer(&model);
+    let draft = scratch("drafter-faults/draft");
+    std::fs::write(draft.join("config.json"), json!({"model_type": "toy-repeat-draft"}).to_string()).unwrap();
+    std::fs::copy(model.join("tokenizer.json"), draft.join("tokenizer.json")).unwrap();
+    let s = it::Server::start(
+        &model,
+        &[
+            "--plugins",
+            p.0.to_str().unwrap(),
+            "--isolate",
+            "--draft-model",
+            draft.to_str().unwrap(),
+            "--speculate-always",
+        ],
+    );
+    // 0 -> 3 -> 18 -> 29: the history never ends with 20.
+    let healthy = json!({"prompt": [0], "max_tokens": 3, "temperature": 0});
+    let r = s.post("/v1/completions", &healthy);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(toy_tokens(&r.json()), chain(&[0], 3));
+    let pid = s.request("GET", "/health", &[], b"").json()["engine"]["pid"].as_u64().unwrap();
+    let r = s.post("/v1/completions", &json!({"prompt": [20], "max_tokens": 3, "temperature": 0}));
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("signal 6"), "{}", r.text());
+    let t = std::time::Instant::now();
+    loop {
+        let h = s.request("GET", "/health", &[], b"");
+        if h.status == 200 && h.json()["engine"]["pid"].as_u64() != Some(pid) {
+            break;
+        }
+        assert!(t.elapsed().as_secs() < 120, "no new engine process: {}", h.text());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let r = s.post("/v1/completions", &healthy);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(toy_tokens(&r.json()), chain(&[0], 3));
 }

@@ -92,6 +92,9 @@ impl Drafter for Repeat {
 
     fn draft(&mut self, args: DraftArgs<'_>) -> PResult<Draft> {
         guard(|| {
+            if cfg!(feature = "faults") && args.history.last() == Some(&20) {
+                std::process::abort();
+            }
             // An empty history has nothing to repeat: 0 tokens = a plain step.
             let n = match args.history.last() {
                 Some(_) => args.max_tokens.min(self.max_depth),
