@@ -180,9 +180,9 @@ fn generations_resume_in_a_new_engine_process_as_if_nothing_had_happened() {
             s.wait_for("the rows mid-generation and their checkpoints written", |st| {
                 st["hold"]["parked"] == true && st["queued"] == 0 && st["ssd_cache_pending"] == 0
             });
-            let pid = engine_pid(&s);
+            let pid = engine_pid(s);
             assert!(signal(pid, SIGKILL));
-            wait_until_serving(&s, pid);
+            wait_until_serving(s, pid);
             // The new engine process holds (the API asked for it) with the
             // resumed requests queued.
             s.wait_for("the resumed requests queued", |st| st["queued"] == 4 && st["hold"]["held"] == true);
