@@ -1,0 +1,208 @@
+//! `--tp N`: one model split over N ranks by tensor parallelism, on the CPU
+//! through MLX's ring backend between processes on this machine
+//! (host-cli's `tp_launch`, model-kit's `shard`).
+//!
+//! The reference for `--tp 2` is the same command at `--tp 1` (itself held
+//! to mlx-lm by the parity tests): greedy tokens identical, in float32,
+//! float32-computed bf16, and 4-bit weights (row-parallel layers then slice
+//! whole quantization groups). Rank 0's weights shrink by half of exactly
+//! the layers that are split, so the split is real. Refusals come in one
+//! line; a rank that never comes or dies ends the run with its name.
+
+use it::{host_bin, model, run_ok, Scratch};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const PROMPT: &str = "1,2,3,4,5,6,7,8,9,10,11,12";
+
+fn host(args: &[&str]) -> Command {
+    let mut c = Command::new(host_bin());
+    c.current_dir(it::repo_root()).args(args).env("RUST_BACKTRACE", "0");
+    c
+}
+
+fn generate(dir: &Path, tp: usize, max_tokens: usize) -> Value {
+    let out = run_ok(host(&["generate", "--model"]).arg(dir).args([
+        "--prompt-ids",
+        PROMPT,
+        "--max-tokens",
+        &max_tokens.to_string(),
+        "--ignore-eos",
+        "--json",
+        "--tp",
+        &tp.to_string(),
+    ]));
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("no JSON ({e}): {out}"))
+}
+
+fn tokens(v: &Value) -> Vec<u64> {
+    v["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+fn same_tokens(folder: &str) {
+    let dir = model(folder);
+    let one = generate(&dir, 1, 24);
+    let two = generate(&dir, 2, 24);
+    assert_eq!(tokens(&one).len(), 24, "{one}");
+    assert_eq!(tokens(&two), tokens(&one), "{folder}: --tp 2 parted from --tp 1");
+}
+
+#[test]
+fn llama_tp2_matches_tp1() {
+    same_tokens("tiny/tiny-llama-f32");
+}
+
+#[test]
+fn qwen3_tp2_matches_tp1() {
+    same_tokens("tiny/tiny-qwen3-f32");
+}
+
+/// Sliding-window layers (window 8) over a 36-token history.
+#[test]
+fn gemma3_sliding_window_tp2_matches_tp1() {
+    same_tokens("tiny/tiny-gemma3-f32");
+}
+
+/// Every expert's channels split; the experts' outputs summed over ranks.
+#[test]
+fn moe_tp2_matches_tp1() {
+    same_tokens("tiny/tiny-qwen3_moe-f32");
+    same_tokens("tiny/tiny-qwen3_moe-q4");
+}
+
+#[test]
+fn quantized_and_bf16_tp2_match_tp1() {
+    same_tokens("tiny/tiny-llama-q4");
+    same_tokens("tiny/tiny-llama-bf16");
+}
+
+/// Rank 0 holds the embedding, norms and LM head whole, and half of every
+/// q/k/v/o and gate/up/down projection (float32: 4 bytes a weight).
+#[test]
+fn each_rank_holds_half_of_the_split_layers() {
+    let dir = model("tiny/tiny-llama-f32");
+    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let n = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("config {k}"));
+    let (hidden, inter, layers) = (n("hidden_size"), n("intermediate_size"), n("num_hidden_layers"));
+    let (q, kv) = (n("num_attention_heads") * n("head_dim"), n("num_key_value_heads") * n("head_dim"));
+    let split = layers * 4 * (2 * q * hidden + 2 * kv * hidden + 3 * inter * hidden);
+    let one = generate(&dir, 1, 2)["weights_bytes"].as_u64().unwrap();
+    let two = generate(&dir, 2, 2)["weights_bytes"].as_u64().unwrap();
+    assert_eq!(one - two, split / 2, "--tp 1 holds {one} bytes, rank 0 of --tp 2 {two}");
+}
+
+/// A folder of links to `src` with config.json changed by `edit`.
+fn edited_folder(scratch: &Scratch, src: &str, edit: impl Fn(&mut Value)) -> PathBuf {
+    let src = model(src);
+    let dir = scratch.0.join("model");
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap() != "config.json" {
+            std::os::unix::fs::symlink(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+fn fails(cmd: &mut Command) -> String {
+    let out: Output = cmd.output().expect("spawn host");
+    assert!(!out.status.success(), "{cmd:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// KV heads are split, never replicated: one KV head over two ranks is
+/// refused from the config, before any weight is read.
+#[test]
+fn one_kv_head_is_refused() {
+    let scratch = Scratch::new("tp-kv1");
+    let dir = edited_folder(&scratch, "tiny/tiny-qwen3-f32", |c| c["num_key_value_heads"] = 1.into());
+    let err = fails(host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "2", "--tp", "2", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 2: the model has 1 KV heads per layer, which do not divide by 2 ranks"), "{err}");
+}
+
+#[test]
+fn tp_larger_than_the_heads_is_refused() {
+    let dir = model("tiny/tiny-llama-f32");
+    let err = fails(host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "2", "--tp", "8", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 8: the model has 2 KV heads per layer, which do not divide by 8 ranks"), "{err}");
+    // Rank 0's refusal is shown once; the launcher names the rank.
+    assert_eq!(err.matches("do not divide").count(), 1, "{err}");
+    assert!(err.contains("--tp: rank 0 exited"), "{err}");
+}
+
+#[test]
+fn a_family_without_tensor_parallel_is_refused() {
+    let dir = model("tiny/tiny-qwen3_5-f32");
+    let err = fails(host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "2", "--tp", "2", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 2: family plugin `model-qwen3-5` does not advertise `tensor-parallel`"), "{err}");
+}
+
+/// Rank 0 started by hand (mlx.launch's MLX_RANK and MLX_HOSTFILE) whose
+/// peer never comes: it gives up after --tp-timeout, naming the hostfile.
+#[test]
+fn a_missing_rank_times_out() {
+    let scratch = Scratch::new("tp-missing");
+    let ports: Vec<u16> =
+        (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    let hostfile = scratch.0.join("hosts.json");
+    std::fs::write(&hostfile, format!(r#"[["127.0.0.1:{}"],["127.0.0.1:{}"]]"#, ports[0], ports[1])).unwrap();
+    let started = std::time::Instant::now();
+    let err = fails(
+        host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "2", "--tp", "2", "--tp-timeout", "2", "--model"])
+            .arg(model("tiny/tiny-llama-f32"))
+            .env("MLX_RANK", "0")
+            .env("MLX_HOSTFILE", &hostfile),
+    );
+    assert!(err.contains("rank 0 of 2: the other ranks did not connect within 2 s"), "{err}");
+    assert!(err.contains(hostfile.to_str().unwrap()), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "took {:?}", started.elapsed());
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    out
+}
+
+/// Killing rank 1 mid-run: the launcher names it, stops rank 0 and fails,
+/// instead of leaving rank 0 waiting on a collective.
+#[test]
+fn a_dead_rank_ends_the_run() {
+    let scratch = Scratch::new("tp-dead");
+    let dir = edited_folder(&scratch, "tiny/tiny-llama-f32", |c| c["max_position_embeddings"] = 100_000.into());
+    let mut launcher = host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "50000", "--ignore-eos", "--json"])
+        .args(["--tp", "2", "--model"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ranks = loop {
+        let c = children_of(launcher.id());
+        if c.len() == 2 {
+            break c;
+        }
+        assert!(launcher.try_wait().unwrap().is_none(), "the launcher exited before starting two ranks");
+        std::thread::yield_now();
+    };
+    // Children are listed in start order: rank 0, then rank 1.
+    let status = Command::new("kill").args(["-KILL", &ranks[1].to_string()]).status().unwrap();
+    assert!(status.success());
+    let out = launcher.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--tp: rank 1 exited (signal: 9"), "{err}");
+    assert!(!Path::new(&format!("/proc/{}", ranks[0])).exists() || zombie(ranks[0]), "rank 0 still runs");
+}
+
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
