@@ -130,3 +130,32 @@ impl Drop for Group {
         unsafe { mlx_sys::mlx_distributed_group_free(self.raw) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without MLX_RANK/MLX_HOSTFILE no backend has peers: MLX's non-strict
+    /// init is a group of one, whose collectives return their input.
+    #[test]
+    fn a_process_alone_is_a_group_of_one() {
+        let g = Group::current().unwrap();
+        assert_eq!((g.rank(), g.size()), (0, 1));
+        let x = Array::from_slice(&[1.0f32, -2.5, 3.0], &[3]);
+        let s = g.all_sum(&x).unwrap();
+        s.eval().unwrap();
+        assert_eq!(s.as_slice::<f32>(), [1.0, -2.5, 3.0]);
+        let a = g.all_gather(&x).unwrap();
+        a.eval().unwrap();
+        assert_eq!(a.shape(), [3]);
+    }
+
+    #[test]
+    fn a_strict_ring_without_a_hostfile_is_an_error_not_a_group() {
+        if std::env::var_os("MLX_HOSTFILE").is_some() {
+            return;
+        }
+        let e = Group::init("ring", true).err().expect("no hostfile: no ring");
+        assert!(!e.is_empty());
+    }
+}

@@ -108,3 +108,30 @@ impl Shard {
         Ok(s.deep_clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(pairs: &[(&str, &str)]) -> Vec<Tuple2<RString, RString>> {
+        pairs.iter().map(|(k, v)| Tuple2(RString::from(*k), RString::from(*v))).collect()
+    }
+
+    #[test]
+    fn without_the_option_the_model_is_whole() {
+        let s = Shard::from_options(&opts(&[("attention", "mlx")])).unwrap();
+        assert_eq!((s.rank(), s.size()), (0, 1));
+        assert_eq!(s.split(7, "heads").unwrap(), 7);
+        let a = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+        assert_eq!(s.take(&a, 1).unwrap().shape(), [2, 2]);
+    }
+
+    /// A process alone has a group of one: asking for two ranks is refused.
+    #[test]
+    fn more_ranks_than_the_group_has_are_refused() {
+        let e = Shard::from_options(&opts(&[(OPTION, "2")])).err().unwrap();
+        assert!(e.what().contains("this process's MLX group has 1 ranks"), "{}", e.what());
+        let e = Shard::from_options(&opts(&[(OPTION, "zero")])).err().unwrap();
+        assert!(e.what().contains("a number of ranks"), "{}", e.what());
+    }
+}
