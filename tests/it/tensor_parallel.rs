@@ -206,3 +206,34 @@ fn a_dead_rank_ends_the_run() {
 fn zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
 }
+
+/// The way ranks start on several hosts, here with both on 127.0.0.1: no
+/// launcher, each rank started by hand with MLX_RANK and one shared
+/// MLX_HOSTFILE. Rank 0 prints what `--tp 1` prints.
+#[test]
+fn ranks_started_by_hand_share_one_hostfile() {
+    let scratch = Scratch::new("tp-by-hand");
+    let ports: Vec<u16> =
+        (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    let hostfile = scratch.0.join("hosts.json");
+    std::fs::write(&hostfile, format!(r#"[["127.0.0.1:{}"],["127.0.0.1:{}"]]"#, ports[0], ports[1])).unwrap();
+    let dir = model("tiny/tiny-qwen3-f32");
+    let rank = |r: &str| {
+        host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "16", "--ignore-eos", "--json", "--tp", "2"])
+            .args(["--tp-timeout", "60", "--model"])
+            .arg(&dir)
+            .env("MLX_RANK", r)
+            .env("MLX_HOSTFILE", &hostfile)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (one, zero) = (rank("1"), rank("0"));
+    let (one, zero) = (one.wait_with_output().unwrap(), zero.wait_with_output().unwrap());
+    for (r, o) in [(1, &one), (0, &zero)] {
+        assert!(o.status.success(), "rank {r}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let printed: Value = serde_json::from_slice(&zero.stdout).expect("rank 0's JSON");
+    assert_eq!(tokens(&printed), tokens(&generate(&dir, 1, 16)));
+}
