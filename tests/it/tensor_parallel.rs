@@ -256,3 +256,68 @@ fn seeded_sampling_tp2_matches_tp1() {
     // Not the greedy path: the draw matters.
     assert_ne!(one, tokens(&generate(&dir, 1, 16)));
 }
+
+fn completion(prompt: &str) -> Value {
+    serde_json::json!({ "prompt": prompt, "max_tokens": 12, "temperature": 0 })
+}
+
+/// `host serve --tp 2`: rank 0 serves, rank 1 follows its worker. Requests
+/// sent together (queued behind each other, and a repeated prompt served
+/// from the prefix cache) answer what a `--tp 1` server answers.
+#[test]
+fn serve_tp2_answers_concurrent_requests_as_tp1() {
+    let dir = model("tiny/tiny-llama-f32");
+    let prompts = ["hello there", "the quick brown fox", "hello there", "one two three four"];
+    let answers = |s: &it::Server| -> Vec<String> {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> =
+                prompts.iter().map(|p| sc.spawn(move || s.post("/v1/completions", &completion(p)))).collect();
+            hs.into_iter()
+                .map(|h| {
+                    let r = h.join().unwrap();
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    r.json()["choices"][0]["text"].as_str().unwrap().to_owned()
+                })
+                .collect()
+        })
+    };
+    let two = it::Server::start(&dir, &["--tp", "2"]);
+    let got = answers(&two);
+    let one = it::Server::start(&dir, &["--batch", "1"]);
+    assert_eq!(got, answers(&one));
+    assert!(got.iter().all(|t| !t.is_empty()), "{got:?}");
+    // A grammar's matcher lives in rank 0 alone: refused, the server goes on.
+    let body = serde_json::json!({
+        "messages": [{ "role": "user", "content": "hi" }],
+        "max_tokens": 4,
+        "response_format": { "type": "json_object" },
+    });
+    let r = two.post("/v1/chat/completions", &body);
+    assert!((400..500).contains(&r.status), "{} {}", r.status, r.text());
+    assert!(r.text().contains("not served with --tp"), "{}", r.text());
+    assert_eq!(answers(&two), got);
+}
+
+#[test]
+fn serve_tp_refuses_what_does_not_run_in_lockstep() {
+    let dir = model("tiny/tiny-llama-f32");
+    let err = fails(host(&["serve", "--tp", "2", "--batch", "4", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 2: requests run one at a time across the ranks; --batch must be 1"), "{err}");
+    assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{err}");
+}
+
+/// A follower killed under a running server: the launcher names it, stops
+/// rank 0 (the HTTP server) and exits with an error instead of hanging.
+#[test]
+fn serve_tp2_exits_when_a_rank_dies() {
+    let dir = model("tiny/tiny-llama-f32");
+    let mut s = it::Server::start(&dir, &["--tp", "2"]);
+    let ranks = children_of(s.child.id());
+    assert_eq!(ranks.len(), 2, "{ranks:?}");
+    assert!(Command::new("kill").args(["-KILL", &ranks[1].to_string()]).status().unwrap().success());
+    let status = s.child.wait().unwrap();
+    assert!(!status.success());
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    assert!(log.contains("--tp: rank 1 exited (signal: 9"), "{log}");
+    assert!(std::net::TcpStream::connect(("127.0.0.1", s.port)).is_err(), "rank 0 still serves");
+}

@@ -247,7 +247,7 @@ fn main() -> Result<ExitCode> {
         Some(Command::Version) => print_version(),
         Some(Command::Serve(args)) => {
             init_tracing("info");
-            serve_cmd::run(args)?
+            return serve_cmd::run(args);
         }
         Some(Command::Probe { size, dtype, iters }) => probe(size, &dtype, iters)?,
         Some(Command::Plugins { dir, json }) => {

@@ -163,6 +163,28 @@ pub struct ServeArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub kv: crate::kv_cmd::KvArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tp: crate::tp_launch::TpArgs,
+}
+
+/// What `--tp` serves today (host_engine::lockstep): one request at a time,
+/// without a drafter or the SSD tier. Checked before any rank starts.
+fn check_tp(a: &ServeArgs) -> Result<()> {
+    let ranks = a.tp.ranks();
+    if ranks <= 1 {
+        return Ok(());
+    }
+    if a.batch.is_some_and(|b| b > 1) {
+        bail!("--tp {ranks}: requests run one at a time across the ranks; --batch must be 1 (or left out)");
+    }
+    if a.draft.config()?.is_some() {
+        bail!("--tp {ranks}: speculative decoding is not served with --tp");
+    }
+    if a.ssd_cache.is_some() {
+        bail!("--tp {ranks}: the SSD prefix tier is not served with --tp");
+    }
+    Ok(())
 }
 
 /// Flags over the file: the file's table, overlaid with every flag given.
@@ -198,8 +220,14 @@ fn gib(g: f64) -> u64 {
     (g * (1u64 << 30) as f64) as u64
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub fn run(args: ServeArgs) -> Result<std::process::ExitCode> {
     let a = merge(args)?;
+    check_tp(&a)?;
+    let ranks = match crate::tp_launch::start(&a.tp)? {
+        crate::tp_launch::Role::Launched(code) => return Ok(code),
+        crate::tp_launch::Role::Alone => 1,
+        crate::tp_launch::Role::Rank { ranks } => ranks,
+    };
     let t0 = Instant::now();
     let Some(model_dir) = a.model.clone() else { bail!("--model DIR is required (or `model` in the --config file)") };
     // Checked before the model loads: a typo fails at once.
@@ -231,7 +259,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         dtype: DtypeChoice::parse(a.dtype.as_deref().unwrap_or("auto"))?,
         prefix_cache_bytes: gib(cache_gib) as usize,
         ssd_cache,
-        model_options: crate::model_options::options(a.gpu_attention.as_deref(), &a.model_option)?,
+        model_options: crate::model_options::options(a.gpu_attention.as_deref(), &a.model_option)?
+            .into_iter()
+            .chain(crate::tp_launch::model_option(ranks))
+            .collect(),
         speculation: a.draft.config()?,
         kv_scheme: a.kv.scheme()?,
         ..Default::default()
@@ -266,6 +297,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     plain.prompt_cache = false;
     host_engine::serial::generate(&engine, &warm, &plain, |_| Flow::Continue).context("warm-up generation")?;
     stage(3, 4, "weights read (warm-up step done)", t0);
+    let lockstep = if ranks > 1 { Some(host_engine::lockstep::Lockstep::current()?) } else { None };
+    if let Some(lock) = lockstep.as_ref().filter(|l| l.rank() > 0) {
+        // A follower serves nothing: it runs what rank 0's worker runs.
+        let rank = lock.rank();
+        eprintln!("rank {rank} of {ranks}: following rank 0");
+        host_engine::lockstep::follow(&engine, std::sync::Arc::new(lockstep.unwrap()))
+            .map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
     let info = ModelInfo {
         max_context: m.plan.max_context as usize,
         vocab_size: m.plan.vocab_size,
@@ -309,7 +349,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_limit: a.body_limit.unwrap_or(4 << 20),
         queue: a.queue.unwrap_or(64),
         default_max_tokens: a.max_tokens.unwrap_or(512),
-        batch: a.batch.unwrap_or(8).max(1),
+        batch: if ranks > 1 { 1 } else { a.batch.unwrap_or(8).max(1) },
         debug_endpoints: a.debug_endpoints,
         sse_keepalive: Some(a.sse_keepalive.unwrap_or(5)).filter(|&s| s > 0).map(std::time::Duration::from_secs),
         defaults: SamplingDefaults {
@@ -331,11 +371,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         system_rules,
     };
     let planner = engine.planner(cfg.batch);
-    let worker = Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget)));
+    let worker = match lockstep {
+        Some(lock) => Worker::start_lockstep(engine, cfg.queue, lock),
+        None => Worker::start(engine, cfg.queue, cfg.batch, Some((memory, budget))),
+    };
     stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(host_server::serve(cfg, worker, text, info, planner, memory, budget))?;
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 fn dedup(v: &[String]) -> Vec<String> {

@@ -24,6 +24,7 @@ pub mod histogram;
 pub mod hold;
 mod idle;
 pub mod job;
+pub mod lockstep;
 pub mod owned_state;
 pub mod plan;
 pub mod pooling;

@@ -37,6 +37,8 @@ pub struct Worker {
     /// concurrency with it; `host serve --debug-endpoints` exposes it).
     pub hold: Arc<Hold>,
     shutdown: Arc<AtomicBool>,
+    /// Rank 0 of `--tp`: jobs run in lockstep with the other ranks.
+    lockstep: bool,
 }
 
 #[derive(Debug)]
@@ -66,7 +68,30 @@ impl Worker {
                 }
             })
             .expect("engine thread");
-        Self { tx: Some(tx), thread: Some(thread), stats, hold, shutdown }
+        Self { tx: Some(tx), thread: Some(thread), stats, hold, shutdown, lockstep: false }
+    }
+
+    /// Rank 0 of `--tp N`: one job at a time, each one and each token's
+    /// flow broadcast to the other ranks (`lockstep`).
+    pub fn start_lockstep(engine: Engine, queue: usize, lock: crate::lockstep::Lockstep) -> Self {
+        let (tx, rx) = crate::queue::bounded::<Work>(queue);
+        let stats = Arc::new(Stats { ssd: engine.prefix().ssd_counters(), ..Stats::default() });
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let hold = Arc::new(Hold::default());
+        let (s, stop) = (stats.clone(), shutdown.clone());
+        let thread = std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || crate::lockstep::lead(engine, rx, s, stop, Arc::new(lock)))
+            .expect("engine thread");
+        Self { tx: Some(tx), thread: Some(thread), stats, hold, shutdown, lockstep: true }
+    }
+
+    /// Why this worker cannot run `req` at all (a 400 before it is queued).
+    pub fn refusal(&self, req: &crate::job::GenerateRequest) -> Option<&'static str> {
+        if self.lockstep {
+            return crate::lockstep::refusal(req);
+        }
+        None
     }
 
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {

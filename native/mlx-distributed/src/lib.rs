@@ -125,6 +125,27 @@ impl Group {
     }
 }
 
+impl Group {
+    /// Rank 0's `bytes` on every rank (the others pass None), through two
+    /// `all_sum`s (the length, then the bytes widened to int32: the other
+    /// ranks add zeros). Blocks until every rank has called it.
+    pub fn broadcast_bytes(&self, bytes: Option<&[u8]>) -> Result<Vec<u8>> {
+        let root = self.rank() == 0;
+        let mine = if root { bytes.unwrap_or_default() } else { &[] };
+        let len = Array::from_slice(&[if root { mine.len() as i32 } else { 0 }], &[1]);
+        let len = self.all_sum(&len)?;
+        len.eval().map_err(|e| e.what().to_owned())?;
+        let n = len.as_slice::<i32>()[0].max(0) as usize;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let data: Vec<i32> = if root { mine.iter().map(|b| *b as i32).collect() } else { vec![0; n] };
+        let sum = self.all_sum(&Array::from_slice(&data, &[n as i32]))?;
+        sum.eval().map_err(|e| e.what().to_owned())?;
+        Ok(sum.as_slice::<i32>().iter().map(|v| *v as u8).collect())
+    }
+}
+
 impl Drop for Group {
     fn drop(&mut self) {
         unsafe { mlx_sys::mlx_distributed_group_free(self.raw) };
@@ -148,6 +169,8 @@ mod tests {
         let a = g.all_gather(&x).unwrap();
         a.eval().unwrap();
         assert_eq!(a.shape(), [3]);
+        assert_eq!(g.broadcast_bytes(Some(b"rank 0 says")).unwrap(), b"rank 0 says");
+        assert!(g.broadcast_bytes(None).unwrap().is_empty());
     }
 
     #[test]
