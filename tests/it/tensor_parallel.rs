@@ -321,3 +321,24 @@ fn serve_tp2_exits_when_a_rank_dies() {
     assert!(log.contains("--tp: rank 1 exited (signal: 9"), "{log}");
     assert!(std::net::TcpStream::connect(("127.0.0.1", s.port)).is_err(), "rank 0 still serves");
 }
+
+/// Embeddings run the model outside the lockstep executor: a 400, and the
+/// server goes on generating.
+#[test]
+fn serve_tp_answers_embeddings_with_a_400() {
+    let scratch = Scratch::new("tp-embed");
+    let folder = scratch.0.join("embed-mean");
+    run_ok(
+        it::python()
+            .arg(it::repo_root().join("models/scripts/make_embedding.py"))
+            .arg(model("tiny/tiny-qwen3-f32"))
+            .arg(&folder)
+            .args(["--pooling", "mean"]),
+    );
+    let s = it::Server::start(&folder, &["--tp", "2"]);
+    let r = s.post("/v1/embeddings", &serde_json::json!({ "input": "hello" }));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("embeddings are not served with --tp"), "{}", r.text());
+    let r = s.post("/v1/completions", &completion("hello there"));
+    assert_eq!(r.status, 200, "{}", r.text());
+}
