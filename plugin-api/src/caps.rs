@@ -28,6 +28,14 @@ pub const QUANTIZED_KV_BATCH: &str = "quantized-kv-batch";
 pub const CHECKPOINTS: &str = "checkpoints";
 /// A compiled decode step is available.
 pub const COMPILED_DECODE: &str = "compiled-decode";
+/// The family splits its graph over the ranks of MLX's process group when
+/// the host passes the model option `tensor-parallel=<ranks>` (model-kit's
+/// `shard`): attention and KV heads, MLP channels and expert channels per
+/// rank; its caches then hold `kv_heads / ranks` heads (v2.3).
+pub const TENSOR_PARALLEL: &str = "tensor-parallel";
+/// The model option (`ModelOpenArgs.options`) that carries the number of
+/// ranks to a family advertising [`TENSOR_PARALLEL`] (v2.3).
+pub const TENSOR_PARALLEL_OPTION: &str = "tensor-parallel";
 /// Continuous (grouped) rows can be checkpointed, not only serial runs.
 pub const SHARED_CHECKPOINTS: &str = "shared-checkpoints";
 

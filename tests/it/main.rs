@@ -38,4 +38,5 @@ mod speculation_mtp;
 mod speculation_scripted;
 mod ssd_cache;
 mod structured;
+mod tensor_parallel;
 mod tools;

@@ -55,6 +55,8 @@ pub fn generate(
     // One request from the command line: serial, no prompt cache. The plan
     // is what runs (a fallback from speculation decodes plainly).
     let plan = engine.plan(&req, 1);
+    // Before the request: the weights this process (this rank) holds.
+    let weights_bytes = host_engine::runtime::active_memory();
     let mut detok = engine.text().cloned().map(host_engine::tokenizer::Detokenizer::new);
     let mut lps = Vec::new();
     let mut stdout = std::io::stdout();
@@ -84,6 +86,7 @@ pub fn generate(
             "prefill_tokens_per_s": result.prefill_tps(),
             "decode_tokens_per_s": result.decode_tps(),
             "compute_dtype": engine.dtype_name(),
+            "weights_bytes": weights_bytes,
             "dtype_reason": engine.dtype_reason(),
             "family_plugin": engine.model().family_plugin,
             "cache_layouts": engine.model().layouts,
@@ -103,6 +106,9 @@ pub fn generate(
             println!("{}", d.finish());
         } else {
             println!("{:?}", result.tokens);
+        }
+        if !crate::tp_launch::is_rank0() {
+            return Ok(());
         }
         eprintln!(
             "[{} prompt tokens, {} generated ({finish}); prefill {:.1} tok/s, decode {:.1} tok/s; dtype {} — {}]",

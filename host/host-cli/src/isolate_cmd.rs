@@ -65,7 +65,7 @@ fn text_side(dir: &Path, vocab: u32) -> Result<Option<Arc<TextSide>>> {
 pub fn engine_child(socket: &PathBuf, serve_args: &str) -> Result<()> {
     let a: ServeArgs = serde_json::from_str(serve_args).context("reading the server's options")?;
     let model_dir = a.model.clone().context("the server's options name no model")?;
-    let loaded = load(&a, &model_dir, Instant::now())?;
+    let loaded = load(&a, &model_dir, Instant::now(), 1)?;
     let hello = Hello {
         planner: loaded.engine.planner(batch(&a)),
         memory: loaded.memory,

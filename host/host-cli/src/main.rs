@@ -11,6 +11,7 @@ mod model_options;
 mod plugins_cmd;
 mod runtime_switch;
 mod serve_cmd;
+mod tp_launch;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -135,6 +136,8 @@ enum Command {
         json: bool,
         #[command(flatten)]
         draft: draft_cmd::DraftArgs,
+        #[command(flatten)]
+        tp: tp_launch::TpArgs,
         /// Run the request once, untimed, before the measured run, with its prompt
         /// cycled to `max_tokens + 16` more tokens: one-time costs (kernel
         /// compilation on a GPU) are paid, but no shape the measured run meets was
@@ -223,13 +226,21 @@ pub(crate) fn registry(dir: &Path) -> Result<std::sync::Arc<Registry>> {
 
 /// The engine `generate`, `fit` and `logits` run: no prefix cache.
 fn engine(m: &ModelArgs, speculation: Option<SpeculationConfig>) -> Result<Engine> {
+    engine_over_ranks(m, speculation, 1)
+}
+
+/// `engine`, as this rank's part of a model split over `ranks` (`--tp`).
+fn engine_over_ranks(m: &ModelArgs, speculation: Option<SpeculationConfig>, ranks: usize) -> Result<Engine> {
     let reg = registry(&m.dir.plugins)?;
     for r in &reg.refused {
         eprintln!("plugin refused: {} ({}): {}", r.name.as_deref().unwrap_or("?"), r.dir.display(), r.reason);
     }
     let cfg = EngineConfig {
         dtype: DtypeChoice::parse(&m.dtype)?,
-        model_options: model_options::options(m.gpu_attention.as_deref(), &m.model_option)?,
+        model_options: model_options::options(m.gpu_attention.as_deref(), &m.model_option)?
+            .into_iter()
+            .chain(tp_launch::model_option(ranks))
+            .collect(),
         speculation,
         kv_scheme: m.kv.scheme()?,
         ..Default::default()
@@ -247,7 +258,7 @@ fn main() -> Result<ExitCode> {
         Some(Command::Version) => print_version(),
         Some(Command::Serve(args)) => {
             init_tracing("info");
-            serve_cmd::run(args)?
+            return serve_cmd::run(args);
         }
         Some(Command::EngineChild { socket, serve_args }) => {
             init_tracing("info");
@@ -277,10 +288,17 @@ fn main() -> Result<ExitCode> {
             logprobs,
             json,
             draft,
+            tp,
             warmup,
         }) => {
             init_tracing("warn");
-            let engine = engine(&model, draft.config()?)?;
+            let ranks = match tp_launch::start(&tp)? {
+                tp_launch::Role::Launched(code) => return Ok(code),
+                tp_launch::Role::Alone => 1,
+                tp_launch::Role::Rank { ranks } => ranks,
+            };
+            let seed = seed.or_else(tp_launch::shared_seed);
+            let engine = engine_over_ranks(&model, draft.config()?, ranks)?;
             let p = generate_cmd::Prompt { text: prompt.prompt, chat: prompt.chat, ids: prompt.prompt_ids };
             let ids = generate_cmd::prompt_ids(&engine, &p)?;
             let params = SamplingParams {

@@ -175,6 +175,32 @@ pub struct ServeArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub kv: crate::kv_cmd::KvArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tp: crate::tp_launch::TpArgs,
+}
+
+/// What `--tp` serves today (host_engine::lockstep): one request at a time,
+/// without a drafter, the SSD tier or engine isolation. Checked before any
+/// rank starts.
+fn check_tp(a: &ServeArgs) -> Result<()> {
+    let ranks = a.tp.ranks();
+    if ranks <= 1 {
+        return Ok(());
+    }
+    if a.batch.is_some_and(|b| b > 1) {
+        bail!("--tp {ranks}: requests run one at a time across the ranks; --batch must be 1 (or left out)");
+    }
+    if a.draft.config()?.is_some() {
+        bail!("--tp {ranks}: speculative decoding is not served with --tp");
+    }
+    if a.ssd_cache.is_some() {
+        bail!("--tp {ranks}: the SSD prefix tier is not served with --tp");
+    }
+    if a.isolate {
+        bail!("--tp {ranks}: engine isolation (--isolate) is not served with --tp");
+    }
+    Ok(())
 }
 
 /// Flags over the file: the file's table, overlaid with every flag given.
@@ -210,8 +236,14 @@ fn gib(g: f64) -> u64 {
     (g * (1u64 << 30) as f64) as u64
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub fn run(args: ServeArgs) -> Result<std::process::ExitCode> {
     let a = merge(args)?;
+    check_tp(&a)?;
+    let ranks = match crate::tp_launch::start(&a.tp)? {
+        crate::tp_launch::Role::Launched(code) => return Ok(code),
+        crate::tp_launch::Role::Alone => 1,
+        crate::tp_launch::Role::Rank { ranks } => ranks,
+    };
     let t0 = Instant::now();
     let Some(model_dir) = a.model.clone() else { bail!("--model DIR is required (or `model` in the --config file)") };
     // Checked before the model loads: a typo fails at once.
@@ -221,11 +253,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
             bail!("--generation-checkpoint N needs N >= 1, --isolate (a generation resumes in a new engine process) and --ssd-cache DIR (where its checkpoints are kept)");
         }
     }
-    let cfg = server_config(&a, &model_dir, system_rules);
+    let cfg = server_config(&a, &model_dir, system_rules, ranks);
     let (worker, served) = if a.isolate {
         crate::isolate_cmd::start(&a, &model_dir)?
     } else {
-        let loaded = load(&a, &model_dir, t0)?;
+        let loaded = load(&a, &model_dir, t0, ranks)?;
+        let lockstep = if ranks > 1 { Some(host_engine::lockstep::Lockstep::current()?) } else { None };
+        if let Some(lock) = lockstep.as_ref().filter(|l| l.rank() > 0) {
+            // A follower serves nothing: it runs what rank 0's worker runs.
+            let rank = lock.rank();
+            eprintln!("rank {rank} of {ranks}: following rank 0");
+            host_engine::lockstep::follow(&loaded.engine, std::sync::Arc::new(lockstep.unwrap()))
+                .map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
         let served = Served {
             text: loaded.engine.text().cloned(),
             planner: loaded.engine.planner(cfg.batch),
@@ -233,13 +274,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
             memory: loaded.memory,
             budget: loaded.budget,
         };
-        (Worker::start(loaded.engine, cfg.queue, cfg.batch, Some((loaded.memory, loaded.budget))), served)
+        let worker = match lockstep {
+            Some(lock) => Worker::start_lockstep(loaded.engine, cfg.queue, lock),
+            None => Worker::start(loaded.engine, cfg.queue, cfg.batch, Some((loaded.memory, loaded.budget))),
+        };
+        (worker, served)
     };
     stage(4, 4, &format!("ready: serving `{}` on http://{}:{}", cfg.model_id, cfg.host, cfg.port), t0);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let Served { text, info, planner, memory, budget } = served;
     rt.block_on(host_server::serve(cfg, worker, text, info, planner, memory, budget))?;
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// What the HTTP layer needs from the loaded engine.
@@ -271,7 +316,8 @@ pub fn queue(a: &ServeArgs) -> usize {
 
 /// Discovers the plugins, loads the model, reads its weights once and
 /// sets MLX's buffer cache limit (stages 0 to 3 of the progress lines).
-pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant) -> Result<Loaded> {
+/// `ranks`: the tensor-parallel ranks this process is one of (1: alone).
+pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant, ranks: usize) -> Result<Loaded> {
     let plugins = a.plugins.clone().unwrap_or_else(|| PathBuf::from("plugins"));
     stage(0, 4, "discovering plugins", t0);
     let reg = crate::registry(&plugins)?;
@@ -299,7 +345,10 @@ pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant) -> Result<L
         dtype: DtypeChoice::parse(a.dtype.as_deref().unwrap_or("auto"))?,
         prefix_cache_bytes: gib(cache_gib) as usize,
         ssd_cache,
-        model_options: crate::model_options::options(a.gpu_attention.as_deref(), &a.model_option)?,
+        model_options: crate::model_options::options(a.gpu_attention.as_deref(), &a.model_option)?
+            .into_iter()
+            .chain(crate::tp_launch::model_option(ranks))
+            .collect(),
         speculation: a.draft.config()?,
         kv_scheme: a.kv.scheme()?,
         generation_checkpoint: a.generation_checkpoint,
@@ -370,7 +419,7 @@ pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant) -> Result<L
     Ok(Loaded { engine, info, memory, budget })
 }
 
-fn server_config(a: &ServeArgs, model_dir: &std::path::Path, system_rules: SystemRules) -> ServerConfig {
+fn server_config(a: &ServeArgs, model_dir: &std::path::Path, system_rules: SystemRules, ranks: usize) -> ServerConfig {
     let model_id = a.model_id.clone().unwrap_or_else(|| {
         model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
     });
@@ -381,7 +430,7 @@ fn server_config(a: &ServeArgs, model_dir: &std::path::Path, system_rules: Syste
         body_limit: a.body_limit.unwrap_or(4 << 20),
         queue: queue(a),
         default_max_tokens: a.max_tokens.unwrap_or(512),
-        batch: batch(a),
+        batch: if ranks > 1 { 1 } else { batch(a) },
         debug_endpoints: a.debug_endpoints,
         sse_keepalive: Some(a.sse_keepalive.unwrap_or(5)).filter(|&s| s > 0).map(std::time::Duration::from_secs),
         defaults: SamplingDefaults {

@@ -25,6 +25,7 @@ pub mod hold;
 mod idle;
 pub mod isolate;
 pub mod job;
+pub mod lockstep;
 pub mod owned_state;
 pub mod plan;
 pub mod pooling;

@@ -44,6 +44,8 @@ enum Backend {
         /// concurrency with it; `host serve --debug-endpoints` exposes it).
         hold: Arc<Hold>,
         shutdown: Arc<AtomicBool>,
+        /// Rank 0 of `--tp`: jobs run in lockstep with the other ranks.
+        lockstep: bool,
     },
     /// The engine runs in a child process (`--isolate`).
     Isolated { remote: Arc<Remote>, supervisor: Supervisor },
@@ -78,7 +80,30 @@ impl Worker {
                 }
             })
             .expect("engine thread");
-        Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown }, stats }
+        Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown, lockstep: false }, stats }
+    }
+
+    /// Rank 0 of `--tp N`: one job at a time, each one and each token's
+    /// flow broadcast to the other ranks (`lockstep`).
+    pub fn start_lockstep(engine: Engine, queue: usize, lock: crate::lockstep::Lockstep) -> Self {
+        let (tx, rx) = crate::queue::bounded::<Work>(queue);
+        let stats = Arc::new(Stats { ssd: engine.prefix().ssd_counters(), ..Stats::default() });
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let hold = Arc::new(Hold::default());
+        let (s, stop) = (stats.clone(), shutdown.clone());
+        let thread = std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || crate::lockstep::lead(engine, rx, s, stop, Arc::new(lock)))
+            .expect("engine thread");
+        Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown, lockstep: true }, stats }
+    }
+
+    /// Why this worker cannot run `req` at all (a 400 before it is queued).
+    pub fn refusal(&self, req: &crate::job::GenerateRequest) -> Option<&'static str> {
+        match self.backend {
+            Backend::Local { lockstep: true, .. } => crate::lockstep::refusal(req),
+            _ => None,
+        }
     }
 
     /// A worker whose engine runs in child processes that `supervisor` keeps

@@ -31,6 +31,10 @@ pub enum ComposeError {
     SchemeNeedsLayoutAttention { scheme: String, family: String },
     #[error("KV scheme `{scheme}`: no cache-layout plugin serves any of this model's layers in it (layers: {needs})")]
     SchemeUnused { scheme: String, needs: String },
+    #[error("--tp {ranks}: family plugin `{family}` does not advertise `tensor-parallel`")]
+    TensorParallelUnsupported { ranks: usize, family: String },
+    #[error("--tp {ranks}: the model has {kv_heads} KV heads per layer, which do not divide by {ranks} ranks (KV heads are split, never replicated)")]
+    TensorParallelHeads { ranks: usize, kv_heads: u32 },
     #[error("plugin `{plugin}`: {error}")]
     Plugin { plugin: String, error: PluginError },
 }
@@ -185,7 +189,8 @@ impl Registry {
         let perr = |error: PluginError| ComposeError::Plugin { plugin: family.name().to_owned(), error };
         let plan_fn = family.root.plan_model().ok_or_else(|| perr(PluginError::unsupported("no plan_model entry")))?;
         let open_fn = family.root.open_model().ok_or_else(|| perr(PluginError::unsupported("no open_model entry")))?;
-        let plan = plan_fn(RStr::from_str(&text)).into_result().map_err(perr)?;
+        let mut plan = plan_fn(RStr::from_str(&text)).into_result().map_err(perr)?;
+        split_over_ranks(&mut plan, family, options)?;
         let attends = |tags: &[RString]| tags.iter().any(|t| t.as_str() == plugin_api::caps::LAYOUT_ATTENTION);
         if scheme_name(scheme) != "plain" && !attends(&family.manifest.capabilities) && !attends(&plan.capabilities) {
             return Err(ComposeError::SchemeNeedsLayoutAttention {
@@ -260,4 +265,40 @@ impl Registry {
             factories,
         })
     }
+}
+
+/// With the model option `tensor-parallel=<ranks>` (the CLI's `--tp`): the
+/// family must advertise `tensor-parallel`, and each cache holds this rank's
+/// `kv_heads / ranks` heads. A count that does not divide is refused rather
+/// than replicated: replicated KV heads would double each rank's cache and
+/// attention for heads another rank also computes.
+fn split_over_ranks(
+    plan: &mut ModelPlan,
+    family: &LoadedPlugin,
+    options: &[(String, String)],
+) -> Result<(), ComposeError> {
+    let ranks = options
+        .iter()
+        .rev()
+        .find(|(k, _)| k == plugin_api::caps::TENSOR_PARALLEL_OPTION)
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .unwrap_or(1);
+    if ranks <= 1 {
+        return Ok(());
+    }
+    let tp = plugin_api::caps::TENSOR_PARALLEL;
+    let advertised = family.manifest.capabilities.iter().chain(plan.capabilities.iter()).any(|c| c.as_str() == tp);
+    if !advertised {
+        return Err(ComposeError::TensorParallelUnsupported { ranks, family: family.name().to_owned() });
+    }
+    for need in plan.layers.iter_mut() {
+        if need.kv_heads == 0 {
+            continue;
+        }
+        if !(need.kv_heads as usize).is_multiple_of(ranks) {
+            return Err(ComposeError::TensorParallelHeads { ranks, kv_heads: need.kv_heads });
+        }
+        need.kv_heads /= ranks as u32;
+    }
+    Ok(())
 }

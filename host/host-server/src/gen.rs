@@ -142,6 +142,9 @@ pub fn submit(st: &AppState, id: &str, req: GenerateRequest) -> Result<Running, 
 
 /// Queues one job per choice, all or none (a 503 queues nothing).
 pub fn submit_all(st: &AppState, id: &str, reqs: Vec<GenerateRequest>) -> Result<Vec<Running>, ApiError> {
+    if let Some(why) = reqs.iter().find_map(|r| st.worker.refusal(r)) {
+        return Err(ApiError::invalid(why));
+    }
     let (jobs, runs): (Vec<Job>, Vec<Running>) = reqs.into_iter().map(|req| job(st, id, req)).unzip();
     st.worker.submit_all(jobs).map_err(|e| match e {
         SubmitError::Full => ApiError::busy(),

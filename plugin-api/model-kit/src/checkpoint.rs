@@ -6,6 +6,7 @@
 use crate::config::{Config, Quantization};
 use crate::layers::LoadCtx;
 use crate::ops::dtype_from_raw;
+use crate::shard::Shard;
 use crate::weights::Weights;
 use crate::{Dtype, Result};
 use plugin_api::abi_stable::std_types::ROption;
@@ -18,6 +19,8 @@ pub struct Checkpoint {
     /// The compute dtype for float weights (None = the checkpoint's).
     pub dtype: Option<Dtype>,
     pub weights: Weights,
+    /// This rank's part when the host splits the model over ranks.
+    pub shard: Shard,
 }
 
 /// A config problem as a boundary error.
@@ -33,8 +36,9 @@ impl Checkpoint {
             ROption::RSome(d) => Some(dtype_from_raw(d.0).map_err(|e| PluginError::invalid_input(e.what()))?),
             ROption::RNone => None,
         };
+        let shard = Shard::from_options(&a.options).map_err(|e| PluginError::invalid_input(e.what()))?;
         let weights = Weights::load(Path::new(a.dir.as_str())).map_err(|e| PluginError::io(e.what()))?;
-        Ok(Self { cfg, quant, dtype, weights })
+        Ok(Self { cfg, quant, dtype, weights, shard })
     }
 
     /// Builds the graph from the weights, evaluates every tensor it took, and
@@ -44,6 +48,7 @@ impl Checkpoint {
         build: impl FnOnce(&mut LoadCtx, &Config) -> Result<M>,
     ) -> std::result::Result<M, PluginError> {
         let mut ctx = LoadCtx::new(&mut self.weights, self.quant.as_ref(), self.dtype);
+        ctx.shard = self.shard.clone();
         let model = build(&mut ctx, &self.cfg).map_err(config_error)?;
         ctx.materialize().map_err(|e| PluginError::io(e.what()))?;
         let left = self.weights.remaining();

@@ -5,6 +5,7 @@
 
 use crate::config::{QuantParams, Quantization};
 use crate::shape::expect_shape;
+use crate::shard::Shard;
 use crate::weights::Weights;
 use crate::{error, Array, Dtype, Result};
 use mlx_rs::ops;
@@ -17,11 +18,13 @@ pub struct LoadCtx<'a> {
     pub dtype: Option<Dtype>,
     /// Every tensor handed to a layer, so `materialize` can read them all.
     pub loaded: Vec<Array>,
+    /// This rank's part of a tensor-parallel model (`shard`; whole by default).
+    pub shard: Shard,
 }
 
 impl<'a> LoadCtx<'a> {
     pub fn new(weights: &'a mut Weights, quant: Option<&'a Quantization>, dtype: Option<Dtype>) -> Self {
-        Self { weights, quant, dtype, loaded: Vec::new() }
+        Self { weights, quant, dtype, loaded: Vec::new(), shard: Shard::whole() }
     }
 
     /// Evaluates every loaded tensor now (reads, casts, dequantizes), as
@@ -139,11 +142,15 @@ impl Quantized {
     }
 }
 
-/// `nn.Linear` / `nn.QuantizedLinear`.
+/// `nn.Linear` / `nn.QuantizedLinear`, whole or as one rank's part of a
+/// tensor-parallel pair (`load_column`, `load_row`).
 pub struct Linear {
     weight: Array,
     bias: Option<Array>,
     quant: Option<Quantized>,
+    /// Row-parallel: the ranks the partial product is summed over, before
+    /// the bias (mlx-lm's `ShardedToAllLinear`).
+    reduce: Option<Shard>,
 }
 
 impl Linear {
@@ -155,11 +162,75 @@ impl Linear {
         let layer = match quant {
             // A compute dtype was asked for: run dense (on CPU, f32 with
             // OpenBLAS beats MLX's quantized CPU kernels by far).
-            Some(q) if ctx.dtype.is_some() => Self { weight: ctx.cast(q.dequantize(&weight)?)?, bias, quant: None },
-            Some(q) => Self { weight, bias, quant: Some(q) },
-            None => Self { weight: ctx.cast(weight)?, bias, quant: None },
+            Some(q) if ctx.dtype.is_some() => {
+                Self { weight: ctx.cast(q.dequantize(&weight)?)?, bias, quant: None, reduce: None }
+            }
+            Some(q) => Self { weight, bias, quant: Some(q), reduce: None },
+            None => Self { weight: ctx.cast(weight)?, bias, quant: None, reduce: None },
         };
         layer.record(ctx);
+        Ok(layer)
+    }
+
+    /// Column-parallel (mlx-lm's `AllToShardedLinear`): this rank keeps
+    /// `out / ranks` output features (rows of the weight, of its scales and
+    /// biases, of the bias). `out` must hold whole heads or channels per
+    /// rank; the caller splits its own counts with `ctx.shard.split`.
+    pub fn load_column(ctx: &mut LoadCtx, path: &str, out: usize, inp: usize, bias: bool) -> Result<Self> {
+        let whole = Self::load_unrecorded(ctx, path, out, inp, bias)?;
+        let sh = ctx.shard.clone();
+        sh.split(out, &format!("output features of `{path}`"))?;
+        let layer = Self {
+            weight: sh.take(&whole.weight, 0)?,
+            bias: whole.bias.as_ref().map(|b| sh.take(b, 0)).transpose()?,
+            quant: match whole.quant {
+                Some(q) => {
+                    Some(Quantized { scales: sh.take(&q.scales, 0)?, biases: sh.take(&q.biases, 0)?, params: q.params })
+                }
+                None => None,
+            },
+            reduce: None,
+        };
+        layer.record(ctx);
+        Ok(layer)
+    }
+
+    /// Row-parallel (mlx-lm's `ShardedToAllLinear`): this rank keeps `inp /
+    /// ranks` input features (columns of the weight; of a quantized weight,
+    /// whole quantization groups) and `forward` sums the partial products
+    /// over the ranks before adding the (whole) bias.
+    pub fn load_row(ctx: &mut LoadCtx, path: &str, out: usize, inp: usize, bias: bool) -> Result<Self> {
+        let whole = Self::load_unrecorded(ctx, path, out, inp, bias)?;
+        let sh = ctx.shard.clone();
+        let part = sh.split(inp, &format!("input features of `{path}`"))?;
+        if sh.size() == 1 {
+            whole.record(ctx);
+            return Ok(whole);
+        }
+        let quant = match whole.quant {
+            Some(q) => {
+                if part % q.params.group_size as usize != 0 {
+                    return Err(error(format!(
+                        "tensor parallelism over {} ranks: `{path}`'s {part} input features per rank are not whole quantization groups of {}",
+                        sh.size(),
+                        q.params.group_size
+                    )));
+                }
+                Some(Quantized { scales: sh.take(&q.scales, 1)?, biases: sh.take(&q.biases, 1)?, params: q.params })
+            }
+            None => None,
+        };
+        let layer = Self { weight: sh.take(&whole.weight, 1)?, bias: whole.bias, quant, reduce: Some(sh) };
+        layer.record(ctx);
+        Ok(layer)
+    }
+
+    /// `load` without recording the whole tensors for `materialize` (a
+    /// sharded layer records its slices instead).
+    fn load_unrecorded(ctx: &mut LoadCtx, path: &str, out: usize, inp: usize, bias: bool) -> Result<Self> {
+        let mark = ctx.loaded.len();
+        let layer = Self::load(ctx, path, out, inp, bias)?;
+        ctx.loaded.truncate(mark);
         Ok(layer)
     }
 
@@ -175,6 +246,13 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        if let Some(shard) = &self.reduce {
+            let y = shard.all_sum(&self.product(x)?)?;
+            return match &self.bias {
+                Some(b) => y.add(b),
+                None => Ok(y),
+            };
+        }
         match &self.quant {
             Some(q) => {
                 let y = ops::quantized_matmul(
@@ -199,6 +277,18 @@ impl Linear {
                     None => x.matmul(&wt),
                 }
             }
+        }
+    }
+}
+
+impl Linear {
+    /// `x @ W.T` without the bias.
+    fn product(&self, x: &Array) -> Result<Array> {
+        match &self.quant {
+            Some(q) => {
+                ops::quantized_matmul(x, &self.weight, &q.scales, &q.biases, true, q.params.group_size, q.params.bits)
+            }
+            None => x.matmul(self.weight.transpose_axes(&[1, 0])?),
         }
     }
 }
@@ -302,7 +392,8 @@ impl RmsNorm {
     }
 }
 
-/// The SwiGLU MLP of the Llama lineage: `down(silu(gate(x)) * up(x))`.
+/// The SwiGLU MLP of the Llama lineage: `down(silu(gate(x)) * up(x))`;
+/// tensor-parallel (column gate/up, row down) when `ctx.shard` has ranks.
 pub struct Mlp {
     gate: Linear,
     up: Linear,
@@ -313,9 +404,9 @@ impl Mlp {
     /// `hidden` is the model width, `inter` the MLP's intermediate size.
     pub fn load(ctx: &mut LoadCtx, path: &str, hidden: usize, inter: usize, bias: bool) -> Result<Self> {
         Ok(Self {
-            gate: Linear::load(ctx, &format!("{path}.gate_proj"), inter, hidden, bias)?,
-            up: Linear::load(ctx, &format!("{path}.up_proj"), inter, hidden, bias)?,
-            down: Linear::load(ctx, &format!("{path}.down_proj"), hidden, inter, bias)?,
+            gate: Linear::load_column(ctx, &format!("{path}.gate_proj"), inter, hidden, bias)?,
+            up: Linear::load_column(ctx, &format!("{path}.up_proj"), inter, hidden, bias)?,
+            down: Linear::load_row(ctx, &format!("{path}.down_proj"), hidden, inter, bias)?,
         })
     }
 

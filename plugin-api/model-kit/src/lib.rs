@@ -23,6 +23,7 @@ pub mod ops;
 pub mod rope;
 pub mod routes;
 pub mod shape;
+pub mod shard;
 pub mod short_attention;
 pub mod taps;
 pub mod weights;

@@ -23,6 +23,14 @@
 //! are stacked at load as mlx-lm's `sanitize` does. Expert counts and sizes
 //! are checked against the config before MLX sees an index: a gather with an
 //! expert index past the stacked weights would read out of bounds.
+//!
+//! Tensor parallelism (model-kit's `shard`) splits each expert's matrices,
+//! as mlx-lm's sharded MoE models do: every rank holds every expert, with
+//! `inter / ranks` of its channels (gate/up by output, down by input), and
+//! `SwitchGlu::forward` sums the experts' outputs over the ranks. Splitting
+//! the experts themselves across ranks would leave a rank idle whenever the
+//! router picks none of its experts, and its balance would depend on the
+//! routing; split matrices keep every rank's work equal at every step.
 
 use crate::layers::{Linear, LoadCtx, Quantized};
 use crate::{error, Array, Result};
@@ -43,6 +51,27 @@ pub struct SwitchLinear {
 }
 
 impl SwitchLinear {
+    /// This rank's part along `axis` (1: output features, 2: input
+    /// features) of every expert, in buffers of its own (`Shard::take`).
+    fn sharded(self, shard: &crate::shard::Shard, axis: usize, what: &str) -> Result<Self> {
+        if shard.size() == 1 {
+            return Ok(self);
+        }
+        let quant = match self.quant {
+            Some(q) => {
+                let groups = q.scales.shape()[axis] as usize;
+                shard.split(groups, &format!("quantization groups of `{what}`"))?;
+                Some(Quantized {
+                    scales: shard.take(&q.scales, axis)?,
+                    biases: shard.take(&q.biases, axis)?,
+                    params: q.params,
+                })
+            }
+            None => None,
+        };
+        Ok(Self { weight: shard.take(&self.weight, axis)?, quant })
+    }
+
     /// Loads `{path}.weight` (+ `.scales`/`.biases` when quantized) and checks
     /// it holds `experts` matrices of `[out, inp]`.
     pub fn load(ctx: &mut LoadCtx, path: &str, experts: usize, out: usize, inp: usize) -> Result<Self> {
@@ -118,12 +147,14 @@ pub struct SwitchGlu {
     up: SwitchLinear,
     down: SwitchLinear,
     act: Activation,
+    /// Tensor-parallel: the ranks each expert's output is summed over.
+    reduce: Option<crate::shard::Shard>,
 }
 
 impl SwitchGlu {
     /// SwiGLU experts.
     pub fn new(gate: SwitchLinear, up: SwitchLinear, down: SwitchLinear) -> Self {
-        Self { gate, up, down, act: crate::compiled::swiglu }
+        Self { gate, up, down, act: crate::compiled::swiglu, reduce: None }
     }
 
     /// The same experts gated by `act` instead of silu.
@@ -135,7 +166,12 @@ impl SwitchGlu {
     /// `{mlp}.switch_mlp.*` tensors, or per-expert `{mlp}.experts.{e}.*`
     /// ones (stacked here). `hidden` is the model width, `inter` each
     /// expert's intermediate size.
+    /// With `ctx.shard` over several ranks, each rank keeps `inter / ranks`
+    /// channels of every expert (module docs).
     pub fn load(ctx: &mut LoadCtx, mlp: &str, experts: usize, hidden: usize, inter: usize) -> Result<Self> {
+        let shard = ctx.shard.clone();
+        shard.split(inter, "expert channels")?;
+        let mark = ctx.loaded.len();
         let mut proj = |name: &str, out: usize, inp: usize| -> Result<SwitchLinear> {
             let stacked = format!("{mlp}.switch_mlp.{name}");
             if ctx.weights.contains(&format!("{stacked}.weight"))
@@ -148,11 +184,24 @@ impl SwitchGlu {
                 .collect::<Result<Vec<_>>>()?;
             SwitchLinear::from_weight(ctx, &stacked, ops::stack(&parts, 0)?, experts, out, inp)
         };
-        Ok(Self::new(
-            proj("gate_proj", inter, hidden)?,
-            proj("up_proj", inter, hidden)?,
-            proj("down_proj", hidden, inter)?,
-        ))
+        let (gate, up, down) =
+            (proj("gate_proj", inter, hidden)?, proj("up_proj", inter, hidden)?, proj("down_proj", hidden, inter)?);
+        if shard.size() == 1 {
+            return Ok(Self::new(gate, up, down));
+        }
+        // The whole stacks are not kept: the slices are recorded instead.
+        ctx.loaded.truncate(mark);
+        let glu = Self {
+            gate: gate.sharded(&shard, 1, &format!("{mlp} gate_proj"))?,
+            up: up.sharded(&shard, 1, &format!("{mlp} up_proj"))?,
+            down: down.sharded(&shard, 2, &format!("{mlp} down_proj"))?,
+            act: crate::compiled::swiglu,
+            reduce: Some(shard),
+        };
+        for l in [&glu.gate, &glu.up, &glu.down] {
+            l.record(ctx);
+        }
+        Ok(glu)
     }
 
     /// `x` `[.., D]` and the picked experts `indices` `[.., k]` → `[.., k, D]`.
@@ -173,7 +222,11 @@ impl SwitchGlu {
             Some(inv) => ops::unflatten(y.take_axis(&inv, 0)?, 0, indices.shape())?,
             None => y,
         };
-        y.squeeze_axes(&[-2])
+        let y = y.squeeze_axes(&[-2])?;
+        match &self.reduce {
+            Some(shard) => shard.all_sum(&y),
+            None => Ok(y),
+        }
     }
 }
 

@@ -122,3 +122,9 @@ pub fn dtype_size(dtype: Dtype) -> usize {
         Dtype::Uint64 | Dtype::Int64 | Dtype::Float64 | Dtype::Complex64 => 8,
     }
 }
+
+/// `a` laid out row-major in a buffer of its own when it is not already.
+pub fn contiguous(a: &Array) -> Result<Array> {
+    let s = stream();
+    raw("contiguous", |res| unsafe { mlx_sys::mlx_contiguous(res, a.as_ptr(), false, s.as_ptr()) })
+}

@@ -72,6 +72,8 @@ impl Routes {
                         _ => return Err(bad()),
                     }
                 }
+                // Read by `shard` when the checkpoint opens.
+                crate::shard::OPTION => {}
                 _ => return Err(crate::error(format!("unknown model option `{k}` (model-kit takes attention, attention-per-query-max, attention-unfused-max, conv)"))),
             }
         }

@@ -39,7 +39,13 @@ fn manifest() -> PluginManifest {
             architectures: rstrings(&["Gemma3ForCausalLM"]),
             ..Default::default()
         },
-        &[caps::CONTINUOUS_BATCHING, caps::LAYOUT_ATTENTION, caps::HIDDEN_TAPS, caps::GROUPED_SPECULATIVE],
+        &[
+            caps::CONTINUOUS_BATCHING,
+            caps::LAYOUT_ATTENTION,
+            caps::HIDDEN_TAPS,
+            caps::GROUPED_SPECULATIVE,
+            caps::TENSOR_PARALLEL
+        ],
     )
 }
 
@@ -90,9 +96,10 @@ struct Mlp {
 impl Mlp {
     fn load(ctx: &mut LoadCtx, p: &str, hidden: usize, inter: usize) -> Result<Self> {
         Ok(Self {
-            gate: Linear::load(ctx, &format!("{p}.gate_proj"), inter, hidden, false)?,
-            down: Linear::load(ctx, &format!("{p}.down_proj"), hidden, inter, false)?,
-            up: Linear::load(ctx, &format!("{p}.up_proj"), inter, hidden, false)?,
+            // Tensor-parallel: gate/up by column, down by row (model-kit's `shard`).
+            gate: Linear::load_column(ctx, &format!("{p}.gate_proj"), inter, hidden, false)?,
+            down: Linear::load_row(ctx, &format!("{p}.down_proj"), hidden, inter, false)?,
+            up: Linear::load_column(ctx, &format!("{p}.up_proj"), inter, hidden, false)?,
         })
     }
 
@@ -136,16 +143,19 @@ impl Attention {
             Rope::new(a.head_dim as i32, a.rope_theta, false, a.rope_scaling.as_ref())?
         };
         let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+        // With tensor parallelism each rank runs whole heads of its own.
+        let heads = ctx.shard.split(a.heads, "attention heads")?;
+        let kv_heads = ctx.shard.split(a.kv_heads, "KV heads")?;
         Ok(Self {
-            q: Linear::load(ctx, &format!("{p}.q_proj"), q_width, a.hidden, false)?,
-            k: Linear::load(ctx, &format!("{p}.k_proj"), kv_width, a.hidden, false)?,
-            v: Linear::load(ctx, &format!("{p}.v_proj"), kv_width, a.hidden, false)?,
-            o: Linear::load(ctx, &format!("{p}.o_proj"), a.hidden, q_width, false)?,
+            q: Linear::load_column(ctx, &format!("{p}.q_proj"), q_width, a.hidden, false)?,
+            k: Linear::load_column(ctx, &format!("{p}.k_proj"), kv_width, a.hidden, false)?,
+            v: Linear::load_column(ctx, &format!("{p}.v_proj"), kv_width, a.hidden, false)?,
+            o: Linear::load_row(ctx, &format!("{p}.o_proj"), a.hidden, q_width, false)?,
             q_norm: GemmaRmsNorm::load(ctx, &format!("{p}.q_norm"), a.head_dim, a.rms_norm_eps)?,
             k_norm: GemmaRmsNorm::load(ctx, &format!("{p}.k_norm"), a.head_dim, a.rms_norm_eps)?,
             rope,
-            heads: a.heads as i32,
-            kv_heads: a.kv_heads as i32,
+            heads: heads as i32,
+            kv_heads: kv_heads as i32,
             scale: a.query_pre_attn_scalar.powf(-0.5) as f32,
         })
     }

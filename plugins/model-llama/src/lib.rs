@@ -45,7 +45,8 @@ fn manifest() -> PluginManifest {
             caps::LAYOUT_ATTENTION,
             caps::HIDDEN_TAPS,
             caps::SHARED_EMBEDDINGS,
-            caps::GROUPED_SPECULATIVE
+            caps::GROUPED_SPECULATIVE,
+            caps::TENSOR_PARALLEL
         ],
     )
 }
@@ -93,11 +94,14 @@ impl Attention {
             }
         };
         let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+        // With tensor parallelism each rank runs whole heads of its own.
+        let heads = ctx.shard.split(a.heads, "attention heads")?;
+        let kv_heads = ctx.shard.split(a.kv_heads, "KV heads")?;
         Ok(Self {
-            q: Linear::load(ctx, &format!("{p}.q_proj"), q_width, a.hidden, a.qkv_bias)?,
-            k: Linear::load(ctx, &format!("{p}.k_proj"), kv_width, a.hidden, a.qkv_bias)?,
-            v: Linear::load(ctx, &format!("{p}.v_proj"), kv_width, a.hidden, a.qkv_bias)?,
-            o: Linear::load(ctx, &format!("{p}.o_proj"), a.hidden, q_width, a.o_bias)?,
+            q: Linear::load_column(ctx, &format!("{p}.q_proj"), q_width, a.hidden, a.qkv_bias)?,
+            k: Linear::load_column(ctx, &format!("{p}.k_proj"), kv_width, a.hidden, a.qkv_bias)?,
+            v: Linear::load_column(ctx, &format!("{p}.v_proj"), kv_width, a.hidden, a.qkv_bias)?,
+            o: Linear::load_row(ctx, &format!("{p}.o_proj"), a.hidden, q_width, a.o_bias)?,
             q_norm: norm(ctx, "q_norm")?,
             k_norm: norm(ctx, "k_norm")?,
             rope: if use_rope {
@@ -105,8 +109,8 @@ impl Attention {
             } else {
                 None
             },
-            heads: a.heads as i32,
-            kv_heads: a.kv_heads as i32,
+            heads: heads as i32,
+            kv_heads: kv_heads as i32,
             scale: (a.head_dim as f64).powf(-0.5) as f32,
         })
     }

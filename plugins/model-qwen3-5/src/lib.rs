@@ -111,7 +111,7 @@ enum Mixer {
 }
 
 enum Ffn {
-    Dense(Mlp),
+    Dense(Box<Mlp>),
     Sparse(Box<SparseMoeBlock>),
 }
 
@@ -178,7 +178,9 @@ impl Model {
                 mixer,
                 mlp: match &args.moe {
                     Some(m) => Ffn::Sparse(Box::new(SparseMoeBlock::load(ctx, &format!("{p}.mlp"), m, hidden)?)),
-                    None => Ffn::Dense(Mlp::load(ctx, &format!("{p}.mlp"), hidden, args.intermediate, false)?),
+                    None => {
+                        Ffn::Dense(Box::new(Mlp::load(ctx, &format!("{p}.mlp"), hidden, args.intermediate, false)?))
+                    }
                 },
                 input_norm: Norm::load_shifted(ctx, &format!("{p}.input_layernorm"), hidden, eps, raw_hf)?,
                 post_norm: Norm::load_shifted(ctx, &format!("{p}.post_attention_layernorm"), hidden, eps, raw_hf)?,

@@ -42,7 +42,8 @@ fn manifest() -> PluginManifest {
             caps::LAYOUT_ATTENTION,
             caps::HIDDEN_TAPS,
             caps::SHARED_EMBEDDINGS,
-            caps::GROUPED_SPECULATIVE
+            caps::GROUPED_SPECULATIVE,
+            caps::TENSOR_PARALLEL
         ],
     )
 }
@@ -81,17 +82,20 @@ struct Attention {
 impl Attention {
     fn load(ctx: &mut LoadCtx, p: &str, a: &Args) -> Result<Self> {
         let (q_width, kv_width) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+        // With tensor parallelism each rank runs whole heads of its own.
+        let heads = ctx.shard.split(a.heads, "attention heads")?;
+        let kv_heads = ctx.shard.split(a.kv_heads, "KV heads")?;
         Ok(Self {
-            q: Linear::load(ctx, &format!("{p}.q_proj"), q_width, a.hidden, false)?,
-            k: Linear::load(ctx, &format!("{p}.k_proj"), kv_width, a.hidden, false)?,
-            v: Linear::load(ctx, &format!("{p}.v_proj"), kv_width, a.hidden, false)?,
-            o: Linear::load(ctx, &format!("{p}.o_proj"), a.hidden, q_width, false)?,
+            q: Linear::load_column(ctx, &format!("{p}.q_proj"), q_width, a.hidden, false)?,
+            k: Linear::load_column(ctx, &format!("{p}.k_proj"), kv_width, a.hidden, false)?,
+            v: Linear::load_column(ctx, &format!("{p}.v_proj"), kv_width, a.hidden, false)?,
+            o: Linear::load_row(ctx, &format!("{p}.o_proj"), a.hidden, q_width, false)?,
             q_norm: RmsNorm::load(ctx, &format!("{p}.q_norm"), a.head_dim, a.rms_norm_eps)?,
             k_norm: RmsNorm::load(ctx, &format!("{p}.k_norm"), a.head_dim, a.rms_norm_eps)?,
             // qwen3_moe.py builds nn.RoPE from rope_theta alone: no scaling.
             rope: Rope::new(a.head_dim as i32, a.rope_theta, false, None)?,
-            heads: a.heads as i32,
-            kv_heads: a.kv_heads as i32,
+            heads: heads as i32,
+            kv_heads: kv_heads as i32,
             scale: (a.head_dim as f64).powf(-0.5) as f32,
         })
     }

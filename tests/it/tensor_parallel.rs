@@ -1,0 +1,344 @@
+//! `--tp N`: one model split over N ranks by tensor parallelism, on the CPU
+//! through MLX's ring backend between processes on this machine
+//! (host-cli's `tp_launch`, model-kit's `shard`).
+//!
+//! The reference for `--tp 2` is the same command at `--tp 1` (itself held
+//! to mlx-lm by the parity tests): greedy tokens identical, in float32,
+//! float32-computed bf16, and 4-bit weights (row-parallel layers then slice
+//! whole quantization groups). Rank 0's weights shrink by half of exactly
+//! the layers that are split, so the split is real. Refusals come in one
+//! line; a rank that never comes or dies ends the run with its name.
+
+use it::{host_bin, model, run_ok, Scratch};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const PROMPT: &str = "1,2,3,4,5,6,7,8,9,10,11,12";
+
+fn host(args: &[&str]) -> Command {
+    let mut c = Command::new(host_bin());
+    c.current_dir(it::repo_root()).args(args).env("RUST_BACKTRACE", "0");
+    c
+}
+
+fn generate(dir: &Path, tp: usize, max_tokens: usize) -> Value {
+    let out = run_ok(host(&["generate", "--model"]).arg(dir).args([
+        "--prompt-ids",
+        PROMPT,
+        "--max-tokens",
+        &max_tokens.to_string(),
+        "--ignore-eos",
+        "--json",
+        "--tp",
+        &tp.to_string(),
+    ]));
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("no JSON ({e}): {out}"))
+}
+
+fn tokens(v: &Value) -> Vec<u64> {
+    v["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+fn same_tokens(folder: &str) {
+    let dir = model(folder);
+    let one = generate(&dir, 1, 24);
+    let two = generate(&dir, 2, 24);
+    assert_eq!(tokens(&one).len(), 24, "{one}");
+    assert_eq!(tokens(&two), tokens(&one), "{folder}: --tp 2 parted from --tp 1");
+}
+
+#[test]
+fn llama_tp2_matches_tp1() {
+    same_tokens("tiny/tiny-llama-f32");
+}
+
+#[test]
+fn qwen3_tp2_matches_tp1() {
+    same_tokens("tiny/tiny-qwen3-f32");
+}
+
+/// Sliding-window layers (window 8) over a 36-token history.
+#[test]
+fn gemma3_sliding_window_tp2_matches_tp1() {
+    same_tokens("tiny/tiny-gemma3-f32");
+}
+
+/// Every expert's channels split; the experts' outputs summed over ranks.
+#[test]
+fn moe_tp2_matches_tp1() {
+    same_tokens("tiny/tiny-qwen3_moe-f32");
+    same_tokens("tiny/tiny-qwen3_moe-q4");
+}
+
+#[test]
+fn quantized_and_bf16_tp2_match_tp1() {
+    same_tokens("tiny/tiny-llama-q4");
+    same_tokens("tiny/tiny-llama-bf16");
+}
+
+/// Rank 0 holds the embedding, norms and LM head whole, and half of every
+/// q/k/v/o and gate/up/down projection (float32: 4 bytes a weight).
+#[test]
+fn each_rank_holds_half_of_the_split_layers() {
+    let dir = model("tiny/tiny-llama-f32");
+    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let n = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("config {k}"));
+    let (hidden, inter, layers) = (n("hidden_size"), n("intermediate_size"), n("num_hidden_layers"));
+    let (q, kv) = (n("num_attention_heads") * n("head_dim"), n("num_key_value_heads") * n("head_dim"));
+    let split = layers * 4 * (2 * q * hidden + 2 * kv * hidden + 3 * inter * hidden);
+    let one = generate(&dir, 1, 2)["weights_bytes"].as_u64().unwrap();
+    let two = generate(&dir, 2, 2)["weights_bytes"].as_u64().unwrap();
+    assert_eq!(one - two, split / 2, "--tp 1 holds {one} bytes, rank 0 of --tp 2 {two}");
+}
+
+/// A folder of links to `src` with config.json changed by `edit`.
+fn edited_folder(scratch: &Scratch, src: &str, edit: impl Fn(&mut Value)) -> PathBuf {
+    let src = model(src);
+    let dir = scratch.0.join("model");
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap() != "config.json" {
+            std::os::unix::fs::symlink(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+fn fails(cmd: &mut Command) -> String {
+    let out: Output = cmd.output().expect("spawn host");
+    assert!(!out.status.success(), "{cmd:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// KV heads are split, never replicated: one KV head over two ranks is
+/// refused from the config, before any weight is read.
+#[test]
+fn one_kv_head_is_refused() {
+    let scratch = Scratch::new("tp-kv1");
+    let dir = edited_folder(&scratch, "tiny/tiny-qwen3-f32", |c| c["num_key_value_heads"] = 1.into());
+    let err = fails(host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "2", "--tp", "2", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 2: the model has 1 KV heads per layer, which do not divide by 2 ranks"), "{err}");
+}
+
+#[test]
+fn tp_larger_than_the_heads_is_refused() {
+    let dir = model("tiny/tiny-llama-f32");
+    let err = fails(host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "2", "--tp", "8", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 8: the model has 2 KV heads per layer, which do not divide by 8 ranks"), "{err}");
+    // Rank 0's refusal is shown once; the launcher names the rank.
+    assert_eq!(err.matches("do not divide").count(), 1, "{err}");
+    assert!(err.contains("--tp: rank 0 exited"), "{err}");
+}
+
+#[test]
+fn a_family_without_tensor_parallel_is_refused() {
+    let dir = model("tiny/tiny-qwen3_5-f32");
+    let err = fails(host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "2", "--tp", "2", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 2: family plugin `model-qwen3-5` does not advertise `tensor-parallel`"), "{err}");
+}
+
+/// Rank 0 started by hand (mlx.launch's MLX_RANK and MLX_HOSTFILE) whose
+/// peer never comes: it gives up after --tp-timeout, naming the hostfile.
+#[test]
+fn a_missing_rank_times_out() {
+    let scratch = Scratch::new("tp-missing");
+    let ports: Vec<u16> =
+        (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    let hostfile = scratch.0.join("hosts.json");
+    std::fs::write(&hostfile, format!(r#"[["127.0.0.1:{}"],["127.0.0.1:{}"]]"#, ports[0], ports[1])).unwrap();
+    let started = std::time::Instant::now();
+    let err = fails(
+        host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "2", "--tp", "2", "--tp-timeout", "2", "--model"])
+            .arg(model("tiny/tiny-llama-f32"))
+            .env("MLX_RANK", "0")
+            .env("MLX_HOSTFILE", &hostfile),
+    );
+    assert!(err.contains("rank 0 of 2: the other ranks did not connect within 2 s"), "{err}");
+    assert!(err.contains(hostfile.to_str().unwrap()), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "took {:?}", started.elapsed());
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    out
+}
+
+/// Killing rank 1 mid-run: the launcher names it, stops rank 0 and fails,
+/// instead of leaving rank 0 waiting on a collective.
+#[test]
+fn a_dead_rank_ends_the_run() {
+    let scratch = Scratch::new("tp-dead");
+    let dir = edited_folder(&scratch, "tiny/tiny-llama-f32", |c| c["max_position_embeddings"] = 100_000.into());
+    let mut launcher = host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "50000", "--ignore-eos", "--json"])
+        .args(["--tp", "2", "--model"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ranks = loop {
+        let c = children_of(launcher.id());
+        if c.len() == 2 {
+            break c;
+        }
+        assert!(launcher.try_wait().unwrap().is_none(), "the launcher exited before starting two ranks");
+        std::thread::yield_now();
+    };
+    // Children are listed in start order: rank 0, then rank 1.
+    let status = Command::new("kill").args(["-KILL", &ranks[1].to_string()]).status().unwrap();
+    assert!(status.success());
+    let out = launcher.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--tp: rank 1 exited (signal: 9"), "{err}");
+    assert!(!Path::new(&format!("/proc/{}", ranks[0])).exists() || zombie(ranks[0]), "rank 0 still runs");
+}
+
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+/// The way ranks start on several hosts, here with both on 127.0.0.1: no
+/// launcher, each rank started by hand with MLX_RANK and one shared
+/// MLX_HOSTFILE. Rank 0 prints what `--tp 1` prints.
+#[test]
+fn ranks_started_by_hand_share_one_hostfile() {
+    let scratch = Scratch::new("tp-by-hand");
+    let ports: Vec<u16> =
+        (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()).collect();
+    let hostfile = scratch.0.join("hosts.json");
+    std::fs::write(&hostfile, format!(r#"[["127.0.0.1:{}"],["127.0.0.1:{}"]]"#, ports[0], ports[1])).unwrap();
+    let dir = model("tiny/tiny-qwen3-f32");
+    let rank = |r: &str| {
+        host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "16", "--ignore-eos", "--json", "--tp", "2"])
+            .args(["--tp-timeout", "60", "--model"])
+            .arg(&dir)
+            .env("MLX_RANK", r)
+            .env("MLX_HOSTFILE", &hostfile)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (one, zero) = (rank("1"), rank("0"));
+    let (one, zero) = (one.wait_with_output().unwrap(), zero.wait_with_output().unwrap());
+    for (r, o) in [(1, &one), (0, &zero)] {
+        assert!(o.status.success(), "rank {r}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let printed: Value = serde_json::from_slice(&zero.stdout).expect("rank 0's JSON");
+    assert_eq!(tokens(&printed), tokens(&generate(&dir, 1, 16)));
+}
+
+/// Sampling at temperature 1 with a seed: every rank draws the same token
+/// from the same logits, and rank 0's tokens are `--tp 1`'s.
+#[test]
+fn seeded_sampling_tp2_matches_tp1() {
+    let dir = model("tiny/tiny-llama-f32");
+    let sampled = |tp: &str| {
+        let out = run_ok(
+            host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "16", "--ignore-eos", "--json"])
+                .args(["--temp", "1.0", "--seed", "7", "--tp", tp, "--model"])
+                .arg(&dir),
+        );
+        tokens(&serde_json::from_str(out.trim()).unwrap())
+    };
+    let one = sampled("1");
+    assert_eq!(sampled("2"), one);
+    // Not the greedy path: the draw matters.
+    assert_ne!(one, tokens(&generate(&dir, 1, 16)));
+}
+
+fn completion(prompt: &str) -> Value {
+    serde_json::json!({ "prompt": prompt, "max_tokens": 12, "temperature": 0 })
+}
+
+/// `host serve --tp 2`: rank 0 serves, rank 1 follows its worker. Requests
+/// sent together (queued behind each other, and a repeated prompt served
+/// from the prefix cache) answer what a `--tp 1` server answers.
+#[test]
+fn serve_tp2_answers_concurrent_requests_as_tp1() {
+    let dir = model("tiny/tiny-llama-f32");
+    let prompts = ["hello there", "the quick brown fox", "hello there", "one two three four"];
+    let answers = |s: &it::Server| -> Vec<String> {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> =
+                prompts.iter().map(|p| sc.spawn(move || s.post("/v1/completions", &completion(p)))).collect();
+            hs.into_iter()
+                .map(|h| {
+                    let r = h.join().unwrap();
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    r.json()["choices"][0]["text"].as_str().unwrap().to_owned()
+                })
+                .collect()
+        })
+    };
+    let two = it::Server::start(&dir, &["--tp", "2"]);
+    let got = answers(&two);
+    let one = it::Server::start(&dir, &["--batch", "1"]);
+    assert_eq!(got, answers(&one));
+    assert!(got.iter().all(|t| !t.is_empty()), "{got:?}");
+    // A grammar's matcher lives in rank 0 alone: refused, the server goes on.
+    let body = serde_json::json!({
+        "messages": [{ "role": "user", "content": "hi" }],
+        "max_tokens": 4,
+        "response_format": { "type": "json_object" },
+    });
+    let r = two.post("/v1/chat/completions", &body);
+    assert!((400..500).contains(&r.status), "{} {}", r.status, r.text());
+    assert!(r.text().contains("not served with --tp"), "{}", r.text());
+    assert_eq!(answers(&two), got);
+}
+
+#[test]
+fn serve_tp_refuses_what_does_not_run_in_lockstep() {
+    let dir = model("tiny/tiny-llama-f32");
+    let err = fails(host(&["serve", "--tp", "2", "--batch", "4", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 2: requests run one at a time across the ranks; --batch must be 1"), "{err}");
+    assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{err}");
+}
+
+/// A follower killed under a running server: the launcher names it, stops
+/// rank 0 (the HTTP server) and exits with an error instead of hanging.
+#[test]
+fn serve_tp2_exits_when_a_rank_dies() {
+    let dir = model("tiny/tiny-llama-f32");
+    let mut s = it::Server::start(&dir, &["--tp", "2"]);
+    let ranks = children_of(s.child.id());
+    assert_eq!(ranks.len(), 2, "{ranks:?}");
+    assert!(Command::new("kill").args(["-KILL", &ranks[1].to_string()]).status().unwrap().success());
+    let status = s.child.wait().unwrap();
+    assert!(!status.success());
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    assert!(log.contains("--tp: rank 1 exited (signal: 9"), "{log}");
+    assert!(std::net::TcpStream::connect(("127.0.0.1", s.port)).is_err(), "rank 0 still serves");
+}
+
+/// Embeddings run the model outside the lockstep executor: a 400, and the
+/// server goes on generating.
+#[test]
+fn serve_tp_answers_embeddings_with_a_400() {
+    let scratch = Scratch::new("tp-embed");
+    let folder = scratch.0.join("embed-mean");
+    run_ok(
+        it::python()
+            .arg(it::repo_root().join("models/scripts/make_embedding.py"))
+            .arg(model("tiny/tiny-qwen3-f32"))
+            .arg(&folder)
+            .args(["--pooling", "mean"]),
+    );
+    let s = it::Server::start(&folder, &["--tp", "2"]);
+    let r = s.post("/v1/embeddings", &serde_json::json!({ "input": "hello" }));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("embeddings are not served with --tp"), "{}", r.text());
+    let r = s.post("/v1/completions", &completion("hello there"));
+    assert_eq!(r.status, 200, "{}", r.text());
+}
