@@ -74,6 +74,8 @@ fn build_all() -> Result<PathBuf, String> {
     }
     cargo_build(&target, &["-p", "toy-drafter", "--features", "faults"])?;
     keep(&debug.join("libtoy_drafter.so"), &variants.join("faults"))?;
+    cargo_build(&target, &["-p", "toy-layout", "--features", "faults"])?;
+    keep(&debug.join("libtoy_layout.so"), &variants.join("faults"))?;
     Ok(variants)
 }
 
@@ -153,6 +155,12 @@ impl Plugins {
 
     fn drafter(self) -> Self {
         self.drafter_variant("good")
+    }
+
+    /// toy-layout (the out-of-tree cache layout) built with `variant`: `faults`.
+    fn layout_variant(self, variant: &str) -> Self {
+        let toml = plugin_toml("toy-layout", "cache-layout", ABI_VERSION, "libtoy_layout.so");
+        self.add("toy-layout", &toml, Some(&lib(variant, "libtoy_layout.so")))
     }
 
     /// toy-drafter built with `variant` (`good` or `faults`).
@@ -830,17 +838,69 @@ fn plugin_faults_in_forward_end_the_request_and_the_server_serves_the_next() {
         assert_eq!(r.status, 500, "{}", r.text());
         let e = r.json();
         assert!(e["error"]["message"].as_str().unwrap().contains(signal), "{e}");
-        let t = std::time::Instant::now();
-        loop {
-            let h = s.request("GET", "/health", &[], b"");
-            if h.status == 200 && h.json()["engine"]["pid"].as_u64() != Some(pid) {
-                assert!(h.json()["engine"]["last_exit"].as_str().unwrap().contains(signal), "{}", h.text());
-                break;
-            }
-            assert!(t.elapsed().as_secs() < 120, "no new engine process: {}", h.text());
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        wait_for_new_engine(&s, pid, signal);
         expect_healthy(&s);
+    }
+}
+
+/// The same for a cache layout: the toy model's one layer is served by the
+/// out-of-tree `toy-layout`, whose faults variant panics, aborts or
+/// segfaults in `update_and_fetch` when one update brings 13, 14 or 15
+/// tokens (a prompt one longer: the host prefills all but its last token).
+/// Healthy requests (short prompts) are served through the same layout
+/// before and after each fault, with the tokens the toy model predicts.
+#[test]
+fn cache_layout_faults_end_the_request_and_the_server_serves_the_next() {
+    let p = Plugins::new("layout-faults").family("toy-family", "good").layout_variant("faults");
+    let model = toy_model("layout-faults");
+    add_word_tokenizer(&model);
+    let poisoned = |update: usize| json!({"prompt": vec![1; update + 1], "max_tokens": 2, "temperature": 0});
+    let healthy = json!({"prompt": [0, 7], "max_tokens": 5, "temperature": 0});
+    let expect_healthy = |s: &it::Server| {
+        let r = s.post("/v1/completions", &healthy);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(toy_tokens(&r.json()), chain(&[0, 7], 5));
+    };
+    let plugins = p.0.to_str().unwrap();
+    let panic_text = "toy-layout panics on an update of 13 tokens";
+
+    // Without isolation a panic stays a request-level error.
+    let s = it::Server::start(&model, &["--plugins", plugins]);
+    expect_healthy(&s);
+    let r = s.post("/v1/completions", &poisoned(13));
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains(panic_text), "{}", r.text());
+    expect_healthy(&s);
+    drop(s);
+
+    let s = it::Server::start(&model, &["--plugins", plugins, "--isolate"]);
+    expect_healthy(&s);
+    let r = s.post("/v1/completions", &poisoned(13));
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains(panic_text), "{}", r.text());
+    expect_healthy(&s);
+    for (update, signal) in [(14, "signal 6"), (15, "signal 11")] {
+        let pid = s.request("GET", "/health", &[], b"").json()["engine"]["pid"].as_u64().unwrap();
+        let r = s.post("/v1/completions", &poisoned(update));
+        assert_eq!(r.status, 500, "{}", r.text());
+        assert!(r.json()["error"]["message"].as_str().unwrap().contains(signal), "{}", r.text());
+        wait_for_new_engine(&s, pid, signal);
+        expect_healthy(&s);
+    }
+}
+
+/// Waits until /health reports an engine process other than `pid`, whose
+/// predecessor ended with `signal`.
+fn wait_for_new_engine(s: &it::Server, pid: u64, signal: &str) {
+    let t = std::time::Instant::now();
+    loop {
+        let h = s.request("GET", "/health", &[], b"");
+        if h.status == 200 && h.json()["engine"]["pid"].as_u64() != Some(pid) {
+            assert!(h.json()["engine"]["last_exit"].as_str().unwrap().contains(signal), "{}", h.text());
+            return;
+        }
+        assert!(t.elapsed().as_secs() < 120, "no new engine process: {}", h.text());
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
@@ -875,15 +935,7 @@ fn a_drafter_that_aborts_under_isolate_ends_the_request_and_the_server_serves_th
     let r = s.post("/v1/completions", &json!({"prompt": [20], "max_tokens": 3, "temperature": 0}));
     assert_eq!(r.status, 500, "{}", r.text());
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("signal 6"), "{}", r.text());
-    let t = std::time::Instant::now();
-    loop {
-        let h = s.request("GET", "/health", &[], b"");
-        if h.status == 200 && h.json()["engine"]["pid"].as_u64() != Some(pid) {
-            break;
-        }
-        assert!(t.elapsed().as_secs() < 120, "no new engine process: {}", h.text());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for_new_engine(&s, pid, "signal 6");
     let r = s.post("/v1/completions", &healthy);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(toy_tokens(&r.json()), chain(&[0], 3));
