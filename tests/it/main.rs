@@ -18,6 +18,7 @@ mod foundation;
 mod fuzz;
 mod http;
 mod keepalive;
+mod kv_paged;
 mod kv_quant;
 mod limits;
 mod memory;

@@ -71,6 +71,10 @@ pub struct Engine {
     drafting: Option<Drafting>,
     /// How the folder pools hidden states into embeddings, or why it serves none.
     pooling: Result<Pooling, PoolingError>,
+    /// An empty cache of a layout that keeps a block pool (`--paged-kv`),
+    /// to ask for the pool's counts at any time; None when no layer's
+    /// layout has one.
+    pool_probe: Option<plugin_api::CacheBox>,
 }
 
 impl Engine {
@@ -131,7 +135,7 @@ impl Engine {
                 .map_err(|e| EngineError::Config(format!("--ssd-cache {}: {e}", ssd.dir.display())))?,
             None => PrefixStore::new(namespace, cfg.prefix_cache_bytes),
         };
-        Ok(Self {
+        let engine = Self {
             model,
             text,
             compute_dtype: dtype,
@@ -141,7 +145,20 @@ impl Engine {
             prefix,
             drafting,
             pooling: Pooling::read(dir),
-        })
+            pool_probe: None,
+        };
+        engine.with_pool_probe()
+    }
+
+    fn with_pool_probe(mut self) -> Result<Self, EngineError> {
+        let caches = self.model.new_caches(0)?;
+        self.pool_probe = caches.into_iter().find(|c| c.pool_usage().is_some());
+        Ok(self)
+    }
+
+    /// The block pool's counts, when the model's K/V live in one.
+    pub fn kv_pool(&self) -> Option<plugin_api::PoolUsage> {
+        self.pool_probe.as_ref().and_then(|c| c.pool_usage().into_option())
     }
 
     pub fn model(&self) -> &ComposedModel {
