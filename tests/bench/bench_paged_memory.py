@@ -5,7 +5,8 @@ A first request leaves the system prompt in the prefix cache; ROWS requests
 (the system prompt and a few tokens of their own each) are queued while the
 engine is held, then released for ROWS decode steps: one joiner merges per
 iteration, so every row is in and none has finished. /stats is read there:
-MLX's active bytes beside the weights, and the block pool's counts.
+MLX's active bytes beside the weights, and the block pool's counts. The
+server is then stopped (the rows' answers are tests/it kv_paged's concern).
 
 python3 tests/bench/bench_paged_memory.py --host target/release/host \\
     --model models/smollm2-135m-instruct --system 2048 --rows 32
@@ -45,24 +46,22 @@ def run(args, extra):
     p = start(cmd, port)
     try:
         system = [(i * 7919) % 20000 + 10 for i in range(args.system)]
-        body = lambda i: {"prompt": system + [30000 + i, 30100, 30200 + i], "max_tokens": args.rows + 8,
+        body = lambda i: {"prompt": system + [30000 + i, 30100, 30200 + i], "max_tokens": args.rows + 2,
                           "temperature": 0}
         call(port, "POST", "/v1/completions", body(1000))
         call(port, "POST", "/debug/hold", None)
-        out = [None] * args.rows
-
         def go(i):
-            out[i] = call(port, "POST", "/v1/completions", body(i))
+            try:
+                call(port, "POST", "/v1/completions", body(i))
+            except Exception:
+                pass  # the server is stopped once measured
 
-        ts = [threading.Thread(target=go, args=(i,)) for i in range(args.rows)]
+        ts = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(args.rows)]
         for t in ts:
             t.start()
         wait(port, lambda st: st["queued"] == args.rows)
         call(port, "POST", f"/debug/release?steps={args.rows}", None)
         st = wait(port, lambda st: st["hold"]["parked"] and st["hold"]["held"] and st["queued"] == 0)
-        call(port, "POST", "/debug/release", None)
-        for t in ts:
-            t.join()
         m = st["mlx_memory"]
         return {
             "flags": " ".join(extra) or "(plain)",
@@ -70,7 +69,6 @@ def run(args, extra):
             "active_beside_weights_mib": (m["active_bytes"] - m["weights_bytes"]) / 2**20,
             "prefix_cache_mib": st["prefix_cache_bytes"] / 2**20,
             "kv_pool": st.get("kv_pool"),
-            "texts": [o["choices"][0]["text"] for o in out],
         }
     finally:
         p.terminate()
@@ -87,8 +85,7 @@ def main():
     args = ap.parse_args()
     plain = run(args, [])
     paged = run(args, ["--paged-kv"])
-    same = plain.pop("texts") == paged.pop("texts")
-    print(json.dumps({"plain": plain, "paged": paged, "same_answers": same}, indent=1))
+    print(json.dumps({"plain": plain, "paged": paged}, indent=1))
 
 
 if __name__ == "__main__":

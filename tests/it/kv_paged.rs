@@ -181,6 +181,48 @@ fn rows_sharing_a_long_system_prompt_hold_one_copy_of_it() {
     assert_eq!(paged, plain, "the rows' answers differ from kv-plain's");
 }
 
+/// The choices of one `n` > 1 request arrive together with nothing cached:
+/// the cohort prefills their prompt once and every choice's row refers to
+/// the same blocks; the greedy choices equal kv-plain's.
+#[test]
+fn the_choices_of_one_request_share_their_prompt() {
+    const N: usize = 4;
+    let m = model("tiny/tiny-llama-f32");
+    let layers = 2;
+    let prompt = spread_ids(200, 5);
+    let body = json!({ "prompt": prompt, "max_tokens": 24, "n": N, "temperature": 0 });
+    let run = |extra: &[&str]| -> (Vec<String>, Value) {
+        let s = Server::start(&m, &[&["--batch", "8", "--debug-endpoints", "--prompt-cache", "0"], extra].concat());
+        s.hold();
+        let s = &s;
+        std::thread::scope(|sc| {
+            let h = sc.spawn(|| s.post("/v1/completions", &body).json());
+            s.wait_for("the choices to be queued", |st| st["queued"].as_u64() == Some(N as u64));
+            let r = s.request("POST", "/debug/release?steps=4", &[], b"");
+            assert_eq!(r.status, 200, "{}", r.text());
+            let st = s.wait_for("the rows to run and hold", |st| {
+                st["hold"]["parked"] == true && st["hold"]["held"] == true && st["queued"] == 0
+            });
+            s.release();
+            let r = h.join().unwrap();
+            let texts = (0..N).map(|i| r["choices"][i]["text"].as_str().unwrap().to_owned()).collect();
+            assert_eq!(st["active"], N as u64, "{st}");
+            assert!(st["cohort_prefills"].as_u64().unwrap() >= 1, "{st}");
+            (texts, st)
+        })
+    };
+    let (paged, st) = run(&["--paged-kv"]);
+    let n = |k: &str| st["kv_pool"][k].as_u64().unwrap_or_else(|| panic!("{k} in {st}")) as usize;
+    let prompt_blocks = (200 - 1) / 16;
+    // The prompt's blocks once, and at most two blocks of its own per row
+    // (the prompt's last partial block and a few tokens, copied on write).
+    assert!(n("blocks") <= layers * (prompt_blocks + N * 2), "the choices hold copies of the prompt: {st}");
+    assert!(n("references") >= layers * N * prompt_blocks, "{st}");
+    let (plain, _) = run(&[]);
+    assert_eq!(paged, plain, "the choices differ from kv-plain's");
+    assert!(paged.iter().all(|t| *t == paged[0]), "greedy choices differ: {paged:?}");
+}
+
 /// The same prompt twice, serial and batched: the second request reuses
 /// all but the last token from the prefix cache (paged state, under the
 /// scheme's namespace) and answers the same; then a second turn that
