@@ -223,6 +223,35 @@ fn the_choices_of_one_request_share_their_prompt() {
     assert!(paged.iter().all(|t| *t == paged[0]), "greedy choices differ: {paged:?}");
 }
 
+/// Admission counts the pool's blocks: under a KV budget that holds three
+/// plain rows of 1051 tokens (each as wide as the widest, in steps of 256),
+/// eight paged rows sharing a 1024-token prompt from the prefix cache all
+/// run together (the shared blocks count once, each row its own blocks to
+/// fill), while kv-plain's rows wait for each other.
+#[test]
+fn admission_counts_shared_blocks_once() {
+    const ROWS: usize = 8;
+    let m = model("tiny/tiny-llama-f32");
+    let system = spread_ids(1024, 11);
+    let body = |i: usize| {
+        let prompt = [system.clone(), vec![4100 + i as u32, 4200, 4300]].concat();
+        json!({ "prompt": prompt, "max_tokens": 24, "temperature": 0 })
+    };
+    let most_rows = |extra: &[&str]| -> u64 {
+        // 2.58 MB: 3 plain rows of 1280 columns x 512 bytes fit, 4 do not.
+        let flags = ["--batch", "8", "--debug-endpoints", "--prompt-cache", "0.1", "--kv-budget", "0.0024"];
+        let s = Server::start(&m, &[&flags[..], extra].concat());
+        s.post("/v1/completions", &body(100)).json();
+        let out = s.post_burst("/v1/completions", &(0..ROWS).map(body).collect::<Vec<_>>());
+        assert!(out.iter().all(|r| r["choices"][0]["finish_reason"] == "length"), "{out:?}");
+        s.stats()["max_batch_rows"].as_u64().unwrap()
+    };
+    let plain = most_rows(&[]);
+    let paged = most_rows(&["--paged-kv"]);
+    assert_eq!(paged, ROWS as u64, "paged rows were kept waiting");
+    assert!(plain <= 3, "kv-plain's rows should not fit together: {plain}");
+}
+
 /// The same prompt twice, serial and batched: the second request reuses
 /// all but the last token from the prefix cache (paged state, under the
 /// scheme's namespace) and answers the same; then a second turn that

@@ -156,6 +156,15 @@ impl Engine {
         Ok(self)
     }
 
+    /// The block size and the bytes per token of the layers whose K/V live
+    /// in a block pool, when some do.
+    pub fn paged_kv(&self) -> Option<(u64, u64)> {
+        let block = self.kv_pool()?.block_tokens as u64;
+        let caches = self.new_caches().ok()?;
+        let bytes = caches.iter().filter(|c| c.pool_usage().is_some()).map(|c| c.bytes_per_token()).sum();
+        Some((block, bytes))
+    }
+
     /// The block pool's counts, when the model's K/V live in one.
     pub fn kv_pool(&self) -> Option<plugin_api::PoolUsage> {
         self.pool_probe.as_ref().and_then(|c| c.pool_usage().into_option())
