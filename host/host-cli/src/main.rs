@@ -292,7 +292,8 @@ fn main() -> Result<ExitCode> {
             warmup,
         }) => {
             init_tracing("warn");
-            let ranks = match tp_launch::start(&tp)? {
+            let check = |n| tp_launch::check_model(&model.dir.plugins, &model.model, n);
+            let ranks = match tp_launch::start(&tp, check)? {
                 tp_launch::Role::Launched(code) => return Ok(code),
                 tp_launch::Role::Alone => 1,
                 tp_launch::Role::Rank { ranks } => ranks,

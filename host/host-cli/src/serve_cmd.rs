@@ -239,7 +239,11 @@ fn gib(g: f64) -> u64 {
 pub fn run(args: ServeArgs) -> Result<std::process::ExitCode> {
     let a = merge(args)?;
     check_tp(&a)?;
-    let ranks = match crate::tp_launch::start(&a.tp)? {
+    let check = |n| match &a.model {
+        Some(m) => crate::tp_launch::check_model(a.plugins.as_deref().unwrap_or("plugins".as_ref()), m, n),
+        None => Ok(()),
+    };
+    let ranks = match crate::tp_launch::start(&a.tp, check)? {
         crate::tp_launch::Role::Launched(code) => return Ok(code),
         crate::tp_launch::Role::Alone => 1,
         crate::tp_launch::Role::Rank { ranks } => ranks,

@@ -66,8 +66,10 @@ pub enum Role {
     Rank { ranks: usize },
 }
 
-/// Launches, or joins as the rank `MLX_RANK` names.
-pub fn start(tp: &TpArgs) -> Result<Role> {
+/// Launches, or joins as the rank `MLX_RANK` names. `check` runs first
+/// (the model's refusals of this many ranks, from its config alone), so a
+/// refusal comes once, before any rank starts.
+pub fn start(tp: &TpArgs, check: impl FnOnce(usize) -> Result<()>) -> Result<Role> {
     let ranks = tp.ranks();
     if ranks == 0 {
         bail!("--tp 0: the number of ranks is 1 or more");
@@ -75,6 +77,7 @@ pub fn start(tp: &TpArgs) -> Result<Role> {
     if ranks == 1 {
         return Ok(Role::Alone);
     }
+    check(ranks)?;
     match std::env::var("MLX_RANK") {
         Err(_) => launch(ranks).map(Role::Launched),
         Ok(rank) => {
@@ -89,6 +92,13 @@ pub fn start(tp: &TpArgs) -> Result<Role> {
             Ok(Role::Rank { ranks })
         }
     }
+}
+
+/// The model's refusals of `ranks`, from config.json and the plugins alone.
+pub fn check_model(plugins: &std::path::Path, model: &std::path::Path, ranks: usize) -> Result<()> {
+    let reg = crate::registry(plugins)?;
+    let options: Vec<(String, String)> = model_option(ranks).into_iter().collect();
+    reg.check_over_ranks(model, &options).with_context(|| format!("loading {}", model.display()))
 }
 
 /// The model options a rank opens its model with.
@@ -192,34 +202,42 @@ fn launch(ranks: usize) -> Result<ExitCode> {
     code
 }
 
-/// Waits for the ranks. All succeed: success. One fails: it is named, the
-/// others are stopped, and the run fails. After rank 0 succeeds the others
-/// have a grace period to finish the same work.
+/// Waits for the ranks. All succeed: success. One fails: every rank that
+/// has exited by then is named (a rank killed from outside, and the peer
+/// that lost it, may end together), the others are stopped, and the run
+/// fails. After rank 0 succeeds the others have a grace period to finish
+/// the same work.
 fn watch(children: &mut [Child], dir: &std::path::Path) -> Result<ExitCode> {
-    let mut done = vec![false; children.len()];
+    let mut done: Vec<Option<std::process::ExitStatus>> = vec![None; children.len()];
     let mut rank0_done: Option<Instant> = None;
     loop {
+        let mut failed = false;
         for (rank, child) in children.iter_mut().enumerate() {
-            if done[rank] {
-                continue;
+            if done[rank].is_none() {
+                done[rank] = child.try_wait()?;
             }
-            if let Some(status) = child.try_wait()? {
-                done[rank] = true;
-                if !status.success() {
-                    if rank > 0 {
-                        let log = std::fs::read_to_string(dir.join(format!("rank-{rank}.log"))).unwrap_or_default();
-                        eprint!("{log}");
-                    }
-                    eprintln!("--tp: rank {rank} exited ({status}); stopping the other ranks");
-                    stop_all(children);
-                    return Ok(ExitCode::FAILURE);
-                }
-                if rank == 0 {
-                    rank0_done = Some(Instant::now());
-                }
-            }
+            failed |= done[rank].is_some_and(|s| !s.success());
         }
-        if done.iter().all(|d| *d) {
+        if failed {
+            // Rank 0's stderr is the command's; the others' logs are shown
+            // when rank 0 has not already said why.
+            let rank0_failed = done[0].is_some_and(|s| !s.success());
+            for (rank, status) in done.iter().enumerate() {
+                let Some(status) = status.filter(|s| !s.success()) else { continue };
+                if rank > 0 && !rank0_failed {
+                    let log = std::fs::read_to_string(dir.join(format!("rank-{rank}.log"))).unwrap_or_default();
+                    eprint!("{log}");
+                }
+                eprintln!("--tp: rank {rank} exited ({status})");
+            }
+            eprintln!("--tp: stopping the other ranks");
+            stop_all(children);
+            return Ok(ExitCode::FAILURE);
+        }
+        if done[0].is_some() {
+            rank0_done.get_or_insert_with(Instant::now);
+        }
+        if done.iter().all(Option::is_some) {
             return Ok(ExitCode::SUCCESS);
         }
         if rank0_done.is_some_and(|t| t.elapsed() > Duration::from_secs(30)) {

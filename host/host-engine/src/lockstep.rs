@@ -13,6 +13,13 @@
 //!
 //! Followers answer nothing: rank 0 alone serves HTTP. The cost is one
 //! small broadcast per token and per job beside the model's own `all_sum`s.
+//!
+//! Idle: MLX's ring backend polls its sockets while a collective waits, so
+//! a follower parked in a broadcast for as long as rank 0's queue stays
+//! empty kept a third of a core busy on this machine. Rank 0 instead says
+//! "idle" every [`IDLE_TICK`] while its queue is empty, and a follower
+//! sleeps that long before the next broadcast: both enter it at about the
+//! same time, and a job that arrives meanwhile waits at most one tick.
 //! What does not run in lockstep is refused on rank 0 before anything is
 //! broadcast: continuous batching (`--tp` serves one request at a time),
 //! embeddings, grammars (a constraint's matcher lives in rank 0's process).
@@ -28,6 +35,10 @@ use mlx_distributed::Group;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How often an idle rank 0 tells the followers there is nothing to run.
+pub const IDLE_TICK: Duration = Duration::from_millis(50);
 
 /// This process's place in the group the model is split over.
 pub struct Lockstep {
@@ -130,10 +141,18 @@ fn fatal(e: EngineError) -> ! {
 /// ends the process: the launcher reports it and stops the others.
 pub(crate) fn lead(engine: Engine, rx: Inbox<Work>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, lock: Arc<Lockstep>) {
     loop {
-        let work = match crate::idle::wait_for_work(&rx, &stats) {
-            Ok(w) => w,
-            Err(_) => break,
-        };
+        let next = crate::idle::wait_with(&rx, &stats, |rx| loop {
+            match rx.recv_timeout(IDLE_TICK) {
+                Ok(w) => return Some(w),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if let Err(e) = lock.share(Some(&json!({ "idle": true }))) {
+                        fatal(e)
+                    }
+                }
+            }
+        });
+        let Some(work) = next else { break };
         let mut job = match work {
             Work::Generate(job) => *job,
             Work::Embed(e) => {
@@ -188,6 +207,10 @@ pub fn follow(engine: &Engine, lock: Arc<Lockstep>) -> Result<(), EngineError> {
         let msg = lock.share(None)?;
         if msg.get("end").is_some() {
             return Ok(());
+        }
+        if msg.get("idle").is_some() {
+            std::thread::sleep(IDLE_TICK);
+            continue;
         }
         let desc = msg.get("job").ok_or_else(|| EngineError::Model(format!("lockstep: unexpected {msg}")))?;
         let (request, plan) = rebuild(engine, desc)

@@ -76,6 +76,12 @@ impl<T> Inbox<T> {
         Ok(item)
     }
 
+    pub fn recv_timeout(&self, wait: std::time::Duration) -> Result<T, std::sync::mpsc::RecvTimeoutError> {
+        let item = self.rx.recv_timeout(wait)?;
+        self.held.fetch_sub(1, Ordering::SeqCst);
+        Ok(item)
+    }
+
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
         let item = self.rx.try_recv()?;
         self.held.fetch_sub(1, Ordering::SeqCst);

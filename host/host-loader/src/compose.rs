@@ -175,6 +175,19 @@ impl Registry {
         })
     }
 
+    /// The checks `open_model` makes of the model option
+    /// `tensor-parallel=<ranks>` against the family's tag and plan, from
+    /// config.json alone: the launcher of `--tp` runs them before it starts
+    /// any rank, so a refusal is one line from one process.
+    pub fn check_over_ranks(&self, dir: &Path, options: &[(String, String)]) -> Result<(), ComposeError> {
+        let (text, config) = read_config(dir)?;
+        let family = self.family_for(&config)?;
+        let perr = |error: PluginError| ComposeError::Plugin { plugin: family.name().to_owned(), error };
+        let plan_fn = family.root.plan_model().ok_or_else(|| perr(PluginError::unsupported("no plan_model entry")))?;
+        let mut plan = plan_fn(RStr::from_str(&text)).into_result().map_err(perr)?;
+        split_over_ranks(&mut plan, family, options)
+    }
+
     /// Plans (without reading weights), picks layouts, then loads the graph.
     /// `options` (`key=value`) go to the family plugin as they are.
     pub fn open_model(
