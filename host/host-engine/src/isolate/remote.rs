@@ -26,6 +26,15 @@ const MAX_RESUMES: u32 = 3;
 /// How long a counters request waits before the last pushed ones are used.
 const STATS_ANSWER: Duration = Duration::from_secs(2);
 
+/// What a submission (or a counters request) heard back.
+enum Answer {
+    Accepted,
+    Refused(Refusal),
+    /// The engine process died before it answered: the jobs reached it and
+    /// were failed (or orphaned for resumption) with the rest.
+    EngineDied,
+}
+
 type EmbedDone = Box<dyn FnOnce(crate::embed::Embeddings) + Send>;
 
 struct Slot {
@@ -58,7 +67,7 @@ pub struct Remote {
     conn: Mutex<Option<BufWriter<UnixStream>>>,
     jobs: Mutex<HashMap<u64, Slot>>,
     embeds: Mutex<HashMap<u64, EmbedDone>>,
-    answers: Mutex<HashMap<u64, Sender<Option<Refusal>>>>,
+    answers: Mutex<HashMap<u64, Sender<Answer>>>,
     next: AtomicU64,
     pub stats: Arc<Stats>,
     mirror: Mutex<Mirror>,
@@ -147,7 +156,9 @@ impl Remote {
         if let Some(mut w) = lock(&self.conn).take() {
             let _ = w.get_mut().shutdown(std::net::Shutdown::Both);
         }
-        lock(&self.answers).clear();
+        for (_, tx) in lock(&self.answers).drain() {
+            let _ = tx.send(Answer::EngineDied);
+        }
         let mut jobs: Vec<Slot> = lock(&self.jobs).drain().map(|(_, s)| s).collect();
         if !resumable {
             jobs.append(&mut lock(&self.orphans));
@@ -209,13 +220,15 @@ impl Remote {
         let (tx, rx) = channel();
         lock(&self.answers).insert(seq, tx);
         let answer = match self.send(&ToEngine::Submit { seq, jobs: wire }) {
-            Ok(()) => rx.recv_timeout(SUBMIT_ANSWER).unwrap_or(Some(Refusal::Closed)),
-            Err(_) => Some(Refusal::Closed),
+            Ok(()) => rx.recv_timeout(SUBMIT_ANSWER).unwrap_or(Answer::Refused(Refusal::Closed)),
+            Err(_) => Answer::Refused(Refusal::Closed),
         };
         lock(&self.answers).remove(&seq);
         match answer {
-            None => Ok(()),
-            Some(refusal) => {
+            // A request that kills the engine at once hears so through its
+            // events (a 5xx naming the death), not as a 503 to retry.
+            Answer::Accepted | Answer::EngineDied => Ok(()),
+            Answer::Refused(refusal) => {
                 let mut jobs = lock(&self.jobs);
                 for id in ids {
                     jobs.remove(&id);
@@ -276,7 +289,7 @@ impl Remote {
             FromEngine::Hello(_) => {}
             FromEngine::Submitted { seq, refused } => {
                 if let Some(tx) = lock(&self.answers).remove(&seq) {
-                    let _ = tx.send(refused);
+                    let _ = tx.send(refused.map_or(Answer::Accepted, Answer::Refused));
                 }
             }
             FromEngine::Event { id, event } => self.event(id, event),
@@ -289,7 +302,7 @@ impl Remote {
                 self.stats.load(&stats);
                 *lock(&self.mirror) = Mirror { held, parked, mlx };
                 if let Some(tx) = seq.and_then(|s| lock(&self.answers).remove(&s)) {
-                    let _ = tx.send(None);
+                    let _ = tx.send(Answer::Accepted);
                 }
             }
         }
