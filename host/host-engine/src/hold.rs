@@ -6,6 +6,7 @@
 //! The loop calls `checkpoint` between iterations; `parked` says it is
 //! waiting there, so a caller can wait for the hold to take effect.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 #[derive(Default)]
@@ -81,10 +82,15 @@ impl Hold {
 
     /// Called by the loop when it has nothing to step: a `release_for`
     /// window ends there too (the steps it allowed cannot happen), so a
-    /// caller waiting for the loop to hold again is not left waiting.
-    pub(crate) fn idle(&self) {
+    /// caller waiting for the loop to hold again is not left waiting. But
+    /// not while `queued` says work is on its way: a caller counts a job
+    /// as queued before it releases the loop for it, and the loop may reach
+    /// this point between the two, before it has looked at its queue.
+    /// (`queued` is read under the hold's lock, which `release_for` takes:
+    /// a window opened for a queued job always sees it queued here.)
+    pub(crate) fn idle(&self, queued: &AtomicU64) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.steps_left.take().is_some() {
+        if queued.load(Ordering::SeqCst) == 0 && s.steps_left.take().is_some() {
             s.held = true;
         }
     }
@@ -102,6 +108,7 @@ impl Hold {
 #[cfg(test)]
 mod tests {
     use super::Hold;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
 
     #[test]
@@ -126,5 +133,22 @@ mod tests {
         hold.release();
         loop_thread.join().unwrap();
         assert!(!hold.parked() && !hold.held());
+    }
+
+    /// A window opened for a job already counted as queued survives the
+    /// loop finding itself idle before it looked at its queue; with nothing
+    /// queued, idling ends the window.
+    #[test]
+    fn idling_ends_a_release_window_only_when_nothing_is_queued() {
+        let hold = Hold::default();
+        let queued = AtomicU64::new(1);
+        hold.hold();
+        hold.release_for(3);
+        hold.idle(&queued);
+        assert!(!hold.held(), "the window ended with a job queued for it");
+        hold.stepped();
+        queued.store(0, Ordering::SeqCst);
+        hold.idle(&queued);
+        assert!(hold.held(), "an idle loop with nothing queued kept its window");
     }
 }

@@ -253,7 +253,7 @@ impl Drop for Worker {
 fn run_serially(engine: Engine, rx: Inbox<Work>, stats: Arc<Stats>, shutdown: Arc<AtomicBool>, hold: Arc<Hold>) {
     loop {
         // Between jobs there is nothing to step.
-        hold.idle();
+        hold.idle(&stats.queued);
         hold.checkpoint();
         let work = match rx.try_recv() {
             Ok(work) => work,

@@ -37,7 +37,7 @@ impl Scheduler<'_> {
         let mut open = true;
         loop {
             if self.idle() {
-                self.hold.idle();
+                self.hold.idle(&self.stats.queued);
             }
             self.stats.sync_pool(self.engine);
             self.hold.checkpoint();
