@@ -206,6 +206,34 @@ pub trait CacheLayout: Send {
         let _ = (queries, keys, values, scale, mask);
         abi_stable::std_types::RResult::ROk(ROption::RNone)
     }
+
+    // --- v2.3: appended after the prefix.
+
+    /// For a layout that keeps K/V in a pool of blocks shared by its caches
+    /// (`--paged-kv`): what the pool holds now, across every cache of the
+    /// plugin (all layers, rows, joiners). Others answer `RNone` (the
+    /// default). The host reports it (`/stats`); tests measure sharing by it.
+    fn pool_usage(&self) -> ROption<PoolUsage> {
+        ROption::RNone
+    }
+}
+
+/// A block pool's counts ([`CacheLayout::pool_usage`]).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// Tokens per block.
+    pub block_tokens: u32,
+    /// Distinct blocks alive (each one copy of its K/V).
+    pub blocks: u64,
+    /// Block-table entries referring to them (a shared block counts once
+    /// per holder): `references / blocks` is the sharing factor.
+    pub references: u64,
+    /// Bytes the distinct blocks hold.
+    pub bytes: u64,
+    /// Tokens held outside blocks: each row's partly filled last block,
+    /// private to that row.
+    pub tail_tokens: u64,
 }
 
 /// A cache layout behind the boundary.

@@ -57,6 +57,11 @@ pub const SPEC_REPLAY: &str = "spec-replay";
 pub const ROWS: &str = "rows";
 /// `export_state` / `import_state` (prefix and disk caches).
 pub const STATE_IO: &str = "state-io";
+/// `update_and_fetch` hands back plain K/V in every scheme the layout
+/// claims (the scheme changes where K/V are kept, not what attention
+/// reads): a family that attends itself (no `layout-attention`) works over
+/// it, and batches over it.
+pub const PLAIN_FETCH: &str = "plain-fetch";
 /// `need:<kind>`: the layer needs this layout serves (full, sliding, recurrent).
 pub const NEED_PREFIX: &str = "need:";
 /// `scheme:<name>`: a storage scheme this layout implements (`plain`,

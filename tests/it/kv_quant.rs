@@ -416,7 +416,11 @@ fn schemes_that_cannot_be_served_are_refused_at_start() {
         assert!(!out.status.success(), "{folder} {extra:?} was served");
         assert!(err.contains(says), "{folder} {extra:?}: {err}");
     };
-    refused("tiny/tiny-llama-hd64-f32", &["--paged-kv"], "--paged-kv is not built");
+    refused(
+        "tiny/tiny-llama-hd64-f32",
+        &["--paged-kv", "--kv-quant", "8"],
+        "--paged-kv with --kv-quant 8 is not built",
+    );
     refused("tiny/tiny-llama-hd64-f32", &["--kv-quant", "3"], "expected off, 8, 4 or turbo");
     refused("tiny/tiny-llama-hd64-f32", &["--kv-quant", "turbo:k7v3"], "keys at 2-6 or 8 bits");
     refused("tiny/tiny-llama-hd64-f32", &["--kv-quant", "8", "--kv-group-size", "48"], "32, 64 or 128");

@@ -19,6 +19,7 @@ mod fuzz;
 mod http;
 mod isolation;
 mod keepalive;
+mod kv_paged;
 mod kv_quant;
 mod limits;
 mod memory;

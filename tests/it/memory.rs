@@ -12,8 +12,8 @@ use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::*;
 use serde_json::json;
 
-fn engine(folder: &str) -> Engine {
-    it::engine(folder, Default::default())
+fn engine(folder: &str, kv_scheme: &str) -> Engine {
+    it::engine(folder, host_engine::EngineConfig { kv_scheme: kv_scheme.to_owned(), ..Default::default() })
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
@@ -66,8 +66,16 @@ fn batch(e: &Engine, lens: &[usize]) -> Vec<CacheBox> {
 #[test]
 fn exported_states_own_exactly_their_bytes_for_every_layout() {
     let _mlx = it::mlx_exclusive();
-    for folder in ["tiny/tiny-llama-f32", "tiny/tiny-llama-swa-f32", "tiny/tiny-qwen3_5-f32"] {
-        let e = engine(folder);
+    // (Paged K/V: blocks are buffers of their own, shared, not copied, by
+    // `own`; a row's tail may be cut from a larger array and is copied.)
+    for (folder, scheme) in [
+        ("tiny/tiny-llama-f32", "plain"),
+        ("tiny/tiny-llama-swa-f32", "plain"),
+        ("tiny/tiny-qwen3_5-f32", "plain"),
+        ("tiny/tiny-llama-f32", "paged:block=16"),
+    ] {
+        let e = engine(folder, scheme);
+        let folder = format!("{folder} {scheme}");
         // A 1-row cache of 300 tokens: storage grown to 512 columns.
         let (live, counted, n) = retained(|| {
             let mut one = e.new_caches().unwrap();

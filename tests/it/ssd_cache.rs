@@ -103,6 +103,14 @@ fn a_restarted_server_reuses_quantized_kv_from_disk() {
     restart_reuse("tiny/tiny-llama-hd64-f32", &["--kv-quant", "8"]);
 }
 
+/// Paged K/V (blocks and their pool keys in the state's meta): another
+/// process's keys never alias this one's blocks; the blocks read back are
+/// adopted as the pool's.
+#[test]
+fn a_restarted_server_reuses_paged_kv_from_disk() {
+    restart_reuse("tiny/tiny-llama-f32", &["--paged-kv"]);
+}
+
 /// A recurrent state that cannot be trimmed is reused at its exact length
 /// (the prompt-boundary snapshot).
 #[test]

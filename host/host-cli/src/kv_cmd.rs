@@ -19,19 +19,32 @@ pub struct KvArgs {
     #[arg(long = "quantized-kv-start")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantized_kv_start: Option<u64>,
-    /// A paged block pool for K/V: not built in this host (refused at start).
+    /// K/V of full-attention layers in a pool of fixed-size blocks with a block table per row: rows that share a prefix (prefix-cache hits, batched rows merged from one state) hold its blocks once, by reference. Plain K/V only (not with --kv-quant).
     #[arg(long = "paged-kv")]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub paged_kv: bool,
+    /// Tokens per block of --paged-kv (default 16).
+    #[arg(long = "kv-block-size")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_block_size: Option<u32>,
 }
 
 impl KvArgs {
     /// `CacheSpec.scheme` for these flags, or the one line that refuses them.
     pub fn scheme(&self) -> Result<String> {
-        if self.paged_kv {
-            bail!("--paged-kv is not built in this host (K/V schemes built: --kv-quant off, 8, 4, turbo)");
-        }
         let quant = self.kv_quant.as_deref().unwrap_or("off");
+        if self.paged_kv {
+            if quant != "off" {
+                bail!("--paged-kv with --kv-quant {quant} is not built: paged blocks hold plain K/V (use one or the other)");
+            }
+            if self.kv_group_size.is_some() || self.quantized_kv_start.is_some() {
+                bail!("--kv-group-size and --quantized-kv-start need --kv-quant 8, 4 or turbo, not --paged-kv");
+            }
+            return Ok(host_engine::paged_scheme(self.kv_block_size.unwrap_or(16))?);
+        }
+        if self.kv_block_size.is_some() {
+            bail!("--kv-block-size needs --paged-kv");
+        }
         if quant == "off" && (self.kv_group_size.is_some() || self.quantized_kv_start.is_some()) {
             bail!("--kv-group-size and --quantized-kv-start need --kv-quant 8, 4 or turbo");
         }

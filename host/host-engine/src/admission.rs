@@ -13,7 +13,9 @@
 //! gets what is left (`prefix_room`) and gives bytes back, oldest entries
 //! first, when a request needs them. Batched rows are reserved as the
 //! layouts hold them: every row as wide as the widest (left padding), in
-//! whole growth steps (`batch_kv`).
+//! whole growth steps (`batch_kv`); layers whose K/V live in a block pool
+//! (`--paged-kv`) by blocks instead (`paged_kv`): the pool's blocks held
+//! now, shared ones once, and the blocks each row still has to fill.
 
 use crate::engine::Engine;
 
@@ -31,6 +33,16 @@ pub struct MemoryModel {
     pub vocab: u64,
     pub prefill_step: u64,
     pub max_context: u64,
+    /// The layers whose K/V live in a block pool, if any.
+    pub paged: Option<PagedKv>,
+}
+
+/// The block-pool part of a model's K/V.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedKv {
+    pub block_tokens: u64,
+    /// Bytes per token of the paged layers (a part of `kv_bytes_per_token`).
+    pub bytes_per_token: u64,
 }
 
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy)]
@@ -73,6 +85,7 @@ impl MemoryModel {
             vocab: engine.model().plan.vocab_size as u64,
             prefill_step: engine.prefill_step() as u64,
             max_context: engine.model().plan.max_context as u64,
+            paged: engine.paged_kv().map(|(block_tokens, bytes_per_token)| PagedKv { block_tokens, bytes_per_token }),
         }
     }
 
@@ -131,6 +144,23 @@ impl MemoryModel {
         rows * (widest.div_ceil(step) * step * self.kv_bytes_per_token + self.state_bytes)
     }
 
+    /// KV bytes of batched rows, given as (tokens they hold now, tokens
+    /// they may reach), over a pool holding `pool_bytes` now: layers in the
+    /// pool by blocks (what it holds, each shared block once, and the
+    /// blocks each row has yet to fill up to its end), the other layers as
+    /// `batch_kv` reserves them.
+    pub fn paged_kv(&self, rows: &[(u64, u64)], pool_bytes: u64, step: u64) -> u64 {
+        let Some(p) = self.paged else {
+            let widest = rows.iter().map(|r| r.1).max().unwrap_or(0);
+            return self.batch_kv(rows.len() as u64, widest, step);
+        };
+        let others = MemoryModel { kv_bytes_per_token: self.kv_bytes_per_token - p.bytes_per_token, ..*self };
+        let widest = rows.iter().map(|r| r.1).max().unwrap_or(0);
+        let bs = p.block_tokens.max(1);
+        let to_fill: u64 = rows.iter().map(|&(now, end)| end.div_ceil(bs).saturating_sub(now / bs)).sum();
+        others.batch_kv(rows.len() as u64, widest, step) + pool_bytes + to_fill * bs * p.bytes_per_token
+    }
+
     /// Whether work whose KV takes `kv` bytes (running rows and the new
     /// one together) and whose largest transient is `transient` fits; the
     /// prefix cache does not count here (it gives its bytes back).
@@ -180,6 +210,7 @@ mod tests {
             vocab: 32_000,
             prefill_step: 2048,
             max_context: 0,
+            paged: None,
         }
     }
 
@@ -219,6 +250,23 @@ mod tests {
         // Three rows, the widest 300 tokens: 512 columns each (two steps of 256).
         assert_eq!(m.batch_kv(3, 300, 256), 3 * (512 * (1 << 20) + 7));
         assert_eq!(m.batch_kv(0, 300, 256), 0);
+    }
+
+    #[test]
+    fn paged_rows_are_reserved_by_the_blocks_held_and_to_fill() {
+        // Half of each token's bytes in paged layers, blocks of 16.
+        let half = 1 << 19;
+        let m = MemoryModel { paged: Some(PagedKv { block_tokens: 16, bytes_per_token: half }), ..model() };
+        // Two rows holding 100 and 40 tokens, to reach 120 and 50; the pool
+        // holds 7 blocks' worth now (shared ones once).
+        let pool = 7 * 16 * half;
+        let to_fill = (8 - 6) + (4 - 2);
+        let others = 2 * (256 * half);
+        assert_eq!(m.paged_kv(&[(100, 120), (40, 50)], pool, 256), others + pool + to_fill * 16 * half);
+        // A new row (nothing held yet) counts all its blocks.
+        assert_eq!(m.paged_kv(&[(0, 33)], 0, 256), 256 * half + 3 * 16 * half);
+        // Without a pool: as batch_kv.
+        assert_eq!(model().paged_kv(&[(100, 120), (40, 300)], 0, 256), model().batch_kv(2, 300, 256));
     }
 
     #[test]

@@ -100,6 +100,14 @@ pub fn kv_scheme(kv_quant: &str, group_size: u32, start: u64) -> Result<String, 
     }
 }
 
+/// The scheme string of `--paged-kv` with `--kv-block-size block`.
+pub fn paged_scheme(block: u32) -> Result<String, crate::EngineError> {
+    if !(1..=4096).contains(&block) {
+        return Err(crate::EngineError::Config(format!("--kv-block-size {block}: expected 1 to 4096 tokens")));
+    }
+    Ok(format!("paged:block={block}"))
+}
+
 /// Where the drafter comes from.
 pub enum DraftSource {
     /// A drafter plugin: of `kind`, or the kind the drafter plugins detect

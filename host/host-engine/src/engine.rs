@@ -78,6 +78,10 @@ pub struct Engine {
     checkpoint_every: Option<usize>,
     /// Generation checkpoints stored (see [`Engine::checkpoint`]).
     checkpoints: std::sync::atomic::AtomicU64,
+    /// An empty cache of a layout that keeps a block pool (`--paged-kv`),
+    /// to ask for the pool's counts at any time; None when no layer's
+    /// layout has one.
+    pool_probe: Option<plugin_api::CacheBox>,
 }
 
 impl Engine {
@@ -138,7 +142,7 @@ impl Engine {
                 .map_err(|e| EngineError::Config(format!("--ssd-cache {}: {e}", ssd.dir.display())))?,
             None => PrefixStore::new(namespace, cfg.prefix_cache_bytes),
         };
-        Ok(Self {
+        let engine = Self {
             model,
             text,
             compute_dtype: dtype,
@@ -150,7 +154,29 @@ impl Engine {
             pooling: Pooling::read(dir),
             checkpoint_every: cfg.generation_checkpoint.filter(|&n| n > 0),
             checkpoints: Default::default(),
-        })
+            pool_probe: None,
+        };
+        engine.with_pool_probe()
+    }
+
+    fn with_pool_probe(mut self) -> Result<Self, EngineError> {
+        let caches = self.model.new_caches(0)?;
+        self.pool_probe = caches.into_iter().find(|c| c.pool_usage().is_some());
+        Ok(self)
+    }
+
+    /// The block size and the bytes per token of the layers whose K/V live
+    /// in a block pool, when some do.
+    pub fn paged_kv(&self) -> Option<(u64, u64)> {
+        let block = self.kv_pool()?.block_tokens as u64;
+        let caches = self.new_caches().ok()?;
+        let bytes = caches.iter().filter(|c| c.pool_usage().is_some()).map(|c| c.bytes_per_token()).sum();
+        Some((block, bytes))
+    }
+
+    /// The block pool's counts, when the model's K/V live in one.
+    pub fn kv_pool(&self) -> Option<plugin_api::PoolUsage> {
+        self.pool_probe.as_ref().and_then(|c| c.pool_usage().into_option())
     }
 
     pub fn model(&self) -> &ComposedModel {

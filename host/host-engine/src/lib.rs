@@ -43,7 +43,7 @@ mod template_json;
 pub mod tokenizer;
 pub mod worker;
 
-pub use config::{kv_scheme, DraftSource, DtypeChoice, EngineConfig, SpeculationConfig};
+pub use config::{kv_scheme, paged_scheme, DraftSource, DtypeChoice, EngineConfig, SpeculationConfig};
 pub use embed::{EmbedJob, Embeddings};
 pub use engine::{Engine, EngineError};
 pub use job::{Event, Finish, Flow, GenerateRequest, GenerateResult, Job, TokenOut};

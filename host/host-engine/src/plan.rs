@@ -121,7 +121,10 @@ impl Capabilities {
             grouped_methods,
             // A graph that attends through its layouts batches over any
             // scheme whose layouts have row operations (`continuous`).
-            quantized_batch: has(model, caps::QUANTIZED_KV_BATCH) || has(model, caps::LAYOUT_ATTENTION),
+            // So does one over layouts that hand back plain K/V (`plain-fetch`).
+            quantized_batch: has(model, caps::QUANTIZED_KV_BATCH)
+                || has(model, caps::LAYOUT_ATTENTION)
+                || layouts.iter().any(|(_, t)| has(t, caps::PLAIN_FETCH)),
             state_io,
             // A checkpoint is exported layout state, so it needs `state-io`.
             checkpoints: has(model, caps::CHECKPOINTS) && state_io,

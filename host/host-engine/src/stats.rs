@@ -59,6 +59,15 @@ pub struct Stats {
     /// buffers are freed) and MLX's buffer cache returned: what it holds
     /// now is the weights and the prefix cache.
     pub idle: AtomicBool,
+    /// The K/V block pool (`--paged-kv`), copied from the engine each
+    /// batch iteration and after each request: tokens per block (0: no
+    /// pool), distinct blocks, block-table references to them, their
+    /// bytes, and tokens in rows' private tails.
+    pub kv_block_tokens: AtomicU64,
+    pub kv_blocks: AtomicU64,
+    pub kv_block_references: AtomicU64,
+    pub kv_block_bytes: AtomicU64,
+    pub kv_tail_tokens: AtomicU64,
     /// The SSD tier's live counters, when the engine has one.
     pub ssd: Option<std::sync::Arc<crate::ssd_cache::SsdCounters>>,
 }
@@ -92,7 +101,12 @@ macro_rules! mirrored {
             prefix_bytes,
             prefix_entries,
             kv_reserved,
-            generation_checkpoints
+            generation_checkpoints,
+            kv_block_tokens,
+            kv_blocks,
+            kv_block_references,
+            kv_block_bytes,
+            kv_tail_tokens
         )
     };
 }
@@ -145,6 +159,18 @@ impl Stats {
         self.last_prefill_tps.store(r.prefill_tps().to_bits(), Ordering::Relaxed);
         self.last_decode_tps.store(r.decode_tps().to_bits(), Ordering::Relaxed);
         self.sync_prefix(engine);
+        self.sync_pool(engine);
+    }
+
+    /// Copies the block pool's counts (nothing without a pool).
+    pub(crate) fn sync_pool(&self, engine: &Engine) {
+        if let Some(u) = engine.kv_pool() {
+            self.kv_block_tokens.store(u.block_tokens as u64, Ordering::Relaxed);
+            self.kv_blocks.store(u.blocks, Ordering::Relaxed);
+            self.kv_block_references.store(u.references, Ordering::Relaxed);
+            self.kv_block_bytes.store(u.bytes, Ordering::Relaxed);
+            self.kv_tail_tokens.store(u.tail_tokens, Ordering::Relaxed);
+        }
     }
 
     /// Copies the engine's prefix-cache counters.

@@ -204,13 +204,6 @@ impl Registry {
         let open_fn = family.root.open_model().ok_or_else(|| perr(PluginError::unsupported("no open_model entry")))?;
         let mut plan = plan_fn(RStr::from_str(&text)).into_result().map_err(perr)?;
         split_over_ranks(&mut plan, family, options)?;
-        let attends = |tags: &[RString]| tags.iter().any(|t| t.as_str() == plugin_api::caps::LAYOUT_ATTENTION);
-        if scheme_name(scheme) != "plain" && !attends(&family.manifest.capabilities) && !attends(&plan.capabilities) {
-            return Err(ComposeError::SchemeNeedsLayoutAttention {
-                scheme: scheme.to_owned(),
-                family: family.name().to_owned(),
-            });
-        }
         let mut factories = Vec::new();
         let mut layouts = Vec::new();
         let mut layer_schemes = Vec::new();
@@ -234,6 +227,23 @@ impl Registry {
                 layout_caps
                     .push((p.name().to_owned(), p.manifest.capabilities.iter().map(|c| c.to_string()).collect()));
             }
+        }
+        // A scheme whose layouts keep K/V only they can read needs a family
+        // that lets them attend; one whose layouts hand back plain K/V
+        // (`plain-fetch`) works with any family.
+        let has = |tags: &[RString], cap: &str| tags.iter().any(|t| t.as_str() == cap);
+        let attends = has(&family.manifest.capabilities, plugin_api::caps::LAYOUT_ATTENTION)
+            || has(&plan.capabilities, plugin_api::caps::LAYOUT_ATTENTION);
+        let all_fetch_plain =
+            plan.layers.iter().zip(&layer_schemes).filter(|(_, s)| s.as_str() != "plain").all(|(need, s)| {
+                self.layout_for(need, s, false)
+                    .is_ok_and(|p| has(&p.manifest.capabilities, plugin_api::caps::PLAIN_FETCH))
+            });
+        if scheme_name(scheme) != "plain" && !attends && !all_fetch_plain {
+            return Err(ComposeError::SchemeNeedsLayoutAttention {
+                scheme: scheme.to_owned(),
+                family: family.name().to_owned(),
+            });
         }
         if scheme_name(scheme) != "plain" && layer_schemes.iter().all(|s| s == "plain") {
             return Err(ComposeError::SchemeUnused {

@@ -63,17 +63,24 @@ impl Scheduler<'_> {
     }
 
     /// KV and transient bytes of the work in flight, plus `extra` if given:
-    /// batched rows as wide as the widest, in whole growth steps.
+    /// batched rows as wide as the widest, in whole growth steps; layers in
+    /// a block pool by its blocks (`MemoryModel::paged_kv`).
     fn committed(&self, m: &MemoryModel, extra: Option<&Job>) -> (u64, u64) {
-        let (mut rows, mut widest, mut transient) = (0u64, 0u64, 0u64);
+        let mut transient = 0u64;
         for job in self.jobs().chain(extra) {
             let r = &job.request;
             let end = (r.prompt.len() + r.max_tokens) as u64;
-            rows += 1;
-            widest = widest.max(end);
             transient = transient.max(m.need(r.prompt.len() as u64, end).transient);
         }
-        (m.batch_kv(rows, widest, host_loader::compose::KV_STEP as u64), transient)
+        let end = |j: &Job| (j.request.prompt.len() + j.request.max_tokens) as u64;
+        // Tokens each holds now (a row's history is its prompt and output;
+        // the caches hold all of it but the pending token).
+        let rows = self.rows.iter().map(|r| (r.history.len().saturating_sub(1) as u64, end(&r.job)));
+        let joiners = self.joining.iter().map(|j| (j.done as u64, end(&j.job)));
+        let cohort = self.cohort.iter().flat_map(|(_, m)| m.iter().map(|j| (0, end(&j.job))));
+        let all: Vec<(u64, u64)> = rows.chain(joiners).chain(cohort).chain(extra.map(|j| (0, end(j)))).collect();
+        let pool = if m.paged.is_some() { self.engine.kv_pool().map_or(0, |u| u.bytes) } else { 0 };
+        (m.paged_kv(&all, pool, host_loader::compose::KV_STEP as u64), transient)
     }
 
     /// Whether a job fits beside what runs now, by the layouts' reservation

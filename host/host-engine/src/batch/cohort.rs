@@ -7,6 +7,11 @@
 //! exactly as they do for rows merged later. Chunks run over columns, at
 //! most `prefill_step / B` at a time, so running rows still wait at most
 //! about one serial chunk's worth of work between decode steps.
+//!
+//! Members with the same head (the choices of one `n` > 1 request, or
+//! identical prompts) prefill it ONCE: the cohort's caches hold one row per
+//! distinct head, and each member lands from that row's state. Layouts that
+//! share by reference (kv-paged) then hold one copy for all of them.
 
 use crate::engine::{Engine, EngineError};
 use plugin_api::abi_stable::std_types::RSlice;
@@ -14,10 +19,13 @@ use plugin_api::CacheBox;
 
 /// A cohort's shared prefill state.
 pub struct Cohort {
-    /// Batch caches, one row per member, left-padded to the longest head.
+    /// Batch caches, one row per distinct head, left-padded to the longest.
     pub caches: Vec<CacheBox>,
-    /// Each member's prompt minus its last token (what prefill covers).
+    /// Each distinct head (a member's prompt minus its last token: what
+    /// prefill covers), in the order first met.
     heads: Vec<Vec<u32>>,
+    /// Each member's row in `caches`.
+    row_of: Vec<usize>,
     pads: Vec<usize>,
     /// Columns of the padded `[B, width]` token matrix already prefilled.
     done: usize,
@@ -49,7 +57,18 @@ pub fn choose(heads: &[usize]) -> Vec<usize> {
 impl Cohort {
     /// Fresh padded caches for these heads, or `None` when a layout cannot
     /// start padded rows (the caller then prefills one at a time).
-    pub fn start(engine: &Engine, heads: Vec<Vec<u32>>) -> Result<Option<Self>, EngineError> {
+    pub fn start(engine: &Engine, members: Vec<Vec<u32>>) -> Result<Option<Self>, EngineError> {
+        let mut heads: Vec<Vec<u32>> = Vec::new();
+        let row_of = members
+            .into_iter()
+            .map(|h| match heads.iter().position(|u| *u == h) {
+                Some(r) => r,
+                None => {
+                    heads.push(h);
+                    heads.len() - 1
+                }
+            })
+            .collect();
         let width = heads.iter().map(Vec::len).max().unwrap_or(0);
         let pads: Vec<usize> = heads.iter().map(|h| width - h.len()).collect();
         let mut caches = engine.model().new_caches(0)?;
@@ -59,11 +78,24 @@ impl Cohort {
                 return Ok(None);
             }
         }
-        Ok(Some(Self { caches, heads, pads, done: 0, width }))
+        Ok(Some(Self { caches, heads, row_of, pads, done: 0, width }))
     }
 
+    /// Rows the caches hold (distinct heads).
     pub fn rows(&self) -> usize {
         self.heads.len()
+    }
+
+    /// Whether every member has a row of its own (no head repeats): the
+    /// caches can then become the batch as they are.
+    pub fn one_row_per_member(&self) -> bool {
+        self.row_of.len() == self.heads.len()
+    }
+
+    /// Whether member `m` is the first with its head (the one whose state
+    /// the prefix cache gets).
+    pub fn first_with_its_head(&self, m: usize) -> bool {
+        self.row_of.iter().position(|&r| r == self.row_of[m]) == Some(m)
     }
 
     /// Runs the next chunk of columns; true once every head is in.
@@ -84,19 +116,23 @@ impl Cohort {
         Ok(self.done >= self.width)
     }
 
-    /// The 1-row state of member `row` (prefix cache, merging into a batch).
-    pub fn row_state(&self, row: usize) -> Result<Vec<plugin_api::CacheState>, EngineError> {
-        self.caches
-            .iter()
-            .map(|c| {
-                c.extract_row(row as u32).into_result().map_err(|e| EngineError::Model(format!("extract_row: {e}")))
-            })
-            .collect()
+    /// The 1-row state of member `m` (prefix cache, merging into a batch).
+    pub fn row_state(&self, m: usize) -> Result<Vec<plugin_api::CacheState>, EngineError> {
+        self.caches.iter().map(|c| extract(c, self.row_of[m])).collect()
     }
 
-    pub fn head(&self, row: usize) -> &[u32] {
-        &self.heads[row]
+    /// Member `m`'s state in layer `layer`'s cache.
+    pub fn layer_row_state(&self, layer: usize, m: usize) -> Result<plugin_api::CacheState, EngineError> {
+        extract(&self.caches[layer], self.row_of[m])
     }
+
+    pub fn head(&self, m: usize) -> &[u32] {
+        &self.heads[self.row_of[m]]
+    }
+}
+
+fn extract(c: &CacheBox, row: usize) -> Result<plugin_api::CacheState, EngineError> {
+    c.extract_row(row as u32).into_result().map_err(|e| EngineError::Model(format!("extract_row: {e}")))
 }
 
 #[cfg(test)]

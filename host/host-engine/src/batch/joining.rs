@@ -120,28 +120,24 @@ impl Scheduler<'_> {
 
     /// A prefilled cohort's rows into the batch caches (the cohort's caches
     /// become the batch when there is none), and into the prefix cache.
+    /// Members that share a head land from its one row.
     fn land_cohort(&mut self, c: Cohort, members: &[Joiner]) -> Result<(), EngineError> {
         let trimmable = c.caches.iter().all(|l| l.is_trimmable());
-        for (r, member) in members.iter().enumerate() {
-            if member.job.plan.prompt_cache {
-                self.engine.prefix().insert(c.head(r).to_vec(), c.row_state(r)?, trimmable);
+        for (m, member) in members.iter().enumerate() {
+            if member.job.plan.prompt_cache && c.first_with_its_head(m) {
+                self.engine.prefix().insert(c.head(m).to_vec(), c.row_state(m)?, trimmable);
             }
         }
-        if self.batch.is_none() {
+        if self.batch.is_none() && c.one_row_per_member() {
             self.batch = Some(c.caches);
             return Ok(());
         }
+        if self.batch.is_none() {
+            self.batch = Some(self.engine.model().new_caches(0)?);
+        }
         let batch = self.batch.as_mut().unwrap();
-        for (b, layer) in batch.iter_mut().zip(&c.caches) {
-            let mut states = RVec::new();
-            for r in 0..members.len() {
-                states.push(
-                    layer
-                        .extract_row(r as u32)
-                        .into_result()
-                        .map_err(|e| EngineError::Model(format!("extract_row: {e}")))?,
-                );
-            }
+        for (l, b) in batch.iter_mut().enumerate() {
+            let states = (0..members.len()).map(|m| c.layer_row_state(l, m)).collect::<Result<RVec<_>, _>>()?;
             b.merge_rows(states).into_result().map_err(|e| EngineError::Model(format!("merge_rows: {e}")))?;
         }
         Ok(())

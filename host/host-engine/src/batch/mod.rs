@@ -39,6 +39,7 @@ impl Scheduler<'_> {
             if self.idle() {
                 self.hold.idle(&self.stats.queued);
             }
+            self.stats.sync_pool(self.engine);
             self.hold.checkpoint();
             if self.idle() {
                 if !open {

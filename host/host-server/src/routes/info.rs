@@ -83,6 +83,20 @@ pub async fn stats(State(st): State<AppState>) -> Json<Value> {
             "budget_bytes": st.budget.memory_bytes,
         },
     });
+    // The K/V block pool's counts, when the model's K/V are paged.
+    let block_tokens = w.kv_block_tokens.load(Relaxed);
+    if let (true, Some(o)) = (block_tokens > 0, out.as_object_mut()) {
+        o.insert(
+            "kv_pool".into(),
+            json!({
+                "block_tokens": block_tokens,
+                "blocks": w.kv_blocks.load(Relaxed),
+                "references": w.kv_block_references.load(Relaxed),
+                "bytes": w.kv_block_bytes.load(Relaxed),
+                "tail_tokens": w.kv_tail_tokens.load(Relaxed),
+            }),
+        );
+    }
     // The SSD tier's counters, flat (`ssd_cache_hits`, ...), when it is on.
     if let (Some(c), Some(o)) = (&w.ssd, out.as_object_mut()) {
         o.extend(c.fields().iter().map(|&(name, _, _, v)| (format!("ssd_cache_{name}"), Value::from(v))));
