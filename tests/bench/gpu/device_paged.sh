@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Paged K/V on the H200 (second of two device calls: .gpu_a first, then
+# .gpu_b + .devpack running this), Qwen3-0.6B shape bf16 (random weights):
+# `host bench` at batch 1, 8 and 32 over a 4096-token prompt per row, plain
+# K/V against `--paged-kv` (blocks of 16 and 64), so the cost of gathering
+# each row's blocks per layer and step shows where K/V traffic dominates.
+set -euo pipefail
+source tests/bench/gpu/device_env.sh
+qwen06b
+for kv in "" "--paged-kv" "--paged-kv --kv-block-size 64"; do
+  echo "## host bench ${kv:-(plain K/V)}"
+  $H bench --plugins $P --model /tmp/m/qwen3-0.6b --prompt-len 4096 --gen-len 128 --batch 1,8,32 --trials 2 $kv
+done | tee $OUT/paged_host.md
