@@ -55,9 +55,7 @@ impl Supervisor {
     /// Starts the first child and waits for its hello; the supervisor then
     /// keeps a child running until [`Supervisor::shutdown`].
     pub fn start(command: ChildCommand, remote: Arc<Remote>) -> io::Result<(Self, Hello)> {
-        let dir = socket_dir()?;
-        let path = dir.join("engine.sock");
-        let listener = UnixListener::bind(&path)?;
+        let (dir, path, listener) = private_socket()?;
         listener.set_nonblocking(true)?;
         let mut child = command(&path).spawn()?;
         let (hello, stream) = match connect(&listener, &mut child)? {
@@ -253,6 +251,16 @@ pub fn describe(status: ExitStatus) -> String {
     }
 }
 
+/// The engine's socket, `engine.sock` (0600) in a new directory (0700) under
+/// the temp dir: only this user can reach it, whatever the umask.
+fn private_socket() -> io::Result<(PathBuf, PathBuf, UnixListener)> {
+    let dir = socket_dir()?;
+    let path = dir.join("engine.sock");
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok((dir, path, listener))
+}
+
 /// A private directory for the socket (only this user can connect).
 fn socket_dir() -> io::Result<PathBuf> {
     let base = std::env::temp_dir();
@@ -268,4 +276,19 @@ fn socket_dir() -> io::Result<PathBuf> {
         }
     }
     Err(io::Error::other("no free socket directory"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::private_socket;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_engine_socket_is_private_to_this_user() {
+        let (dir, path, _listener) = private_socket().unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "{}", dir.display());
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
