@@ -435,3 +435,34 @@ fn schemes_that_cannot_be_served_are_refused_at_start() {
         "needs a model family that attends through its cache layouts",
     );
 }
+
+/// The same `--kv-budget` admits at least twice the rows under 4-bit codes:
+/// eight requests of 200 + 24 tokens (one 256-token growth step each) arrive
+/// together under a budget of 3.5 such rows of bf16 K/V (1024 bytes a
+/// token; admission also counts a prefill's transients, so fewer run: one
+/// here), which holds all eight rows of 4-bit codes (288 bytes a token).
+#[test]
+fn the_same_kv_budget_admits_more_rows_of_codes() {
+    const ROWS: u64 = 8;
+    let m = model("tiny/tiny-llama-hd64-bf16");
+    let budget = format!("{}", 3.5 * 256.0 * 1024.0 / (1u64 << 30) as f64);
+    let bodies: Vec<Value> = (0..ROWS)
+        .map(|i| {
+            let prompt: Vec<u64> = (0..200).map(|t| (t * 7919 + i * 104_729) % 4000 + 10).collect();
+            json!({ "prompt": prompt, "max_tokens": 24, "temperature": 0 })
+        })
+        .collect();
+    let most_rows = |extra: &[&str]| -> u64 {
+        let flags = ["--batch", "8", "--debug-endpoints", "--prompt-cache", "0", "--kv-budget", &budget];
+        let s = Server::start(&m, &[&flags[..], extra].concat());
+        let out = s.post_burst("/v1/completions", &bodies);
+        assert!(out.iter().all(|r| r["choices"][0]["finish_reason"] == "length"), "{out:?}");
+        s.stats()["max_batch_rows"].as_u64().unwrap()
+    };
+    let plain = most_rows(&[]);
+    let codes = most_rows(&["--kv-quant", "4"]);
+    eprintln!("rows admitted under one budget: bf16 {plain}, 4-bit {codes}");
+    assert!((1..=3).contains(&plain), "bf16 rows beyond the budget: {plain}");
+    assert!(codes >= 2 * plain, "4-bit codes admitted {codes} rows, bf16 {plain}");
+    assert_eq!(codes, ROWS, "4-bit rows were kept waiting");
+}
