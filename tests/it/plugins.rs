@@ -904,39 +904,57 @@ fn wait_for_new_engine(s: &it::Server, pid: u64, signal: &str) {
     }
 }
 
-/// A drafter that aborts while drafting takes its engine process down under
-/// `--isolate`: the request gets a 5xx naming the signal, and a new engine
-/// process serves the next request (speculating with the same drafter).
+/// The same for a drafter: the faults variant of toy-drafter panics, aborts
+/// or segfaults while drafting after a history ending with 21, 20 or 22. A
+/// panic is a drafter error like any other, with or without `--isolate`:
+/// that request goes on in plain steps (its tokens the model's, its usage
+/// naming the panic) and the next one speculates again. An abort or a
+/// segfault under `--isolate` ends the request with a 5xx naming the
+/// signal, and a new engine process serves the next request, speculating
+/// with the same drafter.
 #[test]
-fn a_drafter_that_aborts_under_isolate_ends_the_request_and_the_server_serves_the_next() {
+fn drafter_faults_end_the_request_and_the_server_serves_the_next() {
     let p = Plugins::new("drafter-faults").kv_plain().family("toy-family", "good").drafter_variant("faults");
     let model = toy_model("drafter-faults");
     add_word_tokenizer(&model);
     let draft = scratch("drafter-faults/draft");
     std::fs::write(draft.join("config.json"), json!({"model_type": "toy-repeat-draft"}).to_string()).unwrap();
     std::fs::copy(model.join("tokenizer.json"), draft.join("tokenizer.json")).unwrap();
-    let s = it::Server::start(
-        &model,
-        &[
-            "--plugins",
-            p.0.to_str().unwrap(),
-            "--isolate",
-            "--draft-model",
-            draft.to_str().unwrap(),
-            "--speculate-always",
-        ],
-    );
-    // 0 -> 3 -> 18 -> 29: the history never ends with 20.
+    let plugins = p.0.to_str().unwrap();
+    let flags = ["--plugins", plugins, "--draft-model", draft.to_str().unwrap(), "--speculate-always"];
+    // 0 -> 3 -> 18 -> 29: the history never ends with 20, 21 or 22.
     let healthy = json!({"prompt": [0], "max_tokens": 3, "temperature": 0});
-    let r = s.post("/v1/completions", &healthy);
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(toy_tokens(&r.json()), chain(&[0], 3));
-    let pid = s.request("GET", "/health", &[], b"").json()["engine"]["pid"].as_u64().unwrap();
-    let r = s.post("/v1/completions", &json!({"prompt": [20], "max_tokens": 3, "temperature": 0}));
-    assert_eq!(r.status, 500, "{}", r.text());
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("signal 6"), "{}", r.text());
-    wait_for_new_engine(&s, pid, "signal 6");
-    let r = s.post("/v1/completions", &healthy);
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(toy_tokens(&r.json()), chain(&[0], 3));
+    let expect_healthy = |s: &it::Server| {
+        let r = s.post("/v1/completions", &healthy);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(toy_tokens(&r.json()), chain(&[0], 3));
+        assert!(r.json()["usage"]["speculation"]["drafted"].as_u64() > Some(0), "{}", r.text());
+    };
+    let poisoned = |t: u32| json!({"prompt": [t], "max_tokens": 3, "temperature": 0});
+    let expect_plain_after_panic = |s: &it::Server| {
+        let r = s.post("/v1/completions", &poisoned(21));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(toy_tokens(&r.json()), chain(&[21], 3));
+        let why = r.json()["usage"]["speculation"]["disabled"].as_str().unwrap_or_default().to_owned();
+        assert!(why.contains("toy-drafter panics on a history ending with 21"), "{}", r.text());
+    };
+
+    let s = it::Server::start(&model, &flags);
+    expect_healthy(&s);
+    expect_plain_after_panic(&s);
+    expect_healthy(&s);
+    drop(s);
+
+    let s = it::Server::start(&model, &[&flags[..], &["--isolate"]].concat());
+    expect_healthy(&s);
+    expect_plain_after_panic(&s);
+    expect_healthy(&s);
+    for (poison, signal) in [(20, "signal 6"), (22, "signal 11")] {
+        let pid = s.request("GET", "/health", &[], b"").json()["engine"]["pid"].as_u64().unwrap();
+        let r = s.post("/v1/completions", &poisoned(poison));
+        assert_eq!(r.status, 500, "{}", r.text());
+        assert!(r.json()["error"]["message"].as_str().unwrap().contains(signal), "{}", r.text());
+        wait_for_new_engine(&s, pid, signal);
+        expect_healthy(&s);
+    }
 }

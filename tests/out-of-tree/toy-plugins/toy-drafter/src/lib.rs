@@ -92,9 +92,8 @@ impl Drafter for Repeat {
 
     fn draft(&mut self, args: DraftArgs<'_>) -> PResult<Draft> {
         guard(|| {
-            if cfg!(feature = "faults") && args.history.last() == Some(&20) {
-                std::process::abort();
-            }
+            #[cfg(feature = "faults")]
+            faults::on_history(args.history.as_slice());
             // An empty history has nothing to repeat: 0 tokens = a plain step.
             let n = match args.history.last() {
                 Some(_) => args.max_tokens.min(self.max_depth),
@@ -117,5 +116,21 @@ impl Drafter for Repeat {
             self.drafted = 0;
             Ok(())
         })
+    }
+}
+
+/// The `faults` variant: what a broken drafter does to the process that
+/// runs it, on purpose, when the history ends with 21 (panics), 20 (aborts)
+/// or 22 (writes through a wild pointer).
+#[cfg(feature = "faults")]
+mod faults {
+    pub fn on_history(history: &[u32]) {
+        match history.last() {
+            Some(21) => panic!("toy-drafter panics on a history ending with 21 (built with feature faults)"),
+            Some(20) => std::process::abort(),
+            // SAFETY: none; this variant exists to crash its process.
+            Some(22) => unsafe { std::ptr::write_volatile(std::ptr::without_provenance_mut::<u8>(16), 1) },
+            _ => {}
+        }
     }
 }
