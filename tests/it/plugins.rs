@@ -799,89 +799,32 @@ fn toy_tokens(r: &Value) -> Vec<u32> {
     text.split('t').filter(|w| !w.trim().is_empty()).map(|w| w.trim().parse().unwrap()).collect()
 }
 
-/// A plugin that panics in forward fails only that request (the guard turns
-/// the panic into an error), with or without isolation. One that aborts or
-/// segfaults takes the engine process down: under `--isolate` the request
-/// gets a 5xx naming the signal, and a new engine process serves the next.
-#[test]
-fn plugin_faults_in_forward_end_the_request_and_the_server_serves_the_next() {
-    let p = with_good("faults").family("toy-family", "faults");
-    let model = toy_model("faults");
-    add_word_tokenizer(&model);
-    let poisoned = |t: u32| json!({"prompt": [t], "max_tokens": 2, "temperature": 0});
-    let healthy = json!({"prompt": [0], "max_tokens": 5, "temperature": 0});
-    let expect_healthy = |s: &it::Server| {
-        let r = s.post("/v1/completions", &healthy);
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(toy_tokens(&r.json()), chain(&[0], 5));
-    };
-    let plugins = p.0.to_str().unwrap();
-
-    // Without isolation a panic stays a request-level error.
-    let s = it::Server::start(&model, &["--plugins", plugins]);
+/// What every fault test runs, on one model and its plugins (`flags`):
+/// without `--isolate`, then with it, a healthy request, the panicking
+/// request (`after_panic` posts it and checks its answer), a healthy one
+/// again; then, isolated only, each `fatal` body (abort, segfault) ends its
+/// request with a 500 naming `signal`, a new engine process starts and the
+/// next request is healthy.
+fn faults_end_only_their_request(
+    model: &Path,
+    flags: &[&str],
+    expect_healthy: impl Fn(&it::Server),
+    after_panic: impl Fn(&it::Server),
+    fatal: &[(Value, &str)],
+) {
+    let s = it::Server::start(model, flags);
     expect_healthy(&s);
-    let r = s.post("/v1/completions", &poisoned(13));
-    assert_eq!(r.status, 500, "{}", r.text());
-    assert!(r.text().contains("toy-family panics on token 13"), "{}", r.text());
+    after_panic(&s);
     expect_healthy(&s);
     drop(s);
 
-    let s = it::Server::start(&model, &["--plugins", plugins, "--isolate"]);
+    let s = it::Server::start(model, &[flags, &["--isolate"]].concat());
     expect_healthy(&s);
-    let r = s.post("/v1/completions", &poisoned(13));
-    assert_eq!(r.status, 500, "{}", r.text());
-    assert!(r.text().contains("toy-family panics on token 13"), "{}", r.text());
+    after_panic(&s);
     expect_healthy(&s);
-    for (poison, signal) in [(14, "signal 6"), (15, "signal 11")] {
+    for (body, signal) in fatal {
         let pid = s.request("GET", "/health", &[], b"").json()["engine"]["pid"].as_u64().unwrap();
-        let r = s.post("/v1/completions", &poisoned(poison));
-        assert_eq!(r.status, 500, "{}", r.text());
-        let e = r.json();
-        assert!(e["error"]["message"].as_str().unwrap().contains(signal), "{e}");
-        wait_for_new_engine(&s, pid, signal);
-        expect_healthy(&s);
-    }
-}
-
-/// The same for a cache layout: the toy model's one layer is served by the
-/// out-of-tree `toy-layout`, whose faults variant panics, aborts or
-/// segfaults in `update_and_fetch` when one update brings 13, 14 or 15
-/// tokens (a prompt one longer: the host prefills all but its last token).
-/// Healthy requests (short prompts) are served through the same layout
-/// before and after each fault, with the tokens the toy model predicts.
-#[test]
-fn cache_layout_faults_end_the_request_and_the_server_serves_the_next() {
-    let p = Plugins::new("layout-faults").family("toy-family", "good").layout_variant("faults");
-    let model = toy_model("layout-faults");
-    add_word_tokenizer(&model);
-    let poisoned = |update: usize| json!({"prompt": vec![1; update + 1], "max_tokens": 2, "temperature": 0});
-    let healthy = json!({"prompt": [0, 7], "max_tokens": 5, "temperature": 0});
-    let expect_healthy = |s: &it::Server| {
-        let r = s.post("/v1/completions", &healthy);
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(toy_tokens(&r.json()), chain(&[0, 7], 5));
-    };
-    let plugins = p.0.to_str().unwrap();
-    let panic_text = "toy-layout panics on an update of 13 tokens";
-
-    // Without isolation a panic stays a request-level error.
-    let s = it::Server::start(&model, &["--plugins", plugins]);
-    expect_healthy(&s);
-    let r = s.post("/v1/completions", &poisoned(13));
-    assert_eq!(r.status, 500, "{}", r.text());
-    assert!(r.text().contains(panic_text), "{}", r.text());
-    expect_healthy(&s);
-    drop(s);
-
-    let s = it::Server::start(&model, &["--plugins", plugins, "--isolate"]);
-    expect_healthy(&s);
-    let r = s.post("/v1/completions", &poisoned(13));
-    assert_eq!(r.status, 500, "{}", r.text());
-    assert!(r.text().contains(panic_text), "{}", r.text());
-    expect_healthy(&s);
-    for (update, signal) in [(14, "signal 6"), (15, "signal 11")] {
-        let pid = s.request("GET", "/health", &[], b"").json()["engine"]["pid"].as_u64().unwrap();
-        let r = s.post("/v1/completions", &poisoned(update));
+        let r = s.post("/v1/completions", body);
         assert_eq!(r.status, 500, "{}", r.text());
         assert!(r.json()["error"]["message"].as_str().unwrap().contains(signal), "{}", r.text());
         wait_for_new_engine(&s, pid, signal);
@@ -904,6 +847,66 @@ fn wait_for_new_engine(s: &it::Server, pid: u64, signal: &str) {
     }
 }
 
+/// Posts a greedy completion of `prompt` and checks it is the toy chain's
+/// next `n` tokens; returns the answer.
+fn expect_chain(s: &it::Server, prompt: &[u32], n: usize) -> Value {
+    let r = s.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": n, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(toy_tokens(&r.json()), chain(prompt, n));
+    r.json()
+}
+
+/// Posts `body`, which makes a plugin panic: a request-level 500 naming the panic.
+fn expect_panic_error(s: &it::Server, body: &Value, text: &str) {
+    let r = s.post("/v1/completions", body);
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains(text), "{}", r.text());
+}
+
+/// A plugin that panics in forward fails only that request (the guard turns
+/// the panic into an error), with or without isolation. One that aborts or
+/// segfaults takes the engine process down: under `--isolate` the request
+/// gets a 5xx naming the signal, and a new engine process serves the next.
+#[test]
+fn plugin_faults_in_forward_end_the_request_and_the_server_serves_the_next() {
+    let p = with_good("faults").family("toy-family", "faults");
+    let model = toy_model("faults");
+    add_word_tokenizer(&model);
+    let poisoned = |t: u32| json!({"prompt": [t], "max_tokens": 2, "temperature": 0});
+    faults_end_only_their_request(
+        &model,
+        &["--plugins", p.0.to_str().unwrap()],
+        |s| {
+            expect_chain(s, &[0], 5);
+        },
+        |s| expect_panic_error(s, &poisoned(13), "toy-family panics on token 13"),
+        &[(poisoned(14), "signal 6"), (poisoned(15), "signal 11")],
+    );
+}
+
+/// The same for a cache layout: the toy model's one layer is served by the
+/// out-of-tree `toy-layout`, whose faults variant panics, aborts or
+/// segfaults in `update_and_fetch` when one update brings 13, 14 or 15
+/// tokens (a prompt one longer: the host prefills all but its last token).
+/// Healthy requests (short prompts) are served through the same layout
+/// before and after each fault, with the tokens the toy model predicts.
+#[test]
+fn cache_layout_faults_end_the_request_and_the_server_serves_the_next() {
+    let p = Plugins::new("layout-faults").family("toy-family", "good").layout_variant("faults");
+    let model = toy_model("layout-faults");
+    add_word_tokenizer(&model);
+    let poisoned = |update: usize| json!({"prompt": vec![1; update + 1], "max_tokens": 2, "temperature": 0});
+    faults_end_only_their_request(
+        &model,
+        &["--plugins", p.0.to_str().unwrap()],
+        |s| {
+            expect_chain(s, &[0, 7], 5);
+        },
+        |s| expect_panic_error(s, &poisoned(13), "toy-layout panics on an update of 13 tokens"),
+        &[(poisoned(14), "signal 6"), (poisoned(15), "signal 11")],
+    );
+}
+
 /// The same for a drafter: the faults variant of toy-drafter panics, aborts
 /// or segfaults while drafting after a history ending with 21, 20 or 22. A
 /// panic is a drafter error like any other, with or without `--isolate`:
@@ -920,41 +923,20 @@ fn drafter_faults_end_the_request_and_the_server_serves_the_next() {
     let draft = scratch("drafter-faults/draft");
     std::fs::write(draft.join("config.json"), json!({"model_type": "toy-repeat-draft"}).to_string()).unwrap();
     std::fs::copy(model.join("tokenizer.json"), draft.join("tokenizer.json")).unwrap();
-    let plugins = p.0.to_str().unwrap();
-    let flags = ["--plugins", plugins, "--draft-model", draft.to_str().unwrap(), "--speculate-always"];
-    // 0 -> 3 -> 18 -> 29: the history never ends with 20, 21 or 22.
-    let healthy = json!({"prompt": [0], "max_tokens": 3, "temperature": 0});
-    let expect_healthy = |s: &it::Server| {
-        let r = s.post("/v1/completions", &healthy);
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(toy_tokens(&r.json()), chain(&[0], 3));
-        assert!(r.json()["usage"]["speculation"]["drafted"].as_u64() > Some(0), "{}", r.text());
-    };
     let poisoned = |t: u32| json!({"prompt": [t], "max_tokens": 3, "temperature": 0});
-    let expect_plain_after_panic = |s: &it::Server| {
-        let r = s.post("/v1/completions", &poisoned(21));
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(toy_tokens(&r.json()), chain(&[21], 3));
-        let why = r.json()["usage"]["speculation"]["disabled"].as_str().unwrap_or_default().to_owned();
-        assert!(why.contains("toy-drafter panics on a history ending with 21"), "{}", r.text());
-    };
-
-    let s = it::Server::start(&model, &flags);
-    expect_healthy(&s);
-    expect_plain_after_panic(&s);
-    expect_healthy(&s);
-    drop(s);
-
-    let s = it::Server::start(&model, &[&flags[..], &["--isolate"]].concat());
-    expect_healthy(&s);
-    expect_plain_after_panic(&s);
-    expect_healthy(&s);
-    for (poison, signal) in [(20, "signal 6"), (22, "signal 11")] {
-        let pid = s.request("GET", "/health", &[], b"").json()["engine"]["pid"].as_u64().unwrap();
-        let r = s.post("/v1/completions", &poisoned(poison));
-        assert_eq!(r.status, 500, "{}", r.text());
-        assert!(r.json()["error"]["message"].as_str().unwrap().contains(signal), "{}", r.text());
-        wait_for_new_engine(&s, pid, signal);
-        expect_healthy(&s);
-    }
+    faults_end_only_their_request(
+        &model,
+        &["--plugins", p.0.to_str().unwrap(), "--draft-model", draft.to_str().unwrap(), "--speculate-always"],
+        // 0 -> 3 -> 18 -> 29: the history never ends with 20, 21 or 22.
+        |s| {
+            let r = expect_chain(s, &[0], 3);
+            assert!(r["usage"]["speculation"]["drafted"].as_u64() > Some(0), "{r}");
+        },
+        |s| {
+            let r = expect_chain(s, &[21], 3);
+            let why = r["usage"]["speculation"]["disabled"].as_str().unwrap_or_default();
+            assert!(why.contains("toy-drafter panics on a history ending with 21"), "{r}");
+        },
+        &[(poisoned(20), "signal 6"), (poisoned(22), "signal 11")],
+    );
 }
