@@ -74,6 +74,11 @@ pub const DRAFT_PROBABILITIES: &str = "draft-probabilities";
 /// `default-depth:<n>`: the tokens per round the drafter drafts when the
 /// user gives no `--num-draft-tokens` (the host's default: 3).
 pub const DEFAULT_DEPTH_PREFIX: &str = "default-depth:";
+/// Every round drafts as many tokens as the host allows: the host keeps
+/// asking its full depth instead of adapting it to the last acceptance (a
+/// block drafter proposes its whole block in one forward whatever the
+/// count, and its drafts depend on the block's width).
+pub const FIXED_DEPTH: &str = "fixed-depth";
 /// The drafter needs a draft model folder (`--draft-model`).
 pub const NEEDS_DRAFT_MODEL: &str = "needs-draft-model";
 /// The drafter borrows the target's embeddings/LM head/taps.

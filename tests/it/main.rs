@@ -35,6 +35,7 @@ mod responses;
 mod sampling_oracle;
 mod speculation;
 mod speculation_batched;
+mod speculation_dspark;
 mod speculation_mtp;
 mod speculation_scripted;
 mod ssd_cache;

@@ -10,7 +10,8 @@
 //! `qwen3_5_mtp` folder and the `mtp.*` tensors of the target's checkpoint.
 //! A head that does not fit its target is refused at start, in one line.
 
-use it::{host_bin, python, run_ok, Scratch};
+use it::draft_trace::{generate, ids, rounds, same_rounds, speculate, ShortRounds};
+use it::{python, run_ok, Scratch};
 use serde_json::Value;
 use std::path::Path;
 
@@ -20,33 +21,6 @@ const MAX_TOKENS: usize = 40;
 /// budget (and drop what does not fit), ours only what can be emitted, so
 /// our last rounds are prefixes of its rounds at the same index.
 const REFERENCE_EXTRA: usize = 4;
-/// `|a - b| <= ATOL + RTOL |b|`, as the f32 parity tests.
-const ATOL: f64 = 1e-4;
-const RTOL: f64 = 1e-4;
-
-struct Round {
-    drafts: Vec<u64>,
-    accepted: u64,
-    logits: Vec<Vec<f64>>,
-}
-
-fn rounds(v: &Value) -> Round {
-    let list = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect::<Vec<_>>();
-    Round {
-        drafts: list(&v["drafts"]),
-        accepted: v["accepted"].as_u64().unwrap(),
-        logits: v["logits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
-            .collect(),
-    }
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
-}
 
 /// Runs the oracle into `dir`: the model folders and reference.json.
 fn oracle(dir: &Path) -> Value {
@@ -56,68 +30,17 @@ fn oracle(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
 }
 
-fn generate(target: &Path, extra: &[&str]) -> std::process::Output {
-    std::process::Command::new(host_bin())
-        .current_dir(it::repo_root())
-        .args(["generate", "--model"])
-        .arg(target)
-        .args(["--prompt-ids", PROMPT, "--max-tokens", &MAX_TOKENS.to_string(), "--ignore-eos", "--json"])
-        .args(extra)
-        .output()
-        .unwrap()
-}
-
-fn generate_ok(target: &Path, extra: &[&str]) -> Value {
-    let out = generate(target, extra);
-    assert!(out.status.success(), "host generate {extra:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Speculates with the head `source` names, writing the drafter's trace.
-fn speculate(target: &Path, source: &[&str], trace: &Path) -> (Value, Vec<Round>) {
-    let _ = std::fs::remove_file(trace);
-    let option = format!("trace={}", trace.display());
-    let mut extra = source.to_vec();
-    extra.extend(["--speculate-always", "--draft-option", &option]);
-    let out = generate_ok(target, &extra);
-    let text = std::fs::read_to_string(trace).unwrap_or_default();
-    let lines = text.lines().map(|l| rounds(&serde_json::from_str(l).unwrap())).collect();
-    (out, lines)
-}
-
-/// Our rounds against the reference's, index by index.
-fn same_rounds(ours: &[Round], reference: &[Round], what: &str) {
-    assert!(!ours.is_empty(), "{what}: the drafter traced no rounds");
-    assert!(ours.len() <= reference.len(), "{what}: {} rounds, the reference ran {}", ours.len(), reference.len());
-    for (i, (o, r)) in ours.iter().zip(reference).enumerate() {
-        let k = o.drafts.len();
-        assert!(k >= 1 && k <= r.drafts.len(), "{what} round {i}: {k} drafts, the reference drafted {:?}", r.drafts);
-        if k < r.drafts.len() {
-            // Only at the end, where the budget cuts our round short.
-            assert!(i + 1 == ours.len(), "{what} round {i}: drafted {k} of the reference's {}", r.drafts.len());
-        }
-        assert_eq!(o.drafts, r.drafts[..k], "{what} round {i}: drafts");
-        assert_eq!(o.accepted, r.accepted.min(k as u64), "{what} round {i}: accepted of {:?}", o.drafts);
-        assert_eq!(o.logits.len(), k, "{what} round {i}: one logits row per draft step");
-        for (step, (a, b)) in o.logits.iter().zip(&r.logits).enumerate() {
-            assert_eq!(a.len(), b.len(), "{what} round {i} step {step}: vocabulary");
-            let bad = a.iter().zip(b).find(|(x, y)| (*x - *y).abs() > ATOL + RTOL * y.abs());
-            assert!(bad.is_none(), "{what} round {i} step {step}: logits {bad:?} (ours, reference)");
-        }
-    }
-}
-
 #[test]
 fn mtp_rounds_match_the_reference_loop_and_greedy_decoding() {
     let dir = Scratch::new("mtp-oracle");
     let reference = oracle(&dir.0);
-    let want: Vec<Round> = reference["rounds"].as_array().unwrap().iter().map(rounds).collect();
+    let want = rounds(&reference["rounds"]);
     let target = dir.0.join("target");
 
     // The reference itself: lossless, and a trace that can fail.
     let plain_ref = ids(&reference["plain"]);
     assert_eq!(ids(&reference["emitted"]), plain_ref, "the reference loop is not lossless here");
-    let plain = generate_ok(&target, &[]);
+    let plain = it::draft_trace::generate_ok(&target, PROMPT, MAX_TOKENS, &[]);
     let plain_tokens = ids(&plain["tokens"]);
     assert_eq!(plain_tokens, plain_ref[..MAX_TOKENS], "plain greedy differs from mlx-vlm's Qwen3.5");
 
@@ -128,9 +51,9 @@ fn mtp_rounds_match_the_reference_loop_and_greedy_decoding() {
         ("mtp.* tensors in the target", &inside, vec!["--draft-kind", "mtp"]),
     ] {
         let trace = dir.0.join("trace.jsonl");
-        let (out, ours) = speculate(model, &source, &trace);
+        let (out, ours) = speculate(model, PROMPT, MAX_TOKENS, &source, &trace);
         assert_eq!(ids(&out["tokens"]), plain_tokens, "{what}: speculation changed the greedy output");
-        same_rounds(&ours, &want, what);
+        same_rounds(&ours, &want, ShortRounds::Prefix, what);
         let sp = &out["speculation"];
         assert!(sp["disabled"].is_null(), "{what}: {sp}");
         let drafted: u64 = ours.iter().map(|r| r.drafts.len() as u64).sum();
@@ -158,7 +81,7 @@ fn refusal(dir: &Path, edit: &str) -> String {
         std::fs::copy(head.join(f), bad.0.join(f)).unwrap();
     }
     run_ok(python().args(["-c", script]).arg(&bad.0).arg(edit));
-    let out = generate(&dir.join("target"), &["--draft-model", bad.0.to_str().unwrap()]);
+    let out = generate(&dir.join("target"), PROMPT, MAX_TOKENS, &["--draft-model", bad.0.to_str().unwrap()]);
     assert!(!out.status.success(), "{edit}: the host started with a mismatched head");
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     let lines: Vec<&str> = err.lines().filter(|l| l.contains("drafter `draft-mtp`")).collect();

@@ -127,6 +127,11 @@ impl Drafting {
         })
     }
 
+    /// Rounds keep the full depth (`caps::FIXED_DEPTH`).
+    pub fn fixed_depth(&self) -> bool {
+        self.capabilities.iter().any(|t| t == caps::FIXED_DEPTH)
+    }
+
     /// One drafter instance can serve every row (`caps::HISTORY_ONLY`).
     pub fn history_only(&self) -> bool {
         self.capabilities.iter().any(|t| t == caps::HISTORY_ONLY)

@@ -41,6 +41,13 @@ impl Weights {
         self.map.retain(|k, _| !pred(k));
     }
 
+    /// Drops `prefix` from every name that has it (checkpoints saved with
+    /// a wrapper module's `model.` in front).
+    pub fn strip_prefix(&mut self, prefix: &str) {
+        let map = std::mem::take(&mut self.map);
+        self.map = map.into_iter().map(|(k, v)| (k.strip_prefix(prefix).map_or(k.clone(), str::to_owned), v)).collect();
+    }
+
     /// Names left over after loading: a checkpoint/graph mismatch.
     pub fn remaining(&self) -> Vec<String> {
         let mut v: Vec<String> = self.map.keys().cloned().collect();

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+pub mod draft_trace;
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")

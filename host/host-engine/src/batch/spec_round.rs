@@ -195,6 +195,7 @@ impl Scheduler<'_> {
             "batched speculative step"
         );
         let judge = !self.engine.drafting().is_some_and(|d| d.always);
+        let fixed = self.engine.drafting().is_some_and(|d| d.fixed_depth());
 
         let mut keep_rows = Vec::new();
         let mut finished = Vec::new();
@@ -208,7 +209,7 @@ impl Scheduler<'_> {
                         s.stats.disabled = Some(commit_failed(e));
                     }
                 }
-                s.depth = s.stats.record_round(d.len(), n, s.max_depth, judge);
+                s.depth = s.stats.record_round(d.len(), n, s.max_depth, judge, fixed);
                 if let Some(c) = cost {
                     s.cost.round(n + 1, c);
                     if judge && s.stats.disabled.is_none() {

@@ -169,7 +169,7 @@ pub(crate) fn decode(
         let k = round.k;
         if k > 0 {
             stats.rejection_sampling |= round.rejection;
-            depth = stats.record_round(k, n, max_depth, judge);
+            depth = stats.record_round(k, n, max_depth, judge, drafting.fixed_depth());
             settle_caches(engine, caches, &starts, &round.input[..n + 1], n == k)?;
             if states.is_none() {
                 if let Err(e) = drafter.commit(n as u32).into_result() {

@@ -74,7 +74,16 @@ impl SpecStats {
     /// (long drafts cut short cost verify work for nothing). Switches the
     /// request to plain steps when acceptance stays too low to pay.
     /// With `judge` false (`--speculate-always`) the request never falls back.
-    pub fn record_round(&mut self, drafted: usize, accepted: usize, max_depth: usize, judge: bool) -> usize {
+    /// Counts a round; returns the next round's depth: `accepted + 2` up to
+    /// `max_depth`, or `max_depth` for a drafter of fixed depth.
+    pub fn record_round(
+        &mut self,
+        drafted: usize,
+        accepted: usize,
+        max_depth: usize,
+        judge: bool,
+        fixed: bool,
+    ) -> usize {
         self.rounds += 1;
         self.drafted += drafted as u64;
         self.accepted += accepted as u64;
@@ -90,7 +99,11 @@ impl SpecStats {
                 MIN_ACCEPTANCE * 100.0
             ));
         }
-        (accepted + 2).clamp(1, max_depth.max(1))
+        if fixed {
+            max_depth.max(1)
+        } else {
+            (accepted + 2).clamp(1, max_depth.max(1))
+        }
     }
 }
 

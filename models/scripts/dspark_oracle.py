@@ -1,0 +1,243 @@
+"""Oracle for the `dspark` drafter: mlx-vlm 0.7.10's own block drafter
+classes (`DFlashDraftModel`, `DSparkDraftModel`) and its own round loop
+(`speculative/dflash.py:_dflash_rounds`), run greedily over the tiny
+Qwen3.5 target of mtp_oracle.py.
+
+    dspark_oracle.py OUT PROMPT_IDS MAX_TOKENS
+
+Writes, under OUT:
+  target/            the tiny random Qwen3.5 hybrid (as mtp_oracle.py);
+  dflash/            a DFlash drafter (no Markov head, drafts from the
+                     block's slots 1..), config.json + model.safetensors;
+  dspark/            a DSpark drafter (vanilla Markov head, drafts from
+                     every slot, a confidence head);
+  reference.json     {"plain": greedy tokens of the target alone,
+                      "dflash"|"dspark": {"emitted": tokens of the reference
+                      loop, "rounds": [{"drafts", "accepted", "logits",
+                      "confidence"}]}} where `logits` holds the float32
+                     logits each draft was chosen from (after the Markov
+                     correction for DSpark) and `confidence` the confidence
+                     head's values (DSpark; the reference loads the head and
+                     never uses it: they are computed here with its method).
+
+Agreement is arranged on purpose: the target mostly repeats its input
+(mtp_oracle.py), and the drafters mostly carry the anchor's embedding to
+every slot (small queries, so attention spreads over the anchor, the mask
+slots, whose embedding is zeroed in the target, and a weak context), so
+blocks often propose repeats; the rest is random, so rounds accept none,
+some and all of their drafts.
+"""
+
+import json
+import os
+import sys
+
+import mlx.core as mx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mtp_oracle as base  # noqa: E402  (also installs the mlx_vlm stub)
+
+from mlx.utils import tree_flatten  # noqa: E402
+from mlx_vlm.speculative import dflash as rounds  # noqa: E402
+from mlx_vlm.speculative.drafters.dspark import DSparkDraftModel  # noqa: E402
+from mlx_vlm.speculative.drafters.dspark.config import DSparkConfig  # noqa: E402
+from mlx_vlm.speculative.drafters.qwen3_dflash import DFlashDraftModel  # noqa: E402
+from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig  # noqa: E402
+
+MASK = base.VOCAB - 1
+TAPS = [1, 3]
+BACKBONE = {
+    "model_type": "qwen3",
+    "hidden_size": base.HIDDEN,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": base.VOCAB,
+    "max_position_embeddings": 4096,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+}
+CONFIGS = {
+    # Verify width 4: three drafts a round.
+    "dflash": dict(BACKBONE, block_size=4, dflash_config={"mask_token_id": MASK, "target_layer_ids": TAPS}),
+    "dspark": dict(
+        BACKBONE,
+        dflash_config={
+            "projector_type": "dspark",
+            "block_size": 3,
+            "block_size_policy": "fixed",
+            "markov_rank": 8,
+            "enable_confidence_head": True,
+            "mask_token_id": MASK,
+            "target_layer_ids": TAPS,
+            "num_target_layers": base.TARGET["num_hidden_layers"],
+        },
+    ),
+}
+# How much of the anchor each slot carries (see the docstring).
+QUERY_NORM = 0.3
+CONTEXT_NORM = 0.05
+MLP_GAIN = 0.1
+MARKOV_GAIN = 0.3
+
+
+def make_drafter(kind):
+    cfg = CONFIGS[kind]
+    model = DSparkDraftModel(DSparkConfig.from_dict(cfg)) if kind == "dspark" else DFlashDraftModel(DFlashConfig.from_dict(cfg))
+    model.set_dtype(mx.float32)
+    mx.random.seed(23 if kind == "dspark" else 19)
+    h, kv = base.HIDDEN, 2 * 16
+    for layer in model.layers:
+        a = layer.self_attn
+        a.v_proj.weight = mx.eye(h)[:kv] + 0.05 * mx.random.normal((kv, h))
+        # The attention's output per query head is its KV head's value:
+        # o_proj puts each back where v_proj took it from.
+        o = mx.zeros((h, h))
+        for q_head in range(4):
+            kv_head = q_head // 2
+            rows = mx.arange(kv_head * 16, kv_head * 16 + 16)
+            cols = mx.arange(q_head * 16, q_head * 16 + 16)
+            o[rows, cols] = 0.5
+        a.o_proj.weight = o + 0.05 * mx.random.normal((h, h))
+        a.q_norm.weight = QUERY_NORM * (1.0 + 0.2 * mx.random.normal((16,)))
+        a.k_norm.weight = 1.0 + 0.2 * mx.random.normal((16,))
+        layer.mlp.down_proj.weight = MLP_GAIN * layer.mlp.down_proj.weight
+        layer.input_layernorm.weight = 1.0 + 0.2 * mx.random.normal((h,))
+        layer.post_attention_layernorm.weight = 1.0 + 0.2 * mx.random.normal((h,))
+    model.hidden_norm.weight = CONTEXT_NORM * (1.0 + 0.2 * mx.random.normal((h,)))
+    model.norm.weight = 1.0 + 0.2 * mx.random.normal((h,))
+    if kind == "dspark":
+        m = model.markov_head
+        m.markov_w2.weight = MARKOV_GAIN * m.markov_w2.weight
+    mx.eval(model.parameters())
+    return model
+
+
+def reload(kind, folder):
+    """The drafter as the reference loads a checkpoint: its config class,
+    its `sanitize`, strict weights."""
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    model = DSparkDraftModel(DSparkConfig.from_dict(config)) if kind == "dspark" else DFlashDraftModel(DFlashConfig.from_dict(config))
+    weights = mx.load(os.path.join(folder, "model.safetensors"))
+    model.load_weights(list(model.sanitize(weights).items()), strict=True)
+    mx.eval(model.parameters())
+    return model
+
+
+def reference_rounds(lm, drafter, prompt, max_tokens):
+    """`_dflash_rounds` as mlx-vlm's generate runs it for one greedy
+    request, with the drafter's logits recorded at each draft step."""
+    trace, steps = [], []
+    if isinstance(drafter, DSparkDraftModel):
+        apply = drafter.markov_head.apply_step_logits
+
+        def recorded_step(logits, tokens):
+            out = apply(logits, tokens)
+            steps.append(out.astype(mx.float32).reshape(-1).tolist())
+            return out
+
+        drafter.markov_head.apply_step_logits = recorded_step
+    else:
+        hidden_fn = drafter._hidden
+
+        def recorded_hidden(inputs, target_hidden, cache):
+            h = hidden_fn(inputs, target_hidden, cache)
+            for row in drafter._logits(h[:, 1:]).astype(mx.float32)[0]:
+                steps.append(row.tolist())
+            return h
+
+        drafter._hidden = recorded_hidden
+    draft_block = drafter.draft_block_greedy if hasattr(drafter, "draft_block_greedy") else drafter.draft_block
+
+    def recorded_block(last_bonus, hidden, cache, block_size, sampler, token_dtype=mx.int32, **kw):
+        start = len(steps)
+        captured = {}
+        if isinstance(drafter, DSparkDraftModel):
+            inner = drafter._hidden
+
+            def keep_hidden(inputs, target_hidden, c):
+                captured["h"] = inner(inputs, target_hidden, c)
+                return captured["h"]
+
+            drafter._hidden = keep_hidden
+        tokens = draft_block(last_bonus, hidden, cache, block_size, sampler, token_dtype, **kw)
+        row = {"drafts": tokens.reshape(-1).tolist(), "logits": steps[start:]}
+        if isinstance(drafter, DSparkDraftModel):
+            drafter._hidden = inner
+            anchor = mx.array([int(last_bonus)], dtype=mx.int32)
+            c = drafter.confidence(captured["h"], anchor, tokens.astype(mx.int32))
+            row["confidence"] = c.reshape(-1).tolist()
+        trace.append(row)
+        return tokens
+
+    drafter.draft_block_greedy = recorded_block
+    record = rounds._record_speculative_round
+
+    def recorded_round(model, accepted, drafted):
+        trace[-1]["accepted"] = int(accepted)
+        assert drafted == len(trace[-1]["drafts"]), (drafted, trace[-1])
+        record(model, accepted, drafted)
+
+    rounds._record_speculative_round = recorded_round
+
+    cache = lm.make_cache()
+    out = lm(mx.array([prompt], dtype=mx.int32), cache=cache, capture_layer_ids=TAPS)
+    hidden = mx.concatenate(out.hidden_states, axis=-1)
+    first = int(mx.argmax(out.logits[0, -1]).item())
+    emitted = [first]
+    argmax = lambda logits: mx.argmax(logits, axis=-1)  # noqa: E731
+    for tok, _ in rounds._dflash_rounds(
+        lm,
+        drafter,
+        cache,
+        hidden,
+        first_bonus=first,
+        max_tokens=max_tokens,
+        sampler=argmax,
+        token_dtype=mx.int32,
+        use_model_initial_block_size=False,
+        greedy_sampling=True,
+    ):
+        emitted.append(int(tok))
+    rounds._record_speculative_round = record
+    return emitted, trace
+
+
+def main():
+    out, prompt, max_tokens = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
+    assert all(0 <= t < MASK for t in prompt), f"prompt ids must be below {MASK}"
+    lm = base.make_target()
+    # DSpark's target check reads the text config through `config`.
+    lm.config.text_config = lm.args
+    # The mask token carries nothing in (see the docstring).
+    w = lm.model.embed_tokens.weight
+    lm.model.embed_tokens.weight = mx.concatenate([w[:MASK], mx.zeros((1, w.shape[1]))], axis=0)
+    mx.eval(lm.parameters())
+    target_dir = os.path.join(out, "target")
+    base.save(target_dir, {f"language_model.{k}": v for k, v in tree_flatten(lm.parameters())}, base.TARGET)
+    base.save_tokenizer(target_dir)
+    result = {"plain": base.greedy(lm, prompt, max_tokens)}
+    summary = {}
+    for kind in ("dflash", "dspark"):
+        folder = os.path.join(out, kind)
+        base.save(folder, dict(tree_flatten(make_drafter(kind).parameters())), CONFIGS[kind])
+        emitted, trace = reference_rounds(lm, reload(kind, folder), prompt, max_tokens)
+        result[kind] = {"emitted": emitted, "rounds": trace}
+        margin = min(sorted(s, reverse=True)[0] - sorted(s, reverse=True)[1] for r in trace for s in r["logits"])
+        summary[kind] = {
+            "rounds": len(trace),
+            "accepted": [r["accepted"] for r in trace],
+            "lossless": emitted == result["plain"],
+            "margin": margin,
+        }
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump(result, f)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+//! Drafter `draft-dspark` (kinds `dspark`, `dflash`): block drafters over
+//! the target's hidden taps. A small Qwen3-shaped network (`block.rs`)
+//! reads the target's decoder-layer outputs at `target_layer_ids`
+//! (`Drafter::target_wants`) as context K/V of its own cache and proposes a
+//! whole block of tokens in one forward; DSpark adds a Markov head and a
+//! confidence head (`markov.rs`). The target's embedding and LM head come
+//! from `HostServices`. The round loop follows mlx-vlm 0.7.10's
+//! `_dflash_rounds` (`rounds.rs`).
+
+use plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use plugin_api::*;
+use plugin_sdk::rstrings;
+use std::path::Path;
+
+mod block;
+mod config;
+mod markov;
+mod open;
+mod rounds;
+
+plugin_sdk::export_plugin! {
+    manifest: manifest,
+    detect_draft: detect,
+    open_drafter: open_drafter,
+}
+
+fn manifest() -> PluginManifest {
+    plugin_sdk::manifest!(
+        PluginKind::DRAFTER,
+        "DFlash / DSpark block drafters: one parallel block over the target's hidden taps (Markov and confidence heads for DSpark)",
+        Claims { draft_kinds: rstrings(&["dspark", "dflash"]), ..Default::default() },
+        // The width a config asks for caps this (a DFlash block of 16).
+        &["default-depth:15", caps::FIXED_DEPTH],
+    )
+}
+
+/// `dspark.json` is this kind's own file; a config with a `dflash_config`
+/// (and not a DeepSpec release, whose architecture another plugin claims)
+/// is a model type's confidence.
+fn detect(dir: &str, config: &str) -> u32 {
+    if Path::new(dir).join("dspark.json").is_file() {
+        return detect::DEDICATED_FILE;
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(config) else { return 0 };
+    let deepspec = v["architectures"].as_array().is_some_and(|a| a.iter().any(|x| x == "Gemma4DSparkModel"));
+    if v.get("dflash_config").is_some_and(|d| d.is_object()) && !deepspec {
+        detect::MODEL_TYPE
+    } else {
+        0
+    }
+}
+
+fn open_drafter(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<DrafterBox, PluginError> {
+    let d = open::open(args, host)?;
+    Ok(Drafter_TO::from_value(d, TD_Opaque))
+}

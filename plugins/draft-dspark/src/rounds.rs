@@ -1,0 +1,295 @@
+//! The round loop's drafter side, as mlx-vlm 0.7.10's `_dflash_rounds`
+//! keeps it (fixed width, greedy).
+//!
+//! The drafter's cache holds context K/V, one row per position whose
+//! target taps it has seen: the prompt's (from `prefill_states`) and each
+//! round's verified rows (the pending token's and the accepted drafts').
+//! Rows arrive at commit and enter the cache with the next block, as the
+//! reference feeds `hidden` to `draft_block`. A round drafts from the
+//! block `[anchor, mask…]` anchored at the history's last (unverified)
+//! token; rejected drafts never enter the cache, so nothing is trimmed.
+//!
+//! The first round after the prompt drafts nothing (a plain step): the
+//! reference's prefill yields the first token from the prompt's last
+//! position before any block runs, and its first block is anchored at that
+//! token with the whole prompt as context; this keeps every later round
+//! identical to the reference's.
+
+use crate::block::{Block, Positions};
+use crate::markov::{Confidence, Markov};
+use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
+use plugin_api::*;
+use plugin_sdk::mlx_rs::{self, ops, Array, Dtype};
+use plugin_sdk::{guard, into_array};
+use std::io::Write;
+use std::path::PathBuf;
+
+pub fn tensor_ref(a: &Array) -> TensorRef<'_> {
+    unsafe { TensorRef::from_raw(a.as_ptr()) }
+}
+
+pub fn mlx(e: mlx_rs::error::Exception) -> PluginError {
+    PluginError::mlx(e.what().to_owned())
+}
+
+/// What a drafter of this kind is, beyond its weights.
+pub struct Shape {
+    pub proposals: usize,
+    pub mask_token_id: u32,
+    pub sample_from_anchor: bool,
+    pub softcap: Option<f32>,
+    pub taps: Vec<u32>,
+    /// Per-position confidence thresholds (the last repeats), empty = none.
+    pub thresholds: Vec<f32>,
+}
+
+/// Context rows not yet in the cache: taps `[1, S, n·H]` from `first` on.
+struct Context {
+    first: usize,
+    taps: Array,
+}
+
+struct Round {
+    drafts: Vec<u32>,
+}
+
+pub struct BlockDrafter {
+    block: Block,
+    markov: Option<Markov>,
+    confidence: Option<Confidence>,
+    shape: Shape,
+    caches: Vec<CacheBox>,
+    host: HostServicesBox,
+    pending: Option<Context>,
+    /// A verify has brought rows since the prompt: blocks may run.
+    seeded: bool,
+    round: Option<Round>,
+    /// Writes each round's draft logits, drafts, confidences and accepted
+    /// count as JSON lines (the option `trace=<file>`; parity tests read it).
+    trace: Option<PathBuf>,
+    trace_rows: (Vec<Vec<f32>>, Vec<f32>),
+}
+
+impl BlockDrafter {
+    pub fn new(
+        block: Block,
+        heads: (Option<Markov>, Option<Confidence>),
+        shape: Shape,
+        caches: Vec<CacheBox>,
+        host: HostServicesBox,
+        trace: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            block,
+            markov: heads.0,
+            confidence: heads.1,
+            shape,
+            caches,
+            host,
+            pending: None,
+            seeded: false,
+            round: None,
+            trace,
+            trace_rows: Default::default(),
+        }
+    }
+
+    fn embed(&self, ids: &[u32]) -> Result<Array, PluginError> {
+        let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        let ids = Array::from_slice(&v, &[1, v.len() as i32]);
+        Ok(into_array(self.host.target_embed(tensor_ref(&ids)).into_result()?))
+    }
+
+    /// Rows `first..` of the verified taps join the context.
+    fn push_context(&mut self, first: usize, taps: Array) -> Result<(), PluginError> {
+        self.pending = Some(match self.pending.take() {
+            Some(p) if p.first + p.taps.shape()[1] as usize == first => {
+                Context { first: p.first, taps: ops::concatenate(&[p.taps, taps], 1).map_err(mlx)? }
+            }
+            // A gap (positions run without states): the older rows enter
+            // the cache on their own, at their positions.
+            Some(p) => {
+                self.absorb(p)?;
+                Context { first, taps }
+            }
+            None => Context { first, taps },
+        });
+        Ok(())
+    }
+
+    fn absorb(&mut self, c: Context) -> Result<(), PluginError> {
+        let out = self.block.absorb(&c.taps, c.first as i32, &mut self.caches).map_err(mlx)?;
+        mlx_rs::transforms::eval(out.iter()).map_err(mlx)
+    }
+
+    fn reset(&mut self) -> Result<(), PluginError> {
+        for c in self.caches.iter_mut() {
+            let held = c.offset();
+            if held > 0 && c.trim(held) != held {
+                return Err(PluginError::unsupported("dspark: the drafter's cache cannot be cleared"));
+            }
+        }
+        self.pending = None;
+        self.seeded = false;
+        self.round = None;
+        Ok(())
+    }
+
+    fn draft_round(&mut self, history: &[u32], n: usize) -> Result<Vec<u32>, PluginError> {
+        self.round = Some(Round { drafts: Vec::new() });
+        if !self.seeded {
+            return Ok(Vec::new());
+        }
+        let Some(context) = self.pending.take() else { return Ok(Vec::new()) };
+        let anchor = *history.last().expect("a history has a token");
+        let k = n.min(self.shape.proposals);
+        // The block: the anchor then masks; its outputs past the anchor are
+        // the drafts, or every slot's with `sample_from_anchor`.
+        let masks = if self.shape.sample_from_anchor { k - 1 } else { k };
+        let mut ids = vec![anchor];
+        ids.extend(std::iter::repeat_n(self.shape.mask_token_id, masks));
+        let at = Positions { context: context.first as i32, block: history.len() as i32 - 1 };
+        let out = self.block.forward(&self.embed(&ids)?, &context.taps, at, &mut self.caches).map_err(mlx)?;
+        let rows = if self.shape.sample_from_anchor { out } else { index_rows(&out, 1, k as i32 + 1)? };
+        let logits = into_array(self.host.target_lm_head(tensor_ref(&rows)).into_result()?);
+        let v = logits.shape()[logits.ndim() - 1];
+        let mut logits = logits.reshape(&[k as i32, v]).map_err(mlx)?.as_dtype(Dtype::Float32).map_err(mlx)?;
+        if let Some(cap) = self.shape.softcap {
+            let c = Array::from_f32(cap);
+            logits = ops::tanh(&logits.divide(&c).map_err(mlx)?).map_err(mlx)?.multiply(&c).map_err(mlx)?;
+        }
+        let (drafts, step_logits) = self.choose(&logits, anchor, k)?;
+        let confidence = self.confidences(&rows, anchor, &drafts, k)?;
+        let keep = self.kept(&confidence, drafts.len());
+        if self.trace.is_some() {
+            self.trace_rows = (step_logits.iter().map(|l| l.as_slice::<f32>().to_vec()).collect(), confidence);
+        }
+        let drafts = drafts[..keep].to_vec();
+        self.round = Some(Round { drafts: drafts.clone() });
+        Ok(drafts)
+    }
+
+    /// Greedy drafts and the logits each was chosen from: all at once, or
+    /// one after another through the Markov head.
+    fn choose(&self, logits: &Array, anchor: u32, k: usize) -> Result<(Vec<u32>, Vec<Array>), PluginError> {
+        let Some(markov) = &self.markov else {
+            let tokens = ops::indexing::argmax_axis(logits, -1, None).map_err(mlx)?;
+            mlx_rs::transforms::eval([&tokens, logits]).map_err(mlx)?;
+            let rows = (0..k as i32).map(|i| index_rows(logits, i, i + 1)).collect::<Result<Vec<_>, _>>()?;
+            return Ok((tokens.as_slice::<u32>().to_vec(), rows));
+        };
+        let (mut drafts, mut rows) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        let mut previous = anchor;
+        for i in 0..k as i32 {
+            let step = markov.step(&index_rows(logits, i, i + 1)?, previous).map_err(mlx)?;
+            let t = ops::indexing::argmax(&step, None).map_err(mlx)?;
+            mlx_rs::transforms::eval([&t, &step]).map_err(mlx)?;
+            previous = t.item_cast::<u32>();
+            drafts.push(previous);
+            rows.push(step);
+        }
+        Ok((drafts, rows))
+    }
+
+    /// The confidence head's estimates (empty without the head).
+    fn confidences(&self, rows: &Array, anchor: u32, drafts: &[u32], k: usize) -> Result<Vec<f32>, PluginError> {
+        let Some(head) = &self.confidence else { return Ok(Vec::new()) };
+        let mut previous = vec![anchor];
+        previous.extend(&drafts[..k - 1]);
+        let h = rows.reshape(&[k as i32, -1]).map_err(mlx)?;
+        let c = head.forward(&h, &previous, self.markov.as_ref()).map_err(mlx)?;
+        mlx_rs::transforms::eval([&c]).map_err(mlx)?;
+        Ok(c.as_slice::<f32>().to_vec())
+    }
+
+    /// Drafts kept: up to the first whose confidence is under its
+    /// position's threshold.
+    fn kept(&self, confidence: &[f32], drafts: usize) -> usize {
+        let t = &self.shape.thresholds;
+        if t.is_empty() {
+            return drafts;
+        }
+        confidence.iter().enumerate().position(|(i, &c)| c < t[i.min(t.len() - 1)]).unwrap_or(drafts)
+    }
+
+    fn commit_round(&mut self, accepted: usize, states: &TargetStates<'_>) -> Result<(), PluginError> {
+        let drafts = self.round.take().map(|r| r.drafts).unwrap_or_default();
+        if states.len == 0 || states.taps.len() != self.shape.taps.len() {
+            return Err(PluginError::invalid_input("dspark: the host lent no hidden taps"));
+        }
+        let a = accepted.min(drafts.len()).min(states.len as usize - 1);
+        let taps = concat_taps(states.taps.as_slice())?;
+        self.push_context(states.first as usize, index_rows(&taps, 0, a as i32 + 1)?)?;
+        self.seeded = true;
+        if self.trace.is_some() && !drafts.is_empty() {
+            let (logits, confidence) = std::mem::take(&mut self.trace_rows);
+            self.record(
+                serde_json::json!({"drafts": drafts, "accepted": a, "logits": logits, "confidence": confidence}),
+            );
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, line: serde_json::Value) {
+        if let Some(path) = &self.trace {
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+    }
+}
+
+/// The taps side by side `[1, L, n·H]`, in the order asked (ascending layers).
+fn concat_taps(taps: &[TensorRef<'_>]) -> Result<Array, PluginError> {
+    let arrays: Vec<Array> = taps.iter().map(|t| into_array(t.to_owned())).collect();
+    ops::concatenate(&arrays, -1).map_err(mlx)
+}
+
+/// Rows `from..to` along the second axis.
+fn index_rows(a: &Array, from: i32, to: i32) -> Result<Array, PluginError> {
+    use mlx_rs::ops::indexing::IndexOp;
+    Ok(if a.ndim() == 2 { a.index((from..to, ..)) } else { a.index((.., from..to, ..)) })
+}
+
+impl Drafter for BlockDrafter {
+    fn prefill(&mut self, _prompt: RSlice<'_, u32>) -> PResult<()> {
+        guard(|| self.reset())
+    }
+
+    fn draft(&mut self, args: DraftArgs<'_>) -> PResult<Draft> {
+        guard(|| {
+            let n = args.max_tokens as usize;
+            let tokens = if n == 0 { Vec::new() } else { self.draft_round(args.history.as_slice(), n)? };
+            Ok(Draft { tokens: RVec::from(tokens), probabilities: ROption::RNone })
+        })
+    }
+
+    fn commit(&mut self, _accepted: u32) -> PResult<()> {
+        // Only reached without states: the context cannot grow, so blocks
+        // stop until the next prompt.
+        guard(|| {
+            self.round = None;
+            self.seeded = false;
+            Ok(())
+        })
+    }
+
+    fn target_wants(&self) -> TargetWants {
+        TargetWants { hidden: false, taps: RVec::from(self.shape.taps.clone()) }
+    }
+
+    fn prefill_states(&mut self, _prompt: RSlice<'_, u32>, states: TargetStates<'_>) -> PResult<()> {
+        guard(|| {
+            self.reset()?;
+            if states.len > 0 && states.taps.len() == self.shape.taps.len() {
+                let taps = concat_taps(states.taps.as_slice())?;
+                self.push_context(states.first as usize, taps)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn commit_states(&mut self, accepted: u32, states: TargetStates<'_>) -> PResult<()> {
+        guard(|| self.commit_round(accepted as usize, &states))
+    }
+}

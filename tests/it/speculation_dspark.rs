@@ -1,0 +1,139 @@
+//! The `dspark` drafter (DFlash and DSpark block drafters) against mlx-vlm
+//! 0.7.10's own classes and round loop (`models/scripts/dspark_oracle.py`,
+//! `_dflash_rounds`, fixed width): the tiny random Qwen3.5 hybrid of the
+//! MTP test as target (tapped at layers 1 and 3), one drafter of each
+//! variant, with agreement arranged so that rounds accept none, some and
+//! all of their drafts. Per round the logits each draft was chosen from
+//! (after the Markov correction for DSpark), the drafts, the accepted count
+//! and DSpark's confidences equal the reference's (float32, the parity
+//! tolerance); the emitted tokens equal the reference loop's and plain
+//! greedy decoding. Confidence thresholds prune rounds where the
+//! confidences say and stay lossless. A drafter that does not fit its
+//! target is refused at start, in one line.
+
+use it::draft_trace::{generate, generate_ok, ids, rounds, same_rounds, speculate, Round, ShortRounds};
+use it::{python, run_ok, Scratch};
+use serde_json::Value;
+use std::path::Path;
+
+const PROMPT: &str = "5,17,33,8,41,60,22,9";
+const MAX_TOKENS: usize = 40;
+/// The reference runs longer, so its rounds at the indices where our
+/// budget cuts a block short are full ones (not compared: a block's width
+/// changes every slot).
+const REFERENCE_EXTRA: usize = 4;
+/// Verify width 4 for both drafters (dspark_oracle.py): three drafts a round.
+const DRAFTS: u64 = 3;
+
+fn oracle(dir: &Path) -> Value {
+    let script = it::repo_root().join("models/scripts/dspark_oracle.py");
+    let summary = run_ok(python().arg(script).arg(dir).arg(PROMPT).arg((MAX_TOKENS + REFERENCE_EXTRA).to_string()));
+    eprintln!("oracle: {}", summary.trim());
+    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+fn totals(rounds: &[Round]) -> (u64, u64) {
+    (rounds.iter().map(|r| r.drafts.len() as u64).sum(), rounds.iter().map(|r| r.accepted).sum())
+}
+
+#[test]
+fn block_rounds_match_the_reference_loop_and_greedy_decoding() {
+    let dir = Scratch::new("dspark-oracle");
+    let reference = oracle(&dir.0);
+    let target = dir.0.join("target");
+    let plain_ref = ids(&reference["plain"]);
+    let plain = ids(&generate_ok(&target, PROMPT, MAX_TOKENS, &[])["tokens"]);
+    assert_eq!(plain, plain_ref[..MAX_TOKENS], "plain greedy differs from mlx-vlm's Qwen3.5");
+    for kind in ["dflash", "dspark"] {
+        let want = rounds(&reference[kind]["rounds"]);
+        assert_eq!(ids(&reference[kind]["emitted"]), plain_ref, "{kind}: the reference loop is not lossless here");
+        let drafter = dir.0.join(kind).to_string_lossy().into_owned();
+        let trace = dir.0.join(format!("{kind}.jsonl"));
+        // The kind is detected from the folder (its `dflash_config`).
+        let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
+        assert_eq!(ids(&out["tokens"]), plain, "{kind}: speculation changed the greedy output");
+        same_rounds(&ours, &want, ShortRounds::Unchecked, kind);
+        let sp = &out["speculation"];
+        assert!(sp["disabled"].is_null(), "{kind}: {sp}");
+        assert_eq!(sp["kind"].as_str(), Some("dspark"), "{kind}: {sp}");
+        let (drafted, accepted) = totals(&ours);
+        assert_eq!((sp["drafted"].as_u64(), sp["accepted"].as_u64()), (Some(drafted), Some(accepted)), "{kind}: {sp}");
+        let full: Vec<u64> = ours.iter().filter(|r| r.drafts.len() as u64 == DRAFTS).map(|r| r.accepted).collect();
+        assert!(
+            full.contains(&0) && full.iter().any(|a| (1..DRAFTS).contains(a)) && full.contains(&DRAFTS),
+            "{kind}: full rounds accepted {full:?}: none, some and all should all happen"
+        );
+    }
+}
+
+#[test]
+fn confidence_thresholds_cut_rounds_where_the_confidences_fall() {
+    let dir = Scratch::new("dspark-prune");
+    let reference = oracle(&dir.0);
+    let target = dir.0.join("target");
+    let plain = ids(&generate_ok(&target, PROMPT, MAX_TOKENS, &[])["tokens"]);
+    // A threshold between the reference's confidences, so some rounds are
+    // cut and some are not.
+    let mut all: Vec<f64> = rounds(&reference["dspark"]["rounds"]).iter().flat_map(|r| r.confidence.clone()).collect();
+    all.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let threshold = all[all.len() / 3];
+    let drafter = dir.0.join("dspark").to_string_lossy().into_owned();
+    let option = format!("confidence-thresholds={threshold}");
+    let trace = dir.0.join("pruned.jsonl");
+    let source = ["--draft-model", drafter.as_str(), "--draft-option", option.as_str()];
+    let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &source, &trace);
+    assert_eq!(ids(&out["tokens"]), plain, "pruned rounds changed the greedy output");
+    let mut cut = 0;
+    for (i, r) in ours.iter().enumerate() {
+        let keep = r.confidence.iter().position(|&c| c < threshold).unwrap_or(r.confidence.len());
+        assert_eq!(r.drafts.len(), keep, "round {i}: confidences {:?} under {threshold}", r.confidence);
+        cut += usize::from(keep < r.confidence.len());
+    }
+    let kept: Vec<usize> = ours.iter().map(|r| r.drafts.len()).collect();
+    assert!(cut > 0 && kept.contains(&(DRAFTS as usize)), "rounds kept {kept:?}: some cut and some whole expected");
+}
+
+/// `dir/dspark` with its config and tensors changed by `edit` (Python),
+/// then the one line the host refuses it with.
+fn refusal(dir: &Path, edit: &str) -> String {
+    let script = "import sys, json, mlx.core as mx\n\
+        d, edit = sys.argv[1], sys.argv[2]\n\
+        cfg = json.load(open(d + '/config.json'))\n\
+        w = mx.load(d + '/model.safetensors')\n\
+        exec(edit)\n\
+        json.dump(cfg, open(d + '/config.json', 'w'))\n\
+        mx.save_safetensors(d + '/model.safetensors', w)";
+    let bad = Scratch::new("dspark-bad");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(dir.join("dspark").join(f), bad.0.join(f)).unwrap();
+    }
+    run_ok(python().args(["-c", script]).arg(&bad.0).arg(edit));
+    let out = generate(&dir.join("target"), PROMPT, MAX_TOKENS, &["--draft-model", bad.0.to_str().unwrap()]);
+    assert!(!out.status.success(), "{edit}: the host started with a mismatched drafter");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("`draft-dspark`") || l.contains("`dspark`")).collect();
+    assert_eq!(lines.len(), 1, "{edit}: not one line naming the mismatch:\n{err}");
+    lines[0].to_owned()
+}
+
+#[test]
+fn a_block_drafter_that_does_not_fit_its_target_is_refused_at_start() {
+    let dir = Scratch::new("dspark-mismatch");
+    oracle(&dir.0);
+    let cases = [
+        ("cfg['hidden_size'] = 32", "hidden size 32 differs from the target's 64"),
+        ("cfg['vocab_size'] = 128", "vocabulary (128) differs from the target's (96)"),
+        ("cfg['dflash_config']['num_target_layers'] = 6", "made for 6 target layers, the target has 4"),
+        ("cfg['dflash_config']['target_layer_ids'] = [1, 9]", "taps layer 9, the target has 4 decoder layers"),
+        ("cfg['dflash_config']['markov_head_type'] = 'rnn'", "markov_head_type `rnn` is not built"),
+        ("del w['fc.weight']", "missing tensor `fc.weight`"),
+        (
+            "w['markov_head.markov_w1.weight'] = w['markov_head.markov_w1.weight'][:, :4]",
+            "markov_head.markov_w1.weight",
+        ),
+    ];
+    for (edit, want) in cases {
+        let line = refusal(&dir.0, edit);
+        assert!(line.contains(want), "{edit}: {line}");
+    }
+}

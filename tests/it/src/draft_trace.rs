@@ -1,0 +1,118 @@
+//! Drafters checked round by round against a reference loop: drafter
+//! plugins write one JSON line per round when given the option
+//! `trace=<file>` (`drafts`, `accepted`, `logits` each draft was chosen
+//! from, optionally `confidence`); oracle scripts write the reference's
+//! rounds in the same shape.
+
+use crate::{host_bin, repo_root};
+use serde_json::Value;
+use std::path::Path;
+
+/// `|a - b| <= ATOL + RTOL |b|`, as the f32 parity tests.
+pub const ATOL: f64 = 1e-4;
+pub const RTOL: f64 = 1e-4;
+
+pub struct Round {
+    pub drafts: Vec<u64>,
+    pub accepted: u64,
+    pub logits: Vec<Vec<f64>>,
+    pub confidence: Vec<f64>,
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array().map(|a| a.iter().map(|x| x.as_f64().unwrap()).collect()).unwrap_or_default()
+}
+
+pub fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
+}
+
+pub fn round(v: &Value) -> Round {
+    Round {
+        drafts: ids(&v["drafts"]),
+        accepted: v["accepted"].as_u64().unwrap(),
+        logits: v["logits"].as_array().unwrap().iter().map(floats).collect(),
+        confidence: floats(&v["confidence"]),
+    }
+}
+
+pub fn rounds(v: &Value) -> Vec<Round> {
+    v.as_array().unwrap().iter().map(round).collect()
+}
+
+/// `host generate` on prompt ids, greedy, a fixed length, JSON out.
+pub fn generate(target: &Path, prompt: &str, max_tokens: usize, extra: &[&str]) -> std::process::Output {
+    std::process::Command::new(host_bin())
+        .current_dir(repo_root())
+        .args(["generate", "--model"])
+        .arg(target)
+        .args(["--prompt-ids", prompt, "--max-tokens", &max_tokens.to_string(), "--ignore-eos", "--json"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+pub fn generate_ok(target: &Path, prompt: &str, max_tokens: usize, extra: &[&str]) -> Value {
+    let out = generate(target, prompt, max_tokens, extra);
+    assert!(out.status.success(), "host generate {extra:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Speculates with the drafter `source` names (always, every round traced).
+pub fn speculate(target: &Path, prompt: &str, max_tokens: usize, source: &[&str], trace: &Path) -> (Value, Vec<Round>) {
+    let _ = std::fs::remove_file(trace);
+    let option = format!("trace={}", trace.display());
+    let mut extra = source.to_vec();
+    extra.extend(["--speculate-always", "--draft-option", &option]);
+    let out = generate_ok(target, prompt, max_tokens, &extra);
+    let text = std::fs::read_to_string(trace).unwrap_or_default();
+    let lines = text.lines().map(|l| round(&serde_json::from_str(l).unwrap())).collect();
+    (out, lines)
+}
+
+/// How a round the budget cut short compares with the reference's round
+/// at its index (the reference runs a few tokens longer).
+#[derive(Clone, Copy, PartialEq)]
+pub enum ShortRounds {
+    /// Its drafts and logits are the reference's first ones (a drafter
+    /// whose steps do not see the round's width).
+    Prefix,
+    /// Not comparable: a block drafter's width changes every slot's output.
+    Unchecked,
+}
+
+pub fn close(a: &[f64], b: &[f64]) -> Option<(f64, f64)> {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter().zip(b).find(|(x, y)| (*x - *y).abs() > ATOL + RTOL * y.abs()).map(|(x, y)| (*x, *y))
+}
+
+/// Our rounds against the reference's, index by index. Rounds the budget
+/// cut short may only come last.
+pub fn same_rounds(ours: &[Round], reference: &[Round], short: ShortRounds, what: &str) {
+    assert!(!ours.is_empty(), "{what}: the drafter traced no rounds");
+    assert!(ours.len() <= reference.len(), "{what}: {} rounds, the reference ran {}", ours.len(), reference.len());
+    let mut cut = false;
+    for (i, (o, r)) in ours.iter().zip(reference).enumerate() {
+        let k = o.drafts.len();
+        assert!(k >= 1 && k <= r.drafts.len(), "{what} round {i}: {k} drafts, the reference drafted {:?}", r.drafts);
+        if k < r.drafts.len() {
+            cut = true;
+            if short == ShortRounds::Unchecked {
+                continue;
+            }
+        } else {
+            assert!(!cut, "{what} round {i}: a full round after one the budget cut short");
+        }
+        assert_eq!(o.drafts, r.drafts[..k], "{what} round {i}: drafts");
+        assert_eq!(o.accepted, r.accepted.min(k as u64), "{what} round {i}: accepted of {:?}", o.drafts);
+        assert_eq!(o.logits.len(), k, "{what} round {i}: one logits row per draft step");
+        for (step, (a, b)) in o.logits.iter().zip(&r.logits).enumerate() {
+            let bad = close(a, b);
+            assert!(bad.is_none(), "{what} round {i} step {step}: logits {bad:?} (ours, reference)");
+        }
+        if !r.confidence.is_empty() {
+            let bad = close(&o.confidence, &r.confidence);
+            assert!(bad.is_none(), "{what} round {i}: confidence {bad:?} (ours, reference)");
+        }
+    }
+}
