@@ -5,7 +5,7 @@
 //! draft model's probabilities; a sampled self-draft accepts almost
 //! everything by rejection sampling; HTTP usage reports what speculation did.
 
-use it::{host_bin, model, run_ok, Server};
+use it::{chi2_two_sample, host_bin, model, run_ok, Server};
 use serde_json::{json, Value};
 
 fn gen(m: &str, prompt: &[&str], extra: &[&str]) -> Value {
@@ -223,23 +223,6 @@ fn sampled_speculation_keeps_the_target_distribution() {
     let pairs: Vec<[f64; 2]> = counts.values().copied().collect();
     let (chi2, crit) = chi2_two_sample(&pairs);
     assert!(chi2 < crit, "distributions differ: chi2 {chi2:.1} >= {crit:.1}; counts {counts:?}");
-}
-
-/// Chi-square two-sample statistic over cells of counts `[a, b]` (equal
-/// totals), and its critical value at 99.9% (z = 3.09, Wilson-Hilferty).
-fn chi2_two_sample(cells: &[[f64; 2]]) -> (f64, f64) {
-    let total = [cells.iter().map(|c| c[0]).sum::<f64>(), cells.iter().map(|c| c[1]).sum::<f64>()];
-    let mut chi2 = 0.0;
-    for c in cells {
-        let row = c[0] + c[1];
-        for k in 0..2 {
-            let e = row * total[k] / (total[0] + total[1]);
-            chi2 += (c[k] - e).powi(2) / e;
-        }
-    }
-    let df = (cells.len() - 1) as f64;
-    let z = 3.09;
-    (chi2, df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3))
 }
 
 #[test]

@@ -12,8 +12,8 @@
 //! target is refused at start, in one line.
 
 use it::draft_trace::{generate, generate_ok, ids, rounds, same_rounds, speculate, Round, ShortRounds};
-use it::{python, run_ok, Scratch};
-use serde_json::Value;
+use it::{chi2_two_sample, python, run_ok, Scratch, Server};
+use serde_json::{json, Value};
 use std::path::Path;
 
 const PROMPT: &str = "5,17,33,8,41,60,22,9";
@@ -135,5 +135,53 @@ fn a_block_drafter_that_does_not_fit_its_target_is_refused_at_start() {
     for (edit, want) in cases {
         let line = refusal(&dir.0, edit);
         assert!(line.contains(want), "{edit}: {line}");
+    }
+}
+
+/// At temperature > 0 the drafters draw their drafts from the request's
+/// processed distribution and return it; rejection sampling then keeps the
+/// target's distribution: the joint outcome of four sampled tokens (top_k
+/// 2 at temperature 1: 16 cells; a plain first step, then rounds of up to
+/// two drafts and the bonus), 400 seeds per arm, chi-square at 99.9%
+/// against plain sampling.
+#[test]
+fn sampled_block_drafts_keep_the_target_distribution() {
+    let dir = Scratch::new("dspark-sampled");
+    oracle(&dir.0);
+    let target = dir.0.join("target");
+    let plain = Server::start(&target, &["--batch", "1"]);
+    let sample = |s: &Server, seed: u64| -> (Vec<u64>, Value) {
+        let body = json!({"prompt": [5, 17, 33, 8], "max_tokens": 4, "temperature": 1.0, "top_k": 2, "seed": seed, "logprobs": 0});
+        let r = s.post("/v1/completions", &body).json();
+        let tokens = r["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap()[1..].parse().unwrap())
+            .collect();
+        (tokens, r["usage"]["speculation"].clone())
+    };
+    let n = 400;
+    let reference: Vec<Vec<u64>> = (0..n).map(|seed| sample(&plain, seed).0).collect();
+    for kind in ["dflash", "dspark"] {
+        let drafter = dir.0.join(kind).to_string_lossy().into_owned();
+        let spec = Server::start(&target, &["--batch", "1", "--draft-model", &drafter, "--speculate-always"]);
+        let mut counts: std::collections::BTreeMap<Vec<u64>, [f64; 2]> = Default::default();
+        for t in &reference {
+            counts.entry(t.clone()).or_default()[0] += 1.0;
+        }
+        let (mut drafted, mut accepted) = (0, 0);
+        for seed in 0..n {
+            let (t, sp) = sample(&spec, 10_000 + seed);
+            counts.entry(t).or_default()[1] += 1.0;
+            assert_eq!(sp["rejection_sampling"], true, "{kind}: the drafter returned no probabilities: {sp}");
+            drafted += sp["drafted"].as_u64().unwrap();
+            accepted += sp["accepted"].as_u64().unwrap();
+        }
+        assert!(0 < accepted && accepted < drafted, "{kind}: accepted {accepted} of {drafted}: both outcomes expected");
+        let cells: Vec<[f64; 2]> = counts.values().copied().collect();
+        let (chi2, crit) = chi2_two_sample(&cells);
+        assert!(chi2 < crit, "{kind}: distributions differ: chi2 {chi2:.1} >= {crit:.1}; counts {counts:?}");
+        eprintln!("{kind}: accepted {accepted} of {drafted}; chi2 {chi2:.1} < {crit:.1} over {} cells", cells.len());
     }
 }

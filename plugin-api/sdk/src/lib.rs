@@ -4,8 +4,10 @@
 //! entries), [`guard`] and [`quietly`] (no panic crosses the boundary), conversions between
 //! boundary [`Tensor`]s and mlx-rs [`Array`]s that respect the ownership
 //! rules, [`Locked`] (a graph holding MLX arrays made `Sync` without
-//! `unsafe`), and manifest helpers. Never depends on a host crate.
+//! `unsafe`), manifest helpers, and [`draft_sampling`] (drafters drawing
+//! drafts as the host samples). Never depends on a host crate.
 
+pub mod draft_sampling;
 mod locked;
 
 pub use locked::Locked;

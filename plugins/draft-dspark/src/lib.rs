@@ -30,7 +30,7 @@ fn manifest() -> PluginManifest {
         "DFlash / DSpark block drafters: one parallel block over the target's hidden taps (Markov and confidence heads for DSpark)",
         Claims { draft_kinds: rstrings(&["dspark", "dflash"]), ..Default::default() },
         // The width a config asks for caps this (a DFlash block of 16).
-        &["default-depth:15", caps::FIXED_DEPTH],
+        &["default-depth:15", caps::FIXED_DEPTH, caps::DRAFT_PROBABILITIES],
     )
 }
 

@@ -1,5 +1,7 @@
 //! The round loop's drafter side, as mlx-vlm 0.7.10's `_dflash_rounds`
-//! keeps it (fixed width, greedy).
+//! keeps it (fixed width). Sampled requests draw each draft from the
+//! request's processed distribution and return those distributions, so the
+//! host verifies by rejection sampling.
 //!
 //! The drafter's cache holds context K/V, one row per position whose
 //! target taps it has seen: the prompt's (from `prefill_states`) and each
@@ -19,8 +21,9 @@ use crate::block::{Block, Positions};
 use crate::markov::{Confidence, Markov};
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
 use plugin_api::*;
+use plugin_sdk::draft_sampling::Picker;
 use plugin_sdk::mlx_rs::{self, ops, Array, Dtype};
-use plugin_sdk::{guard, into_array};
+use plugin_sdk::{guard, into_array, into_tensor};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -51,6 +54,13 @@ struct Context {
 
 struct Round {
     drafts: Vec<u32>,
+}
+
+struct Chosen {
+    drafts: Vec<u32>,
+    logits: Vec<Array>,
+    /// float32 `[k, V]`: the distribution each draft was drawn from.
+    q: Option<Array>,
 }
 
 pub struct BlockDrafter {
@@ -135,12 +145,13 @@ impl BlockDrafter {
         Ok(())
     }
 
-    fn draft_round(&mut self, history: &[u32], n: usize) -> Result<Vec<u32>, PluginError> {
+    fn draft_round(&mut self, history: &[u32], n: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
         self.round = Some(Round { drafts: Vec::new() });
+        let nothing = Chosen { drafts: Vec::new(), logits: Vec::new(), q: None };
         if !self.seeded {
-            return Ok(Vec::new());
+            return Ok(nothing);
         }
-        let Some(context) = self.pending.take() else { return Ok(Vec::new()) };
+        let Some(context) = self.pending.take() else { return Ok(nothing) };
         let anchor = *history.last().expect("a history has a token");
         let k = n.min(self.shape.proposals);
         // The block: the anchor then masks; its outputs past the anchor are
@@ -158,37 +169,47 @@ impl BlockDrafter {
             let c = Array::from_f32(cap);
             logits = ops::tanh(&logits.divide(&c).map_err(mlx)?).map_err(mlx)?.multiply(&c).map_err(mlx)?;
         }
-        let (drafts, step_logits) = self.choose(&logits, anchor, k)?;
-        let confidence = self.confidences(&rows, anchor, &drafts, k)?;
-        let keep = self.kept(&confidence, drafts.len());
+        let mut chosen = self.choose(&logits, anchor, k, sampling)?;
+        let confidence = self.confidences(&rows, anchor, &chosen.drafts, k)?;
+        let keep = self.kept(&confidence, chosen.drafts.len());
         if self.trace.is_some() {
-            self.trace_rows = (step_logits.iter().map(|l| l.as_slice::<f32>().to_vec()).collect(), confidence);
+            self.trace_rows = (chosen.logits.iter().map(|l| l.as_slice::<f32>().to_vec()).collect(), confidence);
         }
-        let drafts = drafts[..keep].to_vec();
-        self.round = Some(Round { drafts: drafts.clone() });
-        Ok(drafts)
+        chosen.drafts.truncate(keep);
+        if let Some(q) = chosen.q.take() {
+            chosen.q = Some(index_rows(&q, 0, keep as i32)?);
+        }
+        self.round = Some(Round { drafts: chosen.drafts.clone() });
+        Ok(chosen)
     }
 
-    /// Greedy drafts and the logits each was chosen from: all at once, or
-    /// one after another through the Markov head.
-    fn choose(&self, logits: &Array, anchor: u32, k: usize) -> Result<(Vec<u32>, Vec<Array>), PluginError> {
-        let Some(markov) = &self.markov else {
+    /// The drafts, the logits each was chosen from, and (when sampling)
+    /// the distributions they were drawn from: greedy drafts at once, else
+    /// one after another (the Markov head sees each draft's predecessor;
+    /// draws follow the request's sampling, `Picker`).
+    fn choose(&self, logits: &Array, anchor: u32, k: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
+        if self.markov.is_none() && sampling.is_greedy() {
             let tokens = ops::indexing::argmax_axis(logits, -1, None).map_err(mlx)?;
             mlx_rs::transforms::eval([&tokens, logits]).map_err(mlx)?;
             let rows = (0..k as i32).map(|i| index_rows(logits, i, i + 1)).collect::<Result<Vec<_>, _>>()?;
-            return Ok((tokens.as_slice::<u32>().to_vec(), rows));
-        };
+            return Ok(Chosen { drafts: tokens.as_slice::<u32>().to_vec(), logits: rows, q: None });
+        }
+        let mut picker = Picker::new(sampling).map_err(mlx)?;
         let (mut drafts, mut rows) = (Vec::with_capacity(k), Vec::with_capacity(k));
         let mut previous = anchor;
         for i in 0..k as i32 {
-            let step = markov.step(&index_rows(logits, i, i + 1)?, previous).map_err(mlx)?;
-            let t = ops::indexing::argmax(&step, None).map_err(mlx)?;
+            let row = index_rows(logits, i, i + 1)?;
+            let step = match &self.markov {
+                Some(m) => m.step(&row, previous).map_err(mlx)?,
+                None => row,
+            };
+            let t = picker.pick(&step).map_err(mlx)?;
             mlx_rs::transforms::eval([&t, &step]).map_err(mlx)?;
             previous = t.item_cast::<u32>();
             drafts.push(previous);
             rows.push(step);
         }
-        Ok((drafts, rows))
+        Ok(Chosen { drafts, logits: rows, q: picker.probabilities().map_err(mlx)? })
     }
 
     /// The confidence head's estimates (empty without the head).
@@ -259,8 +280,11 @@ impl Drafter for BlockDrafter {
     fn draft(&mut self, args: DraftArgs<'_>) -> PResult<Draft> {
         guard(|| {
             let n = args.max_tokens as usize;
-            let tokens = if n == 0 { Vec::new() } else { self.draft_round(args.history.as_slice(), n)? };
-            Ok(Draft { tokens: RVec::from(tokens), probabilities: ROption::RNone })
+            if n == 0 {
+                return Ok(Draft { tokens: RVec::new(), probabilities: ROption::RNone });
+            }
+            let chosen = self.draft_round(args.history.as_slice(), n, args.sampling)?;
+            Ok(Draft { tokens: RVec::from(chosen.drafts), probabilities: chosen.q.map(into_tensor).into() })
         })
     }
 

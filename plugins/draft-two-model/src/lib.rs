@@ -16,8 +16,6 @@ use plugin_api::*;
 use plugin_sdk::mlx_rs::{self, Array};
 use plugin_sdk::{guard, into_array, into_tensor, rstrings};
 
-mod sampling;
-
 plugin_sdk::export_plugin! {
     manifest: manifest,
     detect_draft: detect,
@@ -123,7 +121,7 @@ impl TwoModel {
         n: usize,
         sampling: DraftSampling,
     ) -> Result<(Array, Option<Array>), PluginError> {
-        let mut picker = sampling::Picker::new(sampling).map_err(mlx)?;
+        let mut picker = plugin_sdk::draft_sampling::Picker::new(sampling).map_err(mlx)?;
         let mut y = picker.pick(&self.next(tokens)?).map_err(mlx)?;
         mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
         let mut drafted = vec![y.clone()];

@@ -481,3 +481,20 @@ impl Server {
         })
     }
 }
+
+/// Chi-square two-sample statistic over cells of counts `[a, b]` (equal
+/// totals), and its critical value at 99.9% (z = 3.09, Wilson-Hilferty).
+pub fn chi2_two_sample(cells: &[[f64; 2]]) -> (f64, f64) {
+    let total = [cells.iter().map(|c| c[0]).sum::<f64>(), cells.iter().map(|c| c[1]).sum::<f64>()];
+    let mut chi2 = 0.0;
+    for c in cells {
+        let row = c[0] + c[1];
+        for k in 0..2 {
+            let e = row * total[k] / (total[0] + total[1]);
+            chi2 += (c[k] - e).powi(2) / e;
+        }
+    }
+    let df = (cells.len() - 1) as f64;
+    let z = 3.09;
+    (chi2, df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3))
+}

@@ -1,14 +1,14 @@
-//! Choosing draft tokens from the draft model's logits the way the host
-//! samples the target's (a drafter cannot use host crates): greedy argmax
+//! Choosing draft tokens from a drafter's logits the way the host samples
+//! the target's (a drafter cannot use host crates): greedy argmax
 //! at temperature 0; otherwise log-probabilities filtered by top-p, then
 //! min-p, then top-k, scaled by 1/temperature, and a draw from the
 //! resulting distribution q, whose rows the host needs for rejection
 //! sampling. The closer q is to the target's p, the more is accepted; the
 //! draws only have to come from the q that is returned.
 
+use mlx_rs::ops::indexing::{argmax_axis, put_along_axis, take_along_axis, IndexOp};
+use mlx_rs::{ops, random, Array, Dtype};
 use plugin_api::DraftSampling;
-use plugin_sdk::mlx_rs::ops::indexing::{argmax_axis, put_along_axis, take_along_axis, IndexOp};
-use plugin_sdk::mlx_rs::{self, ops, random, Array, Dtype};
 
 type R<T> = Result<T, mlx_rs::error::Exception>;
 
