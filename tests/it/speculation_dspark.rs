@@ -11,7 +11,9 @@
 //! confidences say and stay lossless. A drafter that does not fit its
 //! target is refused at start, in one line.
 
-use it::draft_trace::{generate, generate_ok, ids, rounds, same_rounds, speculate, Round, ShortRounds};
+use it::draft_trace::{
+    batched_matches_serial, generate, generate_ok, ids, rounds, same_rounds, speculate, Round, ShortRounds,
+};
 use it::{chi2_two_sample, python, run_ok, Scratch, Server};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -183,5 +185,22 @@ fn sampled_block_drafts_keep_the_target_distribution() {
         let (chi2, crit) = chi2_two_sample(&cells);
         assert!(chi2 < crit, "{kind}: distributions differ: chi2 {chi2:.1} >= {crit:.1}; counts {counts:?}");
         eprintln!("{kind}: accepted {accepted} of {drafted}; chi2 {chi2:.1} < {crit:.1} over {} cells", cells.len());
+    }
+}
+
+/// Inside continuous batches: each speculating row has its own drafter
+/// instance fed its prompt's taps and every verify's; rows arrive while
+/// others decode, plain rows (a penalty) share the steps, and the second
+/// pass starts from the prefix cache. Greedy output equals the plain serial
+/// server's.
+#[test]
+fn block_drafters_inside_continuous_batches_are_lossless() {
+    let dir = Scratch::new("dspark-batched");
+    oracle(&dir.0);
+    let target = dir.0.join("target");
+    for kind in ["dflash", "dspark"] {
+        let drafter = dir.0.join(kind).to_string_lossy().into_owned();
+        let (drafted, accepted) = batched_matches_serial(&target, &["--draft-model", &drafter], kind);
+        assert!(drafted > 0 && accepted > 0 && accepted < drafted, "{kind}: accepted {accepted} of {drafted}");
     }
 }

@@ -10,7 +10,7 @@
 //! `qwen3_5_mtp` folder and the `mtp.*` tensors of the target's checkpoint.
 //! A head that does not fit its target is refused at start, in one line.
 
-use it::draft_trace::{generate, ids, rounds, same_rounds, speculate, ShortRounds};
+use it::draft_trace::{batched_matches_serial, generate, ids, rounds, same_rounds, speculate, ShortRounds};
 use it::{python, run_ok, Scratch};
 use serde_json::Value;
 use std::path::Path;
@@ -101,4 +101,16 @@ fn an_mtp_head_that_does_not_fit_its_target_is_refused_at_start() {
     assert!(line.contains("missing tensor `fc.weight`"), "{line}");
     let line = refusal(&dir.0, "w['layers.0.self_attn.k_proj.weight'] = w['layers.0.self_attn.k_proj.weight'][:16]");
     assert!(line.contains("layers.0.self_attn.k_proj.weight"), "{line}");
+}
+
+/// Inside continuous batches, as the block drafters (`speculation_dspark`):
+/// one head instance per speculating row, fed its prompt's hidden states and
+/// every verify's; greedy output equals the plain serial server's.
+#[test]
+fn mtp_inside_continuous_batches_is_lossless() {
+    let dir = Scratch::new("mtp-batched");
+    oracle(&dir.0);
+    let head = dir.0.join("target/mtp").to_string_lossy().into_owned();
+    let (drafted, accepted) = batched_matches_serial(&dir.0.join("target"), &["--draft-model", &head], "mtp");
+    assert!(drafted > 0 && accepted > 0 && accepted < drafted, "accepted {accepted} of {drafted}");
 }

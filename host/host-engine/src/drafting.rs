@@ -138,10 +138,15 @@ impl Drafting {
     }
 
     /// Whether speculative rows can run inside a batch: one instance serves
-    /// them all, or the host can open one per row. Drafters that read the
-    /// target's states run serial only (the batch executor hands none over).
+    /// them all, or the host can open one per row (always, for drafters that
+    /// read the target's states: each row's states go to its own instance).
     pub fn batchable(&self) -> bool {
-        !self.wants.any() && (self.history_only() || self.factory.is_some())
+        self.factory.is_some() || (self.history_only() && !self.wants.any())
+    }
+
+    /// The target states this drafter reads, if any.
+    pub fn reads_states(&self) -> Option<&TargetWants> {
+        self.wants.any().then_some(&self.wants)
     }
 
     /// A fresh instance for one batched row (drafters with per-request state).

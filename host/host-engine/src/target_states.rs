@@ -57,6 +57,14 @@ impl States {
         Ok(())
     }
 
+    /// Row `row` of batched states `[B, L, H]`, its first `len` positions,
+    /// the first of which is sequence position `first`.
+    pub fn row(&self, row: i32, len: u64, first: u64) -> Result<States, EngineError> {
+        use mlx_rs::ops::indexing::IndexOp;
+        let cut = |a: &Array| a.index((row..row + 1, 0..len as i32));
+        Ok(States { first, len, hidden: self.hidden.as_ref().map(cut), taps: self.taps.iter().map(cut).collect() })
+    }
+
     /// Lends the states for one call.
     pub fn lend<R>(&self, f: impl FnOnce(TargetStates<'_>) -> R) -> R {
         let taps: Vec<TensorRef<'_>> = self.taps.iter().map(tensor_ref).collect();

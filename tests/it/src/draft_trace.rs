@@ -116,3 +116,66 @@ pub fn same_rounds(ours: &[Round], reference: &[Round], short: ShortRounds, what
         }
     }
 }
+
+/// Prompts of mixed lengths (ids below 90), as completions bodies: greedy,
+/// staggered lengths; every third request asks for a frequency penalty,
+/// which plans it plain, so drafting and plain rows share the batch.
+pub fn mixed_bodies() -> Vec<Value> {
+    let prompts: [&[u32]; 6] = [
+        &[5, 17, 33, 8, 41, 60, 22, 9],
+        &[12, 13],
+        &[70, 71, 72, 70, 71],
+        &[3, 44, 3, 44, 3, 44, 3, 44, 3, 44, 3, 44],
+        &[88],
+        &[20, 21, 22, 23],
+    ];
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut b = serde_json::json!({"prompt": p, "max_tokens": 16 + 3 * i, "temperature": 0});
+            if i % 3 == 2 {
+                b["frequency_penalty"] = serde_json::json!(0.5);
+            }
+            b
+        })
+        .collect()
+}
+
+/// Greedy requests through a batching server with the drafter `spec_args`
+/// name (arriving while others decode, twice: the second time from the
+/// prefix cache) answer as a plain serial server does; returns the drafted
+/// and accepted totals of the speculating rows.
+pub fn batched_matches_serial(target: &Path, spec_args: &[&str], what: &str) -> (u64, u64) {
+    let bodies = mixed_bodies();
+    let want: Vec<Value> = {
+        let s = crate::Server::start(target, &["--batch", "1"]);
+        bodies.iter().map(|b| s.post("/v1/completions", b).json()).collect()
+    };
+    let mut args = vec!["--batch", "8", "--speculate-always", "--debug-endpoints"];
+    args.extend(spec_args);
+    let s = crate::Server::start(target, &args);
+    let (mut drafted, mut accepted, mut cached) = (0, 0, 0);
+    for pass in ["cold", "from the prefix cache"] {
+        let got = s.post_joining("/v1/completions", &bodies, 3);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g["choices"][0]["text"], w["choices"][0]["text"],
+                "{what} ({pass}): request {i} changed in the batch"
+            );
+            let sp = &g["usage"]["speculation"];
+            if bodies[i].get("frequency_penalty").is_some() {
+                assert!(sp.is_null(), "{what} ({pass}): request {i} has a penalty and still speculated: {sp}");
+                continue;
+            }
+            assert!(sp["disabled"].is_null(), "{what} ({pass}): request {i} stopped speculating: {sp}");
+            drafted += sp["drafted"].as_u64().unwrap();
+            accepted += sp["accepted"].as_u64().unwrap();
+            cached += g["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        }
+    }
+    assert!(cached > 0, "{what}: no speculating row started from the prefix cache");
+    let st = s.stats();
+    assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{what}: rows never shared a step: {st}");
+    (drafted, accepted)
+}

@@ -50,7 +50,7 @@ impl Scheduler<'_> {
                 } else {
                     0
                 };
-                self.joining.push_back(Joiner { job, caches, done: cached, cached, start })
+                self.joining.push_back(Joiner { job, caches, done: cached, cached, start, states: None })
             }
             Err(e) => self.fail_job(job, e),
         }

@@ -37,7 +37,17 @@ impl Scheduler<'_> {
         let step = self.engine.prefill_step();
         if j.done < head {
             let end = (j.done + step).min(head);
-            if let Err(e) = self.engine.prefill(&j.job.request.prompt[j.done..end], &mut j.caches) {
+            let chunk = &j.job.request.prompt[j.done..end];
+            let prefilled = match self.reads_states(&j.job) {
+                Some(wants) => self.engine.prefill_states(chunk, &mut j.caches, wants, j.done as u64).and_then(|s| {
+                    match j.states.as_mut() {
+                        Some(held) => held.extend(s),
+                        None => Ok(j.states = Some(s)),
+                    }
+                }),
+                None => self.engine.prefill(chunk, &mut j.caches),
+            };
+            if let Err(e) = prefilled {
                 return self.fail_job(j.job, e);
             }
             j.done = end;
@@ -67,7 +77,7 @@ impl Scheduler<'_> {
         let fresh: Vec<usize> = (0..self.joining.len())
             .filter(|&i| {
                 let j = &self.joining[i];
-                j.done == j.cached && j.cached <= COHORT_RECOMPUTES_CACHED
+                j.done == j.cached && j.cached <= COHORT_RECOMPUTES_CACHED && self.reads_states(&j.job).is_none()
             })
             .collect();
         let heads: Vec<usize> = fresh.iter().map(|&i| self.joining[i].job.request.prompt.len() - 1).collect();
@@ -159,7 +169,13 @@ impl Scheduler<'_> {
         };
         let eos = if req.stop_on_eos { self.engine.eos_ids() } else { Vec::new() };
         let pending = *req.prompt.last().unwrap();
-        let spec = RowSpec::for_job(self.engine, &j.job);
+        // A drafter reading states hears of the prompt's, none when the
+        // prefix cache served it all.
+        let states = j.states.take().or_else(|| {
+            self.reads_states(&j.job)
+                .map(|_| crate::target_states::States { first: j.done as u64, ..Default::default() })
+        });
+        let spec = RowSpec::for_job(self.engine, &j.job, states);
         self.rows.push(Row {
             history: req.prompt.clone(),
             out: Vec::new(),
@@ -175,6 +191,13 @@ impl Scheduler<'_> {
             constraint,
             job: j.job,
         });
+    }
+
+    /// The states `job`'s drafter reads, when it speculates with one that
+    /// reads any.
+    pub(super) fn reads_states(&self, job: &crate::job::Job) -> Option<&plugin_api::TargetWants> {
+        let d = self.engine.drafting().filter(|_| job.plan.method == crate::plan::Method::Speculative)?;
+        d.reads_states()
     }
 
     /// Appends a 1-row cache set to the batch caches, layer by layer.

@@ -11,6 +11,11 @@
 //! token. A sampling row whose drafter returned its probability rows q is
 //! verified by rejection sampling instead, as in the serial executor.
 //! Drafters with per-request state (two-model) get one instance per row.
+//! Drafters that read the target's states (MTP, block drafters) also get
+//! one each: the row's prompt states at join (such joiners prefill on their
+//! own, `joining`), and after every verify the row's slice of the batch's
+//! states (`commit_states`, a verify of 0 drafts included: while such a row
+//! speculates, every step is a verify).
 //! Rows without drafts ride along and use position 0 only. The caches then
 //! keep `1 + accepted` tokens per row (`spec_rollback` with one count per
 //! row; a layout leaves holes where rows kept fewer). Over recurrent state
@@ -25,6 +30,7 @@ use crate::plan::Method;
 use crate::sampling::Sampler;
 use crate::speculation::clock::RowCost;
 use crate::speculation::{commit_failed, draft_probability_rows, draft_sampling, emitted, SpecStats};
+use crate::target_states::States;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;
@@ -47,7 +53,8 @@ pub struct RowSpec {
 impl RowSpec {
     /// Speculation for a batched row, when its plan speculates (the plan
     /// only says so inside a batch when the drafter can serve batched rows).
-    pub fn for_job(engine: &Engine, job: &Job) -> Option<Self> {
+    /// `states`: the prompt's target states, for a drafter that reads them.
+    pub fn for_job(engine: &Engine, job: &Job, states: Option<States>) -> Option<Self> {
         let drafting = engine.drafting().filter(|_| job.plan.method == Method::Speculative)?;
         let max_depth = drafting.depth;
         let mut spec = Self {
@@ -63,8 +70,13 @@ impl RowSpec {
         };
         if !drafting.history_only() {
             // Its own instance, fed the prompt as the serial path does.
+            let prompt = RSlice::from_slice(&job.request.prompt);
             let opened = drafting.open_instance().map_err(|e| e.to_string()).and_then(|mut d| {
-                d.prefill(RSlice::from_slice(&job.request.prompt)).into_result().map(|_| d).map_err(|e| e.to_string())
+                let prefilled = match &states {
+                    Some(s) => s.lend(|s| d.prefill_states(prompt, s)),
+                    None => d.prefill(prompt),
+                };
+                prefilled.into_result().map(|_| d).map_err(|e| e.to_string())
             });
             match opened {
                 Ok(d) => spec.own = Some(d),
@@ -149,7 +161,11 @@ impl Scheduler<'_> {
                 }
             })
             .collect();
-        drafts.iter().any(|d| !d.tokens.is_empty()).then_some(drafts)
+        // A drafter reading the target's states hears of every position: its
+        // rows take part in a verify (of 0 drafts too) rather than a plain step.
+        let states_wanted = drafting.reads_states().is_some()
+            && self.rows.iter().any(|r| r.spec.as_ref().is_some_and(|s| s.active() && s.own.is_some()));
+        (states_wanted || drafts.iter().any(|d| !d.tokens.is_empty())).then_some(drafts)
     }
 
     /// One verify forward over every row's drafts, per-row acceptance and
@@ -178,7 +194,15 @@ impl Scheduler<'_> {
             c.spec_begin().into_result().map_err(model_err("spec_begin"))?;
         }
         let input = token_array(&ids).reshape(&[b as i32, (k + 1) as i32])?;
-        let logits = self.engine.forward_all(&input, batch)?;
+        // Each row's pending token's position, before the round moves it.
+        let firsts: Vec<u64> = self.rows.iter().map(|r| r.history.len() as u64 - 1).collect();
+        let (logits, states) = match self.engine.drafting().and_then(|d| d.reads_states()) {
+            Some(wants) => {
+                let (l, s) = self.engine.forward_all_states(&input, batch, wants, 0)?;
+                (l, Some(s))
+            }
+            None => (self.engine.forward_all(&input, batch)?, None),
+        };
         let v = logits.shape()[logits.ndim() - 1];
         let logits = logits.reshape(&[b as i32, (k + 1) as i32, v])?;
         let logits = self.adjust(logits, round_masks(&drafts, k + 1, (v as usize).div_ceil(32)))?;
@@ -204,7 +228,7 @@ impl Scheduler<'_> {
             let (t, n) = (&verdicts[i].0, verdicts[i].1);
             if let Some(s) = r.spec.as_mut().filter(|_| !d.is_empty()) {
                 s.stats.rejection_sampling |= drafts[i].q.is_some();
-                if let Some(own) = s.own.as_mut() {
+                if let Some(own) = s.own.as_mut().filter(|_| states.is_none()) {
                     if let Err(e) = own.commit(n as u32).into_result() {
                         s.stats.disabled = Some(commit_failed(e));
                     }
@@ -214,6 +238,15 @@ impl Scheduler<'_> {
                     s.cost.round(n + 1, c);
                     if judge && s.stats.disabled.is_none() {
                         s.stats.disabled = s.cost.verdict();
+                    }
+                }
+            }
+            // Its drafter reads the verified states: every verify, 0 drafts too.
+            if let (Some(all), Some(s)) = (&states, r.spec.as_mut().filter(|s| s.active())) {
+                if let Some(own) = s.own.as_mut() {
+                    let row = all.row(i as i32, d.len() as u64 + 1, firsts[i])?;
+                    if let Err(e) = row.lend(|st| own.commit_states(n as u32, st)).into_result() {
+                        s.stats.disabled = Some(commit_failed(e));
                     }
                 }
             }

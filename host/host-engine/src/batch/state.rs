@@ -12,6 +12,7 @@ use crate::job::Job;
 use crate::sampling::Sampler;
 use crate::speculation::clock::BatchClock;
 use crate::stats::Stats;
+use crate::target_states::States;
 use plugin_api::CacheBox;
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
@@ -47,6 +48,9 @@ pub(super) struct Joiner {
     /// Of those, how many came from the prefix cache.
     pub cached: usize,
     pub start: Instant,
+    /// The target states its drafter reads, over the positions prefilled
+    /// here (a joiner whose drafter reads states prefills on its own).
+    pub states: Option<States>,
 }
 
 pub struct Scheduler<'a> {
