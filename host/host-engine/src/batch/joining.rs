@@ -39,12 +39,10 @@ impl Scheduler<'_> {
             let end = (j.done + step).min(head);
             let chunk = &j.job.request.prompt[j.done..end];
             let prefilled = match self.reads_states(&j.job) {
-                Some(wants) => self.engine.prefill_states(chunk, &mut j.caches, wants, j.done as u64).and_then(|s| {
-                    match j.states.as_mut() {
-                        Some(held) => held.extend(s),
-                        None => Ok(j.states = Some(s)),
-                    }
-                }),
+                Some(wants) => self
+                    .engine
+                    .prefill_states(chunk, &mut j.caches, wants, j.done as u64)
+                    .and_then(|s| j.states.get_or_insert_with(Default::default).extend(s)),
                 None => self.engine.prefill(chunk, &mut j.caches),
             };
             if let Err(e) = prefilled {
