@@ -4,11 +4,12 @@
 //! entries), [`guard`] and [`quietly`] (no panic crosses the boundary), conversions between
 //! boundary [`Tensor`]s and mlx-rs [`Array`]s that respect the ownership
 //! rules, [`Locked`] (a graph holding MLX arrays made `Sync` without
-//! `unsafe`), manifest helpers, and [`draft_sampling`] (drafters drawing
+//! `unsafe`), [`shared`] weights across instances, manifest helpers, and [`draft_sampling`] (drafters drawing
 //! drafts as the host samples). Never depends on a host crate.
 
 pub mod draft_sampling;
 mod locked;
+pub mod shared;
 
 pub use locked::Locked;
 pub use mlx_rs;

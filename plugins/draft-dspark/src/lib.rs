@@ -15,6 +15,7 @@ use std::path::Path;
 mod block;
 mod config;
 mod markov;
+mod net;
 mod open;
 mod rounds;
 

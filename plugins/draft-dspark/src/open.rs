@@ -3,9 +3,8 @@
 //! plan and folder (one line naming the mismatch), its caches made by the
 //! host.
 
-use crate::block::Block;
 use crate::config::Args;
-use crate::markov::{Confidence, Markov};
+use crate::net::Net;
 use crate::rounds::{tensor_ref, BlockDrafter, Shape};
 use model_kit::config::Config;
 use model_kit::layers::LoadCtx;
@@ -110,26 +109,23 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<BlockDrafte
     // The compute dtype is the target's: its embeddings say which.
     let probe = Array::from_slice(&[0i32], &[1, 1]);
     let dtype = into_array(host.target_embed(tensor_ref(&probe)).into_result()?).dtype();
-    let cfg = Config::parse(&text).map_err(|e| bad(format!("dspark: {}", e.what())))?;
-    let quant = cfg.quantization().map_err(|e| bad(format!("dspark: {}", e.what())))?;
-    let mut weights = Weights::load(&dir).map_err(|e| PluginError::io(format!("dspark: {}", e.what())))?;
-    weights.strip_prefix("model.");
-    let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), Some(dtype));
-    let load = |ctx: &mut LoadCtx| -> model_kit::Result<_> {
-        let block = Block::load(ctx, &a)?;
-        let markov = a.markov.map(|(_, rank)| Markov::load(ctx, a.vocab_size, rank)).transpose()?;
-        let rank = a.markov.map_or(0, |m| m.1);
-        let confidence = a.confidence.map(|with| Confidence::load(ctx, a.hidden, rank, with)).transpose()?;
-        Ok((block, markov, confidence))
-    };
-    let (block, markov, confidence) = load(&mut ctx).map_err(|e| bad(format!("dspark: {}", e.what())))?;
-    ctx.materialize().map_err(|e| PluginError::io(format!("dspark: {}", e.what())))?;
-    let left = weights.remaining();
-    if !left.is_empty() {
-        return Err(bad(format!("dspark: {} unexpected tensors in the drafter (first: {})", left.len(), left[0])));
-    }
+    let net = crate::net::shared(&dir, dtype, || {
+        let cfg = Config::parse(&text).map_err(|e| bad(format!("dspark: {}", e.what())))?;
+        let quant = cfg.quantization().map_err(|e| bad(format!("dspark: {}", e.what())))?;
+        let mut weights = Weights::load(&dir).map_err(|e| PluginError::io(format!("dspark: {}", e.what())))?;
+        weights.strip_prefix("model.");
+        let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), Some(dtype));
+        let net = Net::load(&mut ctx, &a).map_err(|e| bad(format!("dspark: {}", e.what())))?;
+        ctx.materialize().map_err(|e| PluginError::io(format!("dspark: {}", e.what())))?;
+        let left = weights.remaining();
+        if !left.is_empty() {
+            return Err(bad(format!("dspark: {} unexpected tensors in the drafter (first: {})", left.len(), left[0])));
+        }
+        Ok(net)
+    })?;
+    let layers = net.lock().block.layers();
     let need = LayerNeed::full(a.kv_heads as u32, a.head_dim as u32);
-    let caches = (0..block.layers()).map(|_| host.new_cache(&need).into_result()).collect::<Result<Vec<_>, _>>()?;
+    let caches = (0..layers).map(|_| host.new_cache(&need).into_result()).collect::<Result<Vec<_>, _>>()?;
     let trace = args.options.iter().find(|o| o.0.as_str() == "trace").map(|o| PathBuf::from(o.1.as_str()));
     let shape = Shape {
         proposals: a.proposals().min(args.max_depth.max(1) as usize),
@@ -139,5 +135,5 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<BlockDrafte
         taps: a.target_layer_ids.clone(),
         thresholds,
     };
-    Ok(BlockDrafter::new(block, (markov, confidence), shape, caches, host, trace))
+    Ok(BlockDrafter::new(net, shape, caches, host, trace))
 }

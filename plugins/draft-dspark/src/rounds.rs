@@ -17,15 +17,17 @@
 //! token with the whole prompt as context; this keeps every later round
 //! identical to the reference's.
 
-use crate::block::{Block, Positions};
-use crate::markov::{Confidence, Markov};
+use crate::block::Positions;
+use crate::net::Net;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
 use plugin_api::*;
 use plugin_sdk::draft_sampling::Picker;
 use plugin_sdk::mlx_rs::{self, ops, Array, Dtype};
+use plugin_sdk::Locked;
 use plugin_sdk::{guard, into_array, into_tensor};
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub fn tensor_ref(a: &Array) -> TensorRef<'_> {
     unsafe { TensorRef::from_raw(a.as_ptr()) }
@@ -64,9 +66,7 @@ struct Chosen {
 }
 
 pub struct BlockDrafter {
-    block: Block,
-    markov: Option<Markov>,
-    confidence: Option<Confidence>,
+    net: Arc<Locked<Net>>,
     shape: Shape,
     caches: Vec<CacheBox>,
     host: HostServicesBox,
@@ -82,17 +82,14 @@ pub struct BlockDrafter {
 
 impl BlockDrafter {
     pub fn new(
-        block: Block,
-        heads: (Option<Markov>, Option<Confidence>),
+        net: Arc<Locked<Net>>,
         shape: Shape,
         caches: Vec<CacheBox>,
         host: HostServicesBox,
         trace: Option<PathBuf>,
     ) -> Self {
         Self {
-            block,
-            markov: heads.0,
-            confidence: heads.1,
+            net,
             shape,
             caches,
             host,
@@ -128,7 +125,7 @@ impl BlockDrafter {
     }
 
     fn absorb(&mut self, c: Context) -> Result<(), PluginError> {
-        let out = self.block.absorb(&c.taps, c.first as i32, &mut self.caches).map_err(mlx)?;
+        let out = self.net.lock().block.absorb(&c.taps, c.first as i32, &mut self.caches).map_err(mlx)?;
         mlx_rs::transforms::eval(out.iter()).map_err(mlx)
     }
 
@@ -160,7 +157,8 @@ impl BlockDrafter {
         let mut ids = vec![anchor];
         ids.extend(std::iter::repeat_n(self.shape.mask_token_id, masks));
         let at = Positions { context: context.first as i32, block: history.len() as i32 - 1 };
-        let out = self.block.forward(&self.embed(&ids)?, &context.taps, at, &mut self.caches).map_err(mlx)?;
+        let embeds = self.embed(&ids)?;
+        let out = self.net.lock().block.forward(&embeds, &context.taps, at, &mut self.caches).map_err(mlx)?;
         let rows = if self.shape.sample_from_anchor { out } else { index_rows(&out, 1, k as i32 + 1)? };
         let logits = into_array(self.host.target_lm_head(tensor_ref(&rows)).into_result()?);
         let v = logits.shape()[logits.ndim() - 1];
@@ -188,7 +186,8 @@ impl BlockDrafter {
     /// one after another (the Markov head sees each draft's predecessor;
     /// draws follow the request's sampling, `Picker`).
     fn choose(&self, logits: &Array, anchor: u32, k: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
-        if self.markov.is_none() && sampling.is_greedy() {
+        let net = self.net.lock();
+        if net.markov.is_none() && sampling.is_greedy() {
             let tokens = ops::indexing::argmax_axis(logits, -1, None).map_err(mlx)?;
             mlx_rs::transforms::eval([&tokens, logits]).map_err(mlx)?;
             let rows = (0..k as i32).map(|i| index_rows(logits, i, i + 1)).collect::<Result<Vec<_>, _>>()?;
@@ -199,7 +198,7 @@ impl BlockDrafter {
         let mut previous = anchor;
         for i in 0..k as i32 {
             let row = index_rows(logits, i, i + 1)?;
-            let step = match &self.markov {
+            let step = match &net.markov {
                 Some(m) => m.step(&row, previous).map_err(mlx)?,
                 None => row,
             };
@@ -214,11 +213,12 @@ impl BlockDrafter {
 
     /// The confidence head's estimates (empty without the head).
     fn confidences(&self, rows: &Array, anchor: u32, drafts: &[u32], k: usize) -> Result<Vec<f32>, PluginError> {
-        let Some(head) = &self.confidence else { return Ok(Vec::new()) };
+        let net = self.net.lock();
+        let Some(head) = &net.confidence else { return Ok(Vec::new()) };
         let mut previous = vec![anchor];
         previous.extend(&drafts[..k - 1]);
         let h = rows.reshape(&[k as i32, -1]).map_err(mlx)?;
-        let c = head.forward(&h, &previous, self.markov.as_ref()).map_err(mlx)?;
+        let c = head.forward(&h, &previous, net.markov.as_ref()).map_err(mlx)?;
         mlx_rs::transforms::eval([&c]).map_err(mlx)?;
         Ok(c.as_slice::<f32>().to_vec())
     }

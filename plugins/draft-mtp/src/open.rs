@@ -45,23 +45,29 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<Mtp, Plugin
     // The compute dtype is the target's: its embeddings say which.
     let probe = Array::from_slice(&[0i32], &[1, 1]);
     let dtype = into_array(host.target_embed(crate::rounds::tensor_ref(&probe)).into_result()?).dtype();
-    let cfg = Config::parse(&src.config).map_err(|e| bad(format!("mtp: {}", e.what())))?;
-    let quant = cfg.quantization().map_err(|e| bad(format!("mtp: {}", e.what())))?;
-    let mut weights = Weights::load(&src.dir).map_err(|e| PluginError::io(format!("mtp: {}", e.what())))?;
-    let prefixed = src.inside_target || tensor_names(&src.dir).iter().any(|n| n.starts_with("mtp."));
-    if src.inside_target {
-        weights.drop_matching(|k| !k.starts_with("mtp."));
-    }
-    let prefix = if prefixed { "mtp." } else { "" };
-    let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), Some(dtype));
-    let head = Head::load(&mut ctx, &a, prefix, prefixed).map_err(|e| bad(format!("mtp: {}", e.what())))?;
-    ctx.materialize().map_err(|e| PluginError::io(format!("mtp: {}", e.what())))?;
-    let left = weights.remaining();
-    if !left.is_empty() {
-        return Err(bad(format!("mtp: {} unexpected tensors in the head (first: {})", left.len(), left[0])));
-    }
+    // One head per folder and dtype, shared by every instance (batch rows).
+    let key = format!("{}|{}|{dtype:?}", src.dir.display(), src.inside_target);
+    let head = plugin_sdk::shared::shared(&key, || {
+        let cfg = Config::parse(&src.config).map_err(|e| bad(format!("mtp: {}", e.what())))?;
+        let quant = cfg.quantization().map_err(|e| bad(format!("mtp: {}", e.what())))?;
+        let mut weights = Weights::load(&src.dir).map_err(|e| PluginError::io(format!("mtp: {}", e.what())))?;
+        let prefixed = src.inside_target || tensor_names(&src.dir).iter().any(|n| n.starts_with("mtp."));
+        if src.inside_target {
+            weights.drop_matching(|k| !k.starts_with("mtp."));
+        }
+        let prefix = if prefixed { "mtp." } else { "" };
+        let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), Some(dtype));
+        let head = Head::load(&mut ctx, &a, prefix, prefixed).map_err(|e| bad(format!("mtp: {}", e.what())))?;
+        ctx.materialize().map_err(|e| PluginError::io(format!("mtp: {}", e.what())))?;
+        let left = weights.remaining();
+        if !left.is_empty() {
+            return Err(bad(format!("mtp: {} unexpected tensors in the head (first: {})", left.len(), left[0])));
+        }
+        Ok(head)
+    })?;
+    let layers = head.lock().layers();
     let need = LayerNeed::full(a.kv_heads as u32, a.head_dim as u32);
-    let caches = (0..head.layers()).map(|_| host.new_cache(&need).into_result()).collect::<Result<Vec<_>, _>>()?;
+    let caches = (0..layers).map(|_| host.new_cache(&need).into_result()).collect::<Result<Vec<_>, _>>()?;
     let trace = args.options.iter().find(|o| o.0.as_str() == "trace").map(|o| PathBuf::from(o.1.as_str()));
     Ok(Mtp::new(head, caches, host, args.max_depth.max(1) as usize, trace))
 }

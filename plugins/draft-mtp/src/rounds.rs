@@ -22,9 +22,11 @@ use crate::head::Head;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
 use plugin_api::*;
 use plugin_sdk::mlx_rs::{self, ops, Array};
+use plugin_sdk::Locked;
 use plugin_sdk::{guard, into_array};
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub fn tensor_ref(a: &Array) -> TensorRef<'_> {
     unsafe { TensorRef::from_raw(a.as_ptr()) }
@@ -59,7 +61,7 @@ struct Round {
 }
 
 pub struct Mtp {
-    head: Head,
+    head: Arc<Locked<Head>>,
     caches: Vec<CacheBox>,
     host: HostServicesBox,
     depth: usize,
@@ -73,7 +75,13 @@ pub struct Mtp {
 }
 
 impl Mtp {
-    pub fn new(head: Head, caches: Vec<CacheBox>, host: HostServicesBox, depth: usize, trace: Option<PathBuf>) -> Self {
+    pub fn new(
+        head: Arc<Locked<Head>>,
+        caches: Vec<CacheBox>,
+        host: HostServicesBox,
+        depth: usize,
+        trace: Option<PathBuf>,
+    ) -> Self {
         Self { head, caches, host, depth, seed: None, queued: None, round: None, trace, trace_rows: Vec::new() }
     }
 
@@ -87,7 +95,7 @@ impl Mtp {
     fn rows(&mut self, tokens: &[u32], hidden: &Array) -> Result<Array, PluginError> {
         let e = self.embed(tokens)?;
         let hidden = hidden.as_dtype(e.dtype()).map_err(mlx)?;
-        self.head.forward(&e, &hidden, &mut self.caches).map_err(mlx)
+        self.head.lock().forward(&e, &hidden, &mut self.caches).map_err(mlx)
     }
 
     /// The seed from the last output row (evaluated: its token is needed).

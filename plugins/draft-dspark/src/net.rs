@@ -1,0 +1,38 @@
+//! The drafter's weights, loaded once per folder and compute dtype and
+//! shared by every instance the host opens (one per speculating batch row):
+//! an instance owns only its caches and round state.
+
+use crate::block::Block;
+use crate::config::Args;
+use crate::markov::{Confidence, Markov};
+use model_kit::layers::LoadCtx;
+use plugin_api::PluginError;
+use plugin_sdk::mlx_rs::Dtype;
+use plugin_sdk::Locked;
+use std::path::Path;
+use std::sync::Arc;
+
+pub struct Net {
+    pub block: Block,
+    pub markov: Option<Markov>,
+    pub confidence: Option<Confidence>,
+}
+
+impl Net {
+    pub fn load(ctx: &mut LoadCtx, a: &Args) -> model_kit::Result<Self> {
+        let block = Block::load(ctx, a)?;
+        let markov = a.markov.map(|(_, rank)| Markov::load(ctx, a.vocab_size, rank)).transpose()?;
+        let rank = a.markov.map_or(0, |m| m.1);
+        let confidence = a.confidence.map(|with| Confidence::load(ctx, a.hidden, rank, with)).transpose()?;
+        Ok(Self { block, markov, confidence })
+    }
+}
+
+/// The net of `dir` in `dtype`: the one already loaded, else `load`'s.
+pub fn shared(
+    dir: &Path,
+    dtype: Dtype,
+    load: impl FnOnce() -> Result<Net, PluginError>,
+) -> Result<Arc<Locked<Net>>, PluginError> {
+    plugin_sdk::shared::shared(&format!("{}|{dtype:?}", dir.display()), load)
+}
