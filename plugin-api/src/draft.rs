@@ -160,8 +160,9 @@ pub trait Drafter: Send {
     /// `commit` with the target's states at the verified positions: row 0
     /// is the round's pending token, row i the i-th draft (`states.len` =
     /// drafts + 1; rows past `accepted` belong to rejected drafts). Called
-    /// after every verify, a round of 0 drafts included, instead of
-    /// `commit` when `target_wants` asks for anything.
+    /// after every verify, a round of 0 drafts included (in a batch also a
+    /// verify whose step did not ask this drafter to draft: `len` 1), instead
+    /// of `commit` when `target_wants` asks for anything.
     fn commit_states(&mut self, accepted: u32, states: TargetStates<'_>) -> PResult<()> {
         let _ = states;
         self.commit(accepted)

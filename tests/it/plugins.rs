@@ -336,7 +336,7 @@ fn out_of_tree_plugins_are_listed_with_kind_version_abi_claims_and_capabilities(
     assert_eq!(strings(&f["claims"]["model_types"]), ["toy-bigram"]);
     assert_eq!(strings(&f["claims"]["architectures"]), ["ToyBigramForCausalLM"]);
     assert_eq!(strings(&f["claims"]["draft_kinds"]), Vec::<&str>::new());
-    assert_eq!(strings(&f["capabilities"]), [caps::SHARED_EMBEDDINGS]);
+    assert_eq!(strings(&f["capabilities"]), [caps::SHARED_EMBEDDINGS, caps::HIDDEN_TAPS]);
 
     let d = plugin(&r, "toy-drafter");
     assert_eq!(d["kind"], "drafter");
@@ -442,10 +442,18 @@ fn out_of_tree_family_honours_logits_modes_hidden_and_its_cache_in_process() {
     assert_eq!(argmax_rows(&l), [next(14)]);
     assert_eq!(caches[0].offset(), 8, "every forward appended through the layout");
 
-    // What the family does not advertise is refused, not faked.
-    let err = run(&[1], LogitsMode::LAST, false, &[0], &mut caches).err().expect("taps are refused");
-    assert_eq!(err.code, ErrorCode::UNSUPPORTED, "{err}");
-    assert!(err.message.contains("hidden-taps"), "{err}");
+    // Its one layer can be tapped (the hidden state itself); past it, refused.
+    let out = run(&[20, 21], LogitsMode::NONE, true, &[0, 0], &mut caches).unwrap();
+    let h = owned(out.hidden.unwrap());
+    let taps: Vec<Array> = out.taps.into_iter().map(owned).collect();
+    assert_eq!(taps.len(), 2);
+    for t in &taps {
+        assert_eq!(t.shape(), h.shape());
+        assert!(t.all_close(&h, 0.0, 0.0, None).unwrap(), "tap 0 is the hidden state");
+    }
+    let err = run(&[1], LogitsMode::LAST, false, &[1], &mut caches).err().expect("a tap past the layers is refused");
+    assert_eq!(err.code, ErrorCode::INVALID_INPUT, "{err}");
+    assert!(err.message.contains("tap at layer 1, the model has 1 layer"), "{err}");
     let err = run(&[1], LogitsMode(7), false, &[], &mut caches).err().expect("an unknown mode is refused");
     assert_eq!(err.code, ErrorCode::UNSUPPORTED, "{err}");
     assert!(err.message.contains("logits mode 7"), "{err}");
@@ -454,7 +462,7 @@ fn out_of_tree_family_honours_logits_modes_hidden_and_its_cache_in_process() {
     let err = run(&[1], LogitsMode::LAST, false, &[], &mut none).err().expect("no caches is refused");
     assert_eq!(err.code, ErrorCode::INVALID_INPUT, "{err}");
     assert!(err.message.contains("0 caches given for 1 layer"), "{err}");
-    assert_eq!(caches[0].offset(), 8, "refused calls appended nothing");
+    assert_eq!(caches[0].offset(), 10, "the tapped forward appended 2, refused calls nothing");
 
     // embed and lm_head (shared-embeddings) agree with forward.
     let ids = Array::from_slice(&[0i32, 17, 31], &[1, 3]);
@@ -931,6 +939,8 @@ fn drafter_faults_end_the_request_and_the_server_serves_the_next() {
         |s| {
             let r = expect_chain(s, &[0], 3);
             assert!(r["usage"]["speculation"]["drafted"].as_u64() > Some(0), "{r}");
+            // toy-repeat checks every lent tap's position and shape.
+            assert!(r["usage"]["speculation"]["disabled"].is_null(), "{r}");
         },
         |s| {
             let r = expect_chain(s, &[21], 3);

@@ -2,6 +2,13 @@
 //! plugin-api alone, out of tree. Its artifact is a folder whose config.json
 //! has `"model_type": "toy-repeat-draft"`; each round it proposes the last
 //! token of the history again, `max_tokens` times (at most `max_depth`).
+//!
+//! It also reads a hidden tap (the target's layer 0, `target_wants`), to
+//! show the target-states protocol: the host lends the prompt's states in
+//! `prefill_states` and each verify's in `commit_states`; this drafter
+//! checks that they sit where the protocol says (the verify's first row at
+//! the pending token's position, one row per verified token, the target's
+//! hidden width) and fails the round loudly if not.
 
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
@@ -47,7 +54,7 @@ fn detect_draft(_dir: &str, config_json: &str) -> u32 {
     }
 }
 
-fn open_drafter(args: &DrafterOpenArgs, _host: HostServicesBox) -> Result<DrafterBox, PluginError> {
+fn open_drafter(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<DrafterBox, PluginError> {
     if args.kind.as_str() != DRAFT_KIND {
         return Err(PluginError::unsupported(format!("toy-drafter implements `{DRAFT_KIND}`, not `{}`", args.kind)));
     }
@@ -69,9 +76,11 @@ fn open_drafter(args: &DrafterOpenArgs, _host: HostServicesBox) -> Result<Drafte
     if args.max_depth == 0 {
         return Err(PluginError::invalid_input("max_depth must be at least 1"));
     }
-    // `_host` (the target's services) is not needed: dropping it here hands
-    // it back through its own vtable.
-    Ok(Drafter_TO::from_value(Repeat { max_depth: args.max_depth, prompt_len: 0, drafted: 0 }, TD_Opaque))
+    // The target's width, to check the taps against (a host may lend no
+    // plan). `host` is dropped here, handed back through its own vtable.
+    let hidden = host.target_plan().into_result().ok().map(|p| p.hidden_size as i32);
+    let repeat = Repeat { max_depth: args.max_depth, prompt_len: 0, drafted: 0, pending_at: None, hidden };
+    Ok(Drafter_TO::from_value(repeat, TD_Opaque))
 }
 
 struct Repeat {
@@ -79,6 +88,38 @@ struct Repeat {
     prompt_len: usize,
     /// Tokens proposed in the current round (commit may accept at most these).
     drafted: u32,
+    /// Where the next verify's states must start: the pending token's
+    /// position (None before the prompt's states).
+    pending_at: Option<u64>,
+    /// The target's hidden size, when the host lent its plan.
+    hidden: Option<i32>,
+}
+
+impl Repeat {
+    /// The lent tap is `[1, len, H]` and starts where it should.
+    fn check_states(&self, states: &TargetStates<'_>, first: u64) -> Result<(), PluginError> {
+        if states.first != first {
+            return Err(PluginError::invalid_input(format!(
+                "the host lent states from position {}, expected {first}",
+                states.first
+            )));
+        }
+        if states.len == 0 {
+            return Ok(()); // nothing ran: no tensors lent
+        }
+        let [tap] = states.taps.as_slice() else {
+            return Err(PluginError::invalid_input(format!("asked for 1 tap, lent {}", states.taps.len())));
+        };
+        let shape = plugin_sdk::view(*tap).shape().to_vec();
+        let width = self.hidden.unwrap_or(shape[2]);
+        if shape != [1, states.len as i32, width] {
+            return Err(PluginError::invalid_input(format!(
+                "tap of shape {shape:?} for {} positions of width {width}",
+                states.len
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Drafter for Repeat {
@@ -101,6 +142,9 @@ impl Drafter for Repeat {
             };
             let last = args.history.last().copied().unwrap_or(0);
             self.drafted = n;
+            // Positions the host ran as plain steps bring no states (a gap
+            // the protocol allows): the pending token is the history's last.
+            self.pending_at = args.history.len().checked_sub(1).map(|p| p as u64);
             Ok(Draft { tokens: RVec::from(vec![last; n as usize]), probabilities: ROption::RNone })
         })
     }
@@ -114,6 +158,42 @@ impl Drafter for Repeat {
                 )));
             }
             self.drafted = 0;
+            Ok(())
+        })
+    }
+
+    fn target_wants(&self) -> TargetWants {
+        TargetWants { hidden: false, taps: RVec::from(vec![0]) }
+    }
+
+    fn prefill_states(&mut self, prompt: RSlice<'_, u32>, states: TargetStates<'_>) -> PResult<()> {
+        guard(|| {
+            self.prefill(prompt).into_result()?;
+            // All but the last prompt token, after what the prefix cache served.
+            if states.first + states.len != prompt.len() as u64 - 1 {
+                return Err(PluginError::invalid_input(format!(
+                    "prompt states cover {}..{}, the prompt has {} tokens",
+                    states.first,
+                    states.first + states.len,
+                    prompt.len()
+                )));
+            }
+            self.check_states(&states, states.first)?;
+            self.pending_at = Some(states.first + states.len);
+            Ok(())
+        })
+    }
+
+    fn commit_states(&mut self, accepted: u32, states: TargetStates<'_>) -> PResult<()> {
+        guard(|| {
+            // (A batch row may be verified without having drafted: 0 drafts.)
+            let drafted = self.drafted;
+            self.commit(accepted).into_result()?;
+            if states.len != u64::from(drafted) + 1 {
+                return Err(PluginError::invalid_input(format!("{} verified rows for {drafted} drafts", states.len)));
+            }
+            self.check_states(&states, self.pending_at.unwrap_or(states.first))?;
+            self.pending_at = Some(states.first + u64::from(accepted) + 1);
             Ok(())
         })
     }

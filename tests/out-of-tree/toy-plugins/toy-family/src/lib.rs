@@ -50,8 +50,9 @@ fn manifest() -> PluginManifest {
             ..Default::default()
         },
         // Only what the graph really does: the embeddings and head are
-        // reachable (embed / lm_head); no taps, no batching promise.
-        capabilities: rstrings(&[caps::SHARED_EMBEDDINGS]),
+        // reachable (embed / lm_head), its one layer's output can be tapped
+        // (the embeddings); no batching promise.
+        capabilities: rstrings(&[caps::SHARED_EMBEDDINGS, caps::HIDDEN_TAPS]),
         extra: RVec::new(),
     }
 }
@@ -184,8 +185,8 @@ impl Tables {
 impl Bigram {
     /// Refuses what this graph cannot do, with the error code that says why.
     fn check(&self, args: &ForwardArgs<'_>, caches: usize) -> std::result::Result<(), PluginError> {
-        if !args.taps.is_empty() {
-            return Err(PluginError::unsupported("toy-family has no hidden-taps capability"));
+        if let Some(bad) = args.taps.iter().find(|&&i| i != 0) {
+            return Err(PluginError::invalid_input(format!("tap at layer {bad}, the model has 1 layer")));
         }
         if ![LogitsMode::NONE, LogitsMode::LAST, LogitsMode::ALL].contains(&args.logits) {
             // An open set: a newer host may send a mode this plugin predates.
@@ -245,8 +246,10 @@ impl Bigram {
             LogitsMode::ALL => ROption::RSome(into_tensor(tables.head(&h)?)),
             _ => ROption::RNone, // NONE (check() refused the rest)
         };
+        // Its one layer's output (tap 0) is the hidden state itself.
+        let taps = args.taps.iter().map(|_| into_tensor(h.clone())).collect();
         let hidden = if args.want_hidden { ROption::RSome(into_tensor(h)) } else { ROption::RNone };
-        Ok(ForwardOutput { logits, hidden, taps: RVec::new() })
+        Ok(ForwardOutput { logits, hidden, taps })
     }
 }
 
