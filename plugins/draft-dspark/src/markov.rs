@@ -30,10 +30,11 @@ impl Markov {
         self.w1.forward(previous)
     }
 
-    /// One draft step's logits `[V]` corrected by the previous token.
-    pub fn step(&self, logits: &Array, previous: u32) -> Result<Array> {
-        let e = self.embed(&Array::from_slice(&[previous as i32], &[1]))?;
-        logits.add(&self.w2.forward(&e)?.reshape(&[-1])?)
+    /// One draft step's logits `[1, V]` corrected by the previous token
+    /// (int `[1]`, on the device: the chain needs no host round trip).
+    pub fn step(&self, logits: &Array, previous: &Array) -> Result<Array> {
+        let e = self.embed(previous)?;
+        logits.add(&self.w2.forward(&e)?.reshape(&[1, -1])?)
     }
 }
 

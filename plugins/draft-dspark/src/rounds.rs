@@ -193,22 +193,27 @@ impl BlockDrafter {
             let rows = (0..k as i32).map(|i| index_rows(logits, i, i + 1)).collect::<Result<Vec<_>, _>>()?;
             return Ok(Chosen { drafts: tokens.as_slice::<u32>().to_vec(), logits: rows, q: None });
         }
+        // The chain stays on the device (each draft feeds the next step's
+        // Markov correction): one evaluation for the whole block.
         let mut picker = Picker::new(sampling).map_err(mlx)?;
-        let (mut drafts, mut rows) = (Vec::with_capacity(k), Vec::with_capacity(k));
-        let mut previous = anchor;
+        let (mut tokens, mut rows) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        let mut previous = Array::from_slice(&[anchor as i32], &[1]);
         for i in 0..k as i32 {
             let row = index_rows(logits, i, i + 1)?;
             let step = match &net.markov {
-                Some(m) => m.step(&row, previous).map_err(mlx)?,
+                Some(m) => m.step(&row, &previous).map_err(mlx)?,
                 None => row,
             };
-            let t = picker.pick(&step).map_err(mlx)?;
-            mlx_rs::transforms::eval([&t, &step]).map_err(mlx)?;
-            previous = t.item_cast::<u32>();
-            drafts.push(previous);
+            let t = picker.pick(&step).map_err(mlx)?.as_dtype(Dtype::Int32).map_err(mlx)?;
+            previous = t.clone();
+            tokens.push(t);
             rows.push(step);
         }
-        Ok(Chosen { drafts, logits: rows, q: picker.probabilities().map_err(mlx)? })
+        let tokens = ops::concatenate(&tokens, 0).map_err(mlx)?;
+        let q = picker.probabilities().map_err(mlx)?;
+        mlx_rs::transforms::eval(std::iter::once(&tokens).chain(&rows).chain(&q)).map_err(mlx)?;
+        let drafts = tokens.as_slice::<i32>().iter().map(|&t| t as u32).collect();
+        Ok(Chosen { drafts, logits: rows, q })
     }
 
     /// The confidence head's estimates (empty without the head).

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Speculative rounds of the target-state drafters on the H200 (second of two
+# device calls: .gpu_a first, then .gpu_b + .devpack running this), at the
+# Qwen3-8B scale with random weights (make_drafter_shapes.py): targets that
+# repeat their input, drafters that are always rejected (`-rand`: the cost of
+# a round in target steps) or always accepted (`-agree`: the speedup at full
+# acceptance). `host generate`, 256 tokens after a 64-token prompt, bf16.
+set -euo pipefail
+source tests/bench/gpu/device_env.sh
+[ -d /tmp/d/qwen3-8b ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --tokenizer-from .device/tok > /dev/null
+gen() { $H generate --plugins $P --model "$1" --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup "${@:2}" 2>/dev/null | tail -1; }
+row() {
+  python3 -c "
+import json, sys
+plain, spec = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+p, s = plain['decode_tokens_per_s'], spec['decode_tokens_per_s']
+sp = spec['speculation']
+tokens_per_round = (sp['accepted'] + sp['rounds']) / max(sp['rounds'], 1)
+cost = tokens_per_round * p / s  # one round's time in plain steps
+print(f\"| {sys.argv[3]} | {p:.1f} | {s:.1f} | {sp['drafted'] / max(sp['rounds'], 1):.1f} | {sp['acceptance']:.2f} | {cost:.2f} | {s / p:.2f}x |\")
+" "$1" "$2" "$3"
+}
+echo "| target + drafter | plain tok/s | speculative tok/s | drafts/round | acceptance | round cost (target steps) | speedup |"
+echo "|---|---|---|---|---|---|---|"
+for t in qwen3-8b qwen3_5-8b; do
+  plain=$(gen /tmp/d/$t)
+  for d in /tmp/d/$t/*-rand /tmp/d/$t/*-agree; do
+    for depth in "" "--num-draft-tokens 2"; do
+      [[ $d == *dflash* || $d == *dspark* || -z $depth ]] || continue
+      spec=$(gen /tmp/d/$t --draft-model $d --speculate-always $depth)
+      row "$plain" "$spec" "$t + $(basename $d)${depth:+ ($depth)}"
+    done
+  done
+done | tee $OUT/drafters.md
