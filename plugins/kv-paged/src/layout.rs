@@ -1,10 +1,11 @@
 //! `PagedKv`: one layer's rows (block tables) and the `CacheLayout` methods.
 
-use crate::pool;
+use crate::pool::{self, Geometry, Shared};
+use crate::registry;
 use crate::row::Row;
-use crate::state::{self, Geometry};
+use crate::state::{self, RowIn};
 use crate::view;
-use model_kit::ops::{dtype_size, slice};
+use model_kit::ops::dtype_size;
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
@@ -16,13 +17,15 @@ pub struct PagedKv {
     /// Padding tokens each row's next updates still carry at their front
     /// (`begin_padded`): consumed, never stored.
     pending: Vec<usize>,
-    block: usize,
-    heads: i32,
-    k_dim: i32,
-    v_dim: i32,
+    /// Where the rows' blocks live: made at the first write, or joined at
+    /// an import while the cache holds nothing (`bind`).
+    pool: Option<Shared>,
+    geometry: Geometry,
     dtype: Dtype,
     /// Each row's length when the current speculative round began.
     mark: Option<Vec<usize>>,
+    /// The last view's gather indices (`view::Table`).
+    table: Option<view::Table>,
 }
 
 impl PagedKv {
@@ -31,17 +34,16 @@ impl PagedKv {
         Self {
             rows: (0..rows).map(|_| Row::new(block)).collect(),
             pending: vec![0; rows],
-            block,
-            heads,
-            k_dim,
-            v_dim,
+            pool: None,
+            geometry: Geometry { block, heads, k_dim, v_dim },
             dtype,
             mark: None,
+            table: None,
         }
     }
 
-    fn geometry(&self) -> Geometry {
-        Geometry { block: self.block, heads: self.heads, k_dim: self.k_dim, v_dim: self.v_dim }
+    fn block(&self) -> usize {
+        self.geometry.block
     }
 
     fn max_len(&self) -> usize {
@@ -49,9 +51,39 @@ impl PagedKv {
     }
 
     fn sig(&self) -> RString {
-        format!("kv:paged:b{}:{:?}:h{}:k{}:v{}", self.block, self.dtype, self.heads, self.k_dim, self.v_dim)
-            .to_lowercase()
-            .into()
+        let g = &self.geometry;
+        format!("kv:paged:b{}:{:?}:h{}:k{}:v{}", g.block, self.dtype, g.heads, g.k_dim, g.v_dim).to_lowercase().into()
+    }
+
+    fn pool(&mut self) -> Shared {
+        self.pool.get_or_insert_with(|| pool::new(self.geometry)).clone()
+    }
+
+    /// Drops rows' references.
+    fn release(&self, rows: Vec<Row>) {
+        match &self.pool {
+            Some(p) => {
+                let mut p = pool::lock(p);
+                rows.into_iter().for_each(|r| r.release(&mut p));
+            }
+            None => rows.into_iter().for_each(drop),
+        }
+    }
+
+    /// A cache that holds no block joins the pool where a state's blocks
+    /// live, so importing them shares them instead of copying.
+    fn bind(&mut self, rows: &[RowIn]) {
+        if self.rows.iter().any(|r| !r.blocks.is_empty()) {
+            return;
+        }
+        for &key in rows.iter().flat_map(|r| r.keys.iter()) {
+            if let Some(p) = registry::find(key) {
+                if pool::lock(&p).geometry == self.geometry {
+                    self.pool = Some(p);
+                    return;
+                }
+            }
+        }
     }
 
     fn store(&mut self, k: Array, v: Array) -> Result<(Array, Array)> {
@@ -59,48 +91,62 @@ impl PagedKv {
         if b != self.rows.len() {
             return Err(error(format!("kv-paged: {b} rows given, cache holds {}", self.rows.len())));
         }
-        let width = view::width(&view::lengths_after(&self.rows, &self.pending, l), l);
-        for r in 0..b {
-            let skip = self.pending[r].min(l);
-            self.pending[r] -= skip;
-            if skip == l {
-                continue;
-            }
-            let (rk, rv) = if b == 1 && skip == 0 {
-                (k.clone(), v.clone())
-            } else {
-                let (sk, sv) = (k.shape(), v.shape());
-                let (r0, r1, s) = (r as i32, r as i32 + 1, skip as i32);
-                (
-                    slice(&k, &[r0, 0, s, 0], &[r1, sk[1], sk[2], sk[3]])?,
-                    slice(&v, &[r0, 0, s, 0], &[r1, sv[1], sv[2], sv[3]])?,
-                )
-            };
-            self.rows[r].append(rk, rv)?;
+        let aligned = view::uneven(&self.rows, &self.pending);
+        let shared = self.pool();
+        let mut p = pool::lock(&shared);
+        let skips: Vec<usize> = self.pending.iter().map(|&owed| owed.min(l)).collect();
+        let need: usize = self.rows.iter().zip(&skips).map(|(r, &s)| r.blocks_for(l - s)).sum();
+        if need > 0 {
+            p.reserve(need, k.dtype())?;
         }
-        view::gather(&self.rows, width, self.heads, (self.k_dim, self.v_dim), k.dtype())
+        let (mut slots, mut from) = (Vec::with_capacity(b * l), Vec::with_capacity(b * l));
+        for (r, &skip) in skips.iter().enumerate() {
+            self.pending[r] -= skip;
+            slots.extend(self.rows[r].append(&mut p, l - skip, k.dtype())?);
+            from.extend((r * l + skip) as i32..((r + 1) * l) as i32);
+        }
+        if !slots.is_empty() {
+            let all = slots.len() == b * l;
+            p.storage_mut()?.put(&slots, &k, &v, if all { None } else { Some(&from) })?;
+        }
+        let dims = (self.geometry.k_dim, self.geometry.v_dim);
+        view::gather(&self.rows, &p, aligned, &mut self.table, dims, k.dtype())
     }
 
-    fn export(&self, rows: &[&Row]) -> CacheState {
-        let (tensors, meta) = state::encode(rows);
+    fn export(&self, rows: &[&Row]) -> Result<CacheState> {
+        let guard = self.pool.as_ref().map(pool::lock);
+        let (tensors, meta) = state::encode(guard.as_deref(), rows)?;
         let offset = rows.iter().map(|r| r.len()).max().unwrap_or(0) as u64;
-        CacheState { signature: self.sig(), offset, tensors, meta }
+        Ok(CacheState { signature: self.sig(), offset, tensors, meta })
     }
 
-    fn import(&self, s: CacheState) -> Result<Vec<Row>> {
+    /// A state's rows, checked (nothing changes when it does not fit).
+    fn read(&self, s: CacheState) -> Result<Vec<RowIn>> {
         if s.signature != self.sig() {
             return Err(error(format!("state of `{}` cannot be imported into `{}`", s.signature, self.sig())));
         }
         let meta = s.meta.to_vec();
-        state::decode(s.tensors, &meta, &self.geometry())
+        state::decode(s.tensors, &meta, &self.geometry)
+    }
+
+    /// Rows in this cache's pool made of read rows (`state::admit`).
+    fn admit(&mut self, rows: Vec<RowIn>) -> Result<Vec<Row>> {
+        self.bind(&rows);
+        if rows.iter().all(|r| r.len == 0) {
+            return Ok(rows.iter().map(|_| Row::new(self.block())).collect());
+        }
+        let shared = self.pool();
+        let mut p = pool::lock(&shared);
+        state::admit(&mut p, rows)
     }
 
     fn merge(&mut self, states: Vec<CacheState>) -> Result<()> {
         for s in states {
-            let mut rows = self.import(s)?;
-            if rows.len() != 1 {
+            let read = self.read(s)?;
+            if read.len() != 1 {
                 return Err(error("merge_rows takes 1-row states"));
             }
+            let mut rows = self.admit(read)?;
             self.rows.append(&mut rows);
             self.pending.push(0);
             if let Some(m) = &mut self.mark {
@@ -114,10 +160,42 @@ impl PagedKv {
         if keep.iter().any(|&r| r as usize >= self.rows.len()) {
             return Err(error(format!("filter_rows: row out of range (rows = {})", self.rows.len())));
         }
-        self.rows = keep.iter().map(|&r| self.rows[r as usize].clone()).collect();
+        // Each kept row moves; a row kept twice is duplicated (its last
+        // block copied: rows never share a block they write).
+        let mut old: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
+        let mut moved_to = vec![None; old.len()];
+        let mut rows: Vec<Row> = Vec::with_capacity(keep.len());
+        for &r in keep {
+            let r = r as usize;
+            let row = match (old[r].take(), moved_to[r]) {
+                (Some(row), _) => row,
+                (None, Some(i)) => {
+                    let p = self.pool.as_ref().ok_or_else(|| error("kv-paged: a row without a pool"))?;
+                    let mut p = pool::lock(p);
+                    let row: &Row = &rows[i];
+                    row.duplicate(&mut p)?
+                }
+                (None, None) => unreachable!("a row is either still here or already moved"),
+            };
+            moved_to[r].get_or_insert(rows.len());
+            rows.push(row);
+        }
+        self.release(old.into_iter().flatten().collect());
+        self.rows = rows;
         self.pending = keep.iter().map(|&r| self.pending[r as usize]).collect();
         if let Some(m) = &self.mark {
             self.mark = Some(keep.iter().map(|&r| m[r as usize]).collect());
+        }
+        Ok(())
+    }
+
+    /// Trims row r to `to[r]` tokens.
+    fn trim_rows(&mut self, to: impl Fn(usize, &Row) -> usize) -> Result<()> {
+        let Some(p) = &self.pool else { return Ok(()) };
+        let mut p = pool::lock(p);
+        for (r, row) in self.rows.iter_mut().enumerate() {
+            let n = to(r, row);
+            row.trim_to(&mut p, n)?;
         }
         Ok(())
     }
@@ -131,12 +209,18 @@ impl PagedKv {
                 self.rows.len()
             )));
         }
-        for (r, row) in self.rows.iter_mut().enumerate() {
+        self.trim_rows(|r, row| {
             let appended = row.len().saturating_sub(mark[r]);
-            let k = (keep[if keep.len() == 1 { 0 } else { r }] as usize).min(appended);
-            row.trim_to(mark[r] + k).map_err(|e| PluginError::mlx(e.what()))?;
-        }
-        Ok(())
+            mark[r] + (keep[if keep.len() == 1 { 0 } else { r }] as usize).min(appended)
+        })
+        .map_err(|e| PluginError::mlx(e.what()))
+    }
+}
+
+impl Drop for PagedKv {
+    fn drop(&mut self) {
+        let rows = std::mem::take(&mut self.rows);
+        self.release(rows);
     }
 }
 
@@ -167,7 +251,8 @@ impl CacheLayout for PagedKv {
             let n = queries as usize;
             Ok(if view::uneven(&self.rows, &self.pending) {
                 let lens = view::lengths_after(&self.rows, &self.pending, n);
-                AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(view::mask(&lens, n)?)) }
+                let mask = view::mask(&lens, n, self.block())?;
+                AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(mask)) }
             } else if queries <= 1 {
                 AttentionMask { mode: MaskMode::NONE, array: ROption::RNone }
             } else {
@@ -179,7 +264,8 @@ impl CacheLayout for PagedKv {
     fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
         guard_mlx(|| {
             let (k, v) = (into_array(keys), into_array(values));
-            if k.ndim() != 4 || k.shape()[1] != self.heads || k.shape()[3] != self.k_dim || v.shape()[3] != self.v_dim {
+            let g = self.geometry;
+            if k.ndim() != 4 || k.shape()[1] != g.heads || k.shape()[3] != g.k_dim || v.shape()[3] != g.v_dim {
                 return Err(error(format!(
                     "kv-paged: keys {:?} / values {:?} do not match the declared need",
                     k.shape(),
@@ -198,31 +284,32 @@ impl CacheLayout for PagedKv {
     fn trim(&mut self, n: u64) -> u64 {
         quietly(0, || {
             let n = (n as usize).min(self.max_len());
-            for row in &mut self.rows {
-                let to = row.len().saturating_sub(n);
-                if row.trim_to(to).is_err() {
-                    return 0;
-                }
+            match self.trim_rows(|_, row| row.len().saturating_sub(n)) {
+                Ok(()) => n as u64,
+                Err(_) => 0,
             }
-            n as u64
         })
     }
 
     fn bytes_per_token(&self) -> u64 {
-        (self.rows.len().max(1) * self.heads as usize * (self.k_dim + self.v_dim) as usize * dtype_size(self.dtype))
-            as u64
+        let g = &self.geometry;
+        (self.rows.len().max(1) * g.heads as usize * (g.k_dim + g.v_dim) as usize * dtype_size(self.dtype)) as u64
     }
 
     fn export_state(&self) -> PResult<CacheState> {
-        guard(|| Ok(self.export(&self.rows.iter().collect::<Vec<_>>())))
+        guard_mlx(|| self.export(&self.rows.iter().collect::<Vec<_>>()))
     }
 
     fn import_state(&mut self, state: CacheState) -> PResult<()> {
         guard_mlx(|| {
-            let rows = self.import(state)?;
+            let read = self.read(state)?;
+            let old = std::mem::take(&mut self.rows);
+            self.release(old);
+            self.mark = None;
+            self.pending.clear();
+            let rows = self.admit(read)?;
             self.pending = vec![0; rows.len()];
             self.rows = rows;
-            self.mark = None;
             Ok(())
         })
     }
@@ -254,7 +341,7 @@ impl CacheLayout for PagedKv {
             let r = self.rows.get(row as usize).ok_or_else(|| {
                 PluginError::invalid_input(format!("extract_row: row {row} out of range (rows = {})", self.rows.len()))
             })?;
-            Ok(self.export(&[r]))
+            self.export(&[r]).map_err(|e| PluginError::mlx(e.what()))
         })
     }
 
@@ -275,7 +362,9 @@ impl CacheLayout for PagedKv {
             if self.max_len() > 0 {
                 return Err(PluginError::invalid_input("kv-paged: begin_padded on a cache that holds tokens"));
             }
-            self.rows = pads.iter().map(|_| Row::new(self.block)).collect();
+            let old = std::mem::take(&mut self.rows);
+            self.release(old);
+            self.rows = pads.iter().map(|_| Row::new(self.block())).collect();
             self.pending = pads.iter().map(|&p| p as usize).collect();
             self.mark = None;
             Ok(())

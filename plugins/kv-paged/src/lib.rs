@@ -1,23 +1,31 @@
 //! Cache layout `kv-paged` (scheme `paged:block=<n>`): keys and values for
 //! full-attention layers in the model's dtype, kept in fixed-size blocks of
-//! a pool shared by every cache of the plugin, with a block table per row.
+//! a pool, with a block table per row.
 //!
-//! Rows that share a prefix (a prefix-cache hit, a row merged from a state
-//! another row exported) hold the same blocks by reference (`pool`), so
-//! joining, leaving and sharing copy no K/V; blocks are immutable and a
-//! row's partly filled last block is its own (`row`: copy-on-write).
+//! Each layer's caches share one pool (`pool`): one K and one V array of
+//! block slots (`storage`), grown geometrically, written in place. Rows
+//! that share a prefix (a prefix-cache hit, a row merged from a state
+//! another row exported, the choices of one request) hold the same blocks
+//! by reference (`row`), so joining, leaving and sharing copy no K/V; full
+//! blocks are immutable while shared, and a row's partly filled last block
+//! is its own (copy-on-write when a row trims back into a shared block).
+//! Exported states carry their blocks' keys, so an import takes the blocks
+//! still alive by reference (`registry`, `state`).
 //!
-//! MLX has no paged-attention kernel, so `update_and_fetch` gathers each
-//! row's blocks into one contiguous `[B, H, T, D]` view for the layer's
-//! attention (`view`), left-padding shorter rows exactly as kv-plain's
-//! batch buffer is padded: positions and masks are kv-plain's, so attention
-//! sees the same K/V and greedy output is kv-plain's. The view is
+//! MLX has no paged-attention kernel, so `update_and_fetch` gathers the
+//! rows' blocks into one `[B, H, T, D]` view for the layer's attention with
+//! ONE `take` by the block tables (`view`): the cost of a step follows the
+//! tokens attended, not the number of blocks. Rows of equal length get
+//! kv-plain's geometry exactly (greedy output is kv-plain's); rows that
+//! differ are aligned by whole blocks under an explicit mask. The view is
 //! transient: it lives for one layer's attention.
 
 mod layout;
 mod pool;
+mod registry;
 mod row;
 mod state;
+mod storage;
 #[cfg(test)]
 mod tests;
 mod view;

@@ -1,149 +1,144 @@
-//! One row's block table: the sealed blocks it refers to (shared or its
-//! own) and its tail, the partly filled last block, which is private.
+//! One row's block table: the blocks holding its tokens, in order, in its
+//! cache's pool. Full blocks are sealed and may be shared; a partly filled
+//! last block is the row's own and takes new tokens in place.
 //!
-//! Appending never writes a block: new tokens join the tail (a fresh array
-//! each time, at most `block - 1` tokens copied), and every `block` tokens
-//! the tail is sealed into a pool block. Trimming back into a sealed block
-//! drops the reference and copies the kept part of it into a new tail:
-//! copy-on-write, so a block shared with other rows or the prefix cache is
-//! never changed under them.
+//! Trimming back into a sealed block keeps it when the row is its only
+//! holder (unsealed: it becomes the row's last block again) and otherwise
+//! copies the kept part into a block of the row's own: copy-on-write, so a
+//! block shared with other rows is never changed under them.
+//!
+//! A row holds references in its pool, so it is released explicitly
+//! (`release`) by the cache that owns it, with that pool at hand.
 
-use crate::pool::{self, Block};
-use model_kit::ops::slice;
-use model_kit::{Array, Result};
-use plugin_sdk::mlx_rs;
+use crate::pool::{Pool, TAIL_TOKENS};
+use model_kit::{Dtype, Result};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+
+/// The slots of tokens `range` of block `b`.
+pub fn slots(b: u32, range: std::ops::Range<usize>, block: usize) -> Vec<i32> {
+    range.map(|o| (b as usize * block + o) as i32).collect()
+}
 
 pub struct Row {
-    pub blocks: Vec<Arc<Block>>,
-    /// `[1, H, t, D]` keys and values of the last `t < block` tokens.
-    tail: Option<(Array, Array)>,
-    tail_len: usize,
+    pub blocks: Vec<u32>,
+    len: usize,
     block: usize,
-}
-
-/// `a[:, :, from:to, :]` of a `[1, H, T, D]` array.
-fn columns(a: &Array, from: usize, to: usize) -> Result<Array> {
-    let s = a.shape();
-    slice(a, &[0, 0, from as i32, 0], &[s[0], s[1], to as i32, s[3]])
-}
-
-/// A buffer of its own for `a` (a block or tail must not keep a larger
-/// source alive: MLX shares a row-contiguous source only when it is at most
-/// 16 KiB larger).
-fn own(a: Array) -> Result<Array> {
-    a.contiguous()
 }
 
 impl Row {
     pub fn new(block: usize) -> Self {
-        Self { blocks: Vec::new(), tail: None, tail_len: 0, block }
-    }
-
-    /// A row of `blocks` and a tail of `tail.0`'s columns.
-    pub fn from_parts(blocks: Vec<Arc<Block>>, tail: Option<(Array, Array)>, block: usize) -> Self {
-        let mut r = Self::new(block);
-        r.blocks = blocks;
-        r.set_tail(tail);
-        r
+        Self { blocks: Vec::new(), len: 0, block }
     }
 
     pub fn len(&self) -> usize {
-        self.blocks.len() * self.block + self.tail_len
+        self.len
     }
 
-    pub fn tail(&self) -> Option<&(Array, Array)> {
-        self.tail.as_ref()
+    /// Tokens in the row's private last block.
+    pub fn tail_len(&self) -> usize {
+        self.len % self.block
     }
 
-    fn set_tail(&mut self, tail: Option<(Array, Array)>) {
-        let n = tail.as_ref().map_or(0, |(k, _)| k.shape()[2] as usize);
-        pool::TAIL_TOKENS.fetch_sub(self.tail_len as u64, Ordering::Relaxed);
-        pool::TAIL_TOKENS.fetch_add(n as u64, Ordering::Relaxed);
-        self.tail = tail;
-        self.tail_len = n;
+    /// The sealed (full) blocks.
+    pub fn sealed(&self) -> &[u32] {
+        &self.blocks[..self.len / self.block]
     }
 
-    /// Appends `[1, H, L, D]` keys and values.
-    pub fn append(&mut self, k: Array, v: Array) -> Result<()> {
-        let n = k.shape()[2] as usize;
-        if n == 0 {
-            return Ok(());
+    /// The private last block, if partly filled.
+    pub fn tail(&self) -> Option<u32> {
+        (self.tail_len() > 0).then(|| self.blocks[self.blocks.len() - 1])
+    }
+
+    fn set_len(&mut self, len: usize) {
+        TAIL_TOKENS.fetch_sub(self.tail_len() as u64, Ordering::Relaxed);
+        self.len = len;
+        TAIL_TOKENS.fetch_add(self.tail_len() as u64, Ordering::Relaxed);
+    }
+
+    /// Blocks `n` more tokens will need beyond those held.
+    pub fn blocks_for(&self, n: usize) -> usize {
+        (self.len + n).div_ceil(self.block) - self.blocks.len()
+    }
+
+    /// Makes room for `n` more tokens and returns their slots, sealing
+    /// every block they fill. (The caller writes the slots.)
+    pub fn append(&mut self, pool: &mut Pool, n: usize, dtype: Dtype) -> Result<Vec<i32>> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let off = self.len % self.block;
+            if off == 0 {
+                self.blocks.push(pool.alloc(dtype)?);
+            }
+            let b = self.blocks[self.blocks.len() - 1];
+            out.push((b as usize * self.block + off) as i32);
+            self.set_len(self.len + 1);
+            if self.len.is_multiple_of(self.block) {
+                pool.seal(b);
+            }
         }
-        let (k, v) = match self.tail.take() {
-            Some((tk, tv)) => (mlx_rs::ops::concatenate(&[tk, k], 2)?, mlx_rs::ops::concatenate(&[tv, v], 2)?),
-            None => (k, v),
-        };
-        let total = self.tail_len + n;
-        pool::TAIL_TOKENS.fetch_sub(self.tail_len as u64, Ordering::Relaxed);
-        self.tail_len = 0;
-        let full = total / self.block;
-        for i in 0..full {
-            let (a, b) = (i * self.block, (i + 1) * self.block);
-            self.blocks.push(pool::seal(own(columns(&k, a, b)?)?, own(columns(&v, a, b)?)?));
-        }
-        let sealed = full * self.block;
-        let tail = match (sealed, total) {
-            (_, t) if t == sealed => None,
-            (0, _) => Some((k, v)),
-            (s, t) => Some((own(columns(&k, s, t)?)?, own(columns(&v, s, t)?)?)),
-        };
-        self.set_tail(tail);
-        Ok(())
+        Ok(out)
+    }
+
+    /// Takes `blocks` (sealed, already referenced) and a private last block
+    /// holding `tail` tokens.
+    pub fn from_parts(blocks: Vec<u32>, tail: Option<(u32, usize)>, block: usize) -> Self {
+        let mut r = Self::new(block);
+        let len = blocks.len() * block + tail.map_or(0, |(_, n)| n);
+        r.blocks = blocks;
+        r.blocks.extend(tail.map(|(b, _)| b));
+        r.set_len(len);
+        r
     }
 
     /// Keeps the first `len` tokens.
-    pub fn trim_to(&mut self, len: usize) -> Result<()> {
-        if len >= self.len() {
+    pub fn trim_to(&mut self, pool: &mut Pool, len: usize) -> Result<()> {
+        if len >= self.len {
             return Ok(());
         }
-        let sealed = self.blocks.len() * self.block;
-        if len >= sealed {
-            let t = self.tail.take().map(|(k, v)| -> Result<_> {
-                Ok((own(columns(&k, 0, len - sealed)?)?, own(columns(&v, 0, len - sealed)?)?))
-            });
-            self.set_tail(if len > sealed { t.transpose()? } else { None });
-            return Ok(());
+        let keep = len.div_ceil(self.block);
+        for b in self.blocks.drain(keep..) {
+            pool.release(b);
         }
-        let (n, rem) = (len / self.block, len % self.block);
-        let cut = self.blocks[n].clone();
-        self.blocks.truncate(n);
-        let tail =
-            if rem > 0 { Some((own(columns(&cut.keys, 0, rem)?)?, own(columns(&cut.values, 0, rem)?)?)) } else { None };
-        self.set_tail(tail);
+        let rem = len % self.block;
+        if rem > 0 {
+            let last = self.blocks[keep - 1];
+            if pool.refs(last) == 1 {
+                pool.unseal(last);
+            } else {
+                let own = pool.alloc(pool.storage()?.dtype())?;
+                pool.storage_mut()?.copy(&slots(last, 0..rem, self.block), &slots(own, 0..rem, self.block))?;
+                pool.release(last);
+                self.blocks[keep - 1] = own;
+            }
+        }
+        self.set_len(len);
         Ok(())
     }
 
-    /// Everything stored, in order, as pieces to concatenate: `pad` zero
-    /// columns first (left padding), then the blocks, then the tail.
-    pub fn pieces(&self, pad: Option<(&Array, &Array)>) -> (Vec<Array>, Vec<Array>) {
-        let mut ks = Vec::with_capacity(self.blocks.len() + 2);
-        let mut vs = Vec::with_capacity(self.blocks.len() + 2);
-        if let Some((k, v)) = pad {
-            ks.push(k.clone());
-            vs.push(v.clone());
+    /// Another row of the same tokens: the sealed blocks shared, the
+    /// private last block copied.
+    pub fn duplicate(&self, pool: &mut Pool) -> Result<Row> {
+        let sealed = self.sealed().to_vec();
+        for &b in &sealed {
+            pool.retain(b);
         }
-        for b in &self.blocks {
-            ks.push(b.keys.clone());
-            vs.push(b.values.clone());
-        }
-        if let Some((k, v)) = &self.tail {
-            ks.push(k.clone());
-            vs.push(v.clone());
-        }
-        (ks, vs)
+        let tail = match self.tail() {
+            Some(t) => {
+                let own = pool.alloc(pool.storage()?.dtype())?;
+                let n = self.tail_len();
+                pool.storage_mut()?.copy(&slots(t, 0..n, self.block), &slots(own, 0..n, self.block))?;
+                Some((own, n))
+            }
+            None => None,
+        };
+        Ok(Row::from_parts(sealed, tail, self.block))
     }
-}
 
-impl Clone for Row {
-    fn clone(&self) -> Self {
-        Self::from_parts(self.blocks.clone(), self.tail.clone(), self.block)
-    }
-}
-
-impl Drop for Row {
-    fn drop(&mut self) {
-        pool::TAIL_TOKENS.fetch_sub(self.tail_len as u64, Ordering::Relaxed);
+    /// Drops the row's references.
+    pub fn release(mut self, pool: &mut Pool) {
+        for b in std::mem::take(&mut self.blocks) {
+            pool.release(b);
+        }
+        self.set_len(0);
     }
 }
