@@ -12,41 +12,16 @@
 //! `init` (and to every collective given no group).
 
 use mlx_rs::Array;
-use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::Once;
+use std::ffi::CString;
 
 pub type Result<T> = std::result::Result<T, String>;
 
-thread_local! {
-    static LAST_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-extern "C" fn remember_error(msg: *const c_char, _data: *mut c_void) {
-    let text = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
-    LAST_ERROR.with(|e| *e.borrow_mut() = Some(text));
-}
-
-static HANDLER: Once = Once::new();
-
-/// One mlx-c call; a non-zero status becomes MLX's own message (the patched
-/// libmlxc delivers each error to every registered handler).
 fn checked(op: &str, call: impl FnOnce() -> i32) -> Result<()> {
-    HANDLER.call_once(|| unsafe { mlx_sys::mlx_set_error_handler(Some(remember_error), std::ptr::null_mut(), None) });
-    let status = call();
-    if status == 0 {
-        return Ok(());
-    }
-    Err(LAST_ERROR.with(|e| e.borrow_mut().take()).unwrap_or_else(|| format!("{op} failed with status {status}")))
+    mlx_sys::checked(op, call)
 }
 
 fn array_out(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array) -> i32) -> Result<Array> {
-    let mut res = unsafe { mlx_sys::mlx_array_new() };
-    if let Err(e) = checked(op, || f(&mut res)) {
-        unsafe { mlx_sys::mlx_array_free(res) };
-        return Err(e);
-    }
-    Ok(unsafe { Array::from_ptr(res) })
+    Ok(unsafe { Array::from_ptr(mlx_sys::checked_array(op, f)?) })
 }
 
 fn stream() -> mlx_rs::Stream {

@@ -4,41 +4,16 @@
 //! error to every registered handler (docs/ARCHITECTURE.md).
 
 use crate::{Array, Dtype, Result};
-use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CStr};
-use std::sync::Once;
-
-thread_local! {
-    static LAST_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-extern "C" fn remember_error(msg: *const c_char, _data: *mut c_void) {
-    let text = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
-    LAST_ERROR.with(|e| *e.borrow_mut() = Some(text));
-}
-
-static HANDLER: Once = Once::new();
 
 /// Runs one mlx-c call and turns its status into a `Result` with the
-/// message MLX reported (the handler is in place before the call, so even
-/// the first error keeps its message).
+/// message MLX reported (`mlx_sys::checked`).
 pub(crate) fn checked(op: &str, call: impl FnOnce() -> i32) -> Result<()> {
-    HANDLER.call_once(|| unsafe { mlx_sys::mlx_set_error_handler(Some(remember_error), std::ptr::null_mut(), None) });
-    let status = call();
-    if status == 0 {
-        return Ok(());
-    }
-    let msg = LAST_ERROR.with(|e| e.borrow_mut().take()).unwrap_or_else(|| format!("{op} failed with status {status}"));
-    Err(crate::error(msg))
+    mlx_sys::checked(op, call).map_err(crate::error)
 }
 
 /// Runs one mlx-c call that writes its result into `res`.
 pub(crate) fn raw(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array) -> i32) -> Result<Array> {
-    let mut res = unsafe { mlx_sys::mlx_array_new() };
-    if let Err(e) = checked(op, || f(&mut res)) {
-        unsafe { mlx_sys::mlx_array_free(res) };
-        return Err(e);
-    }
+    let res = mlx_sys::checked_array(op, f).map_err(crate::error)?;
     Ok(unsafe { Array::from_ptr(res) })
 }
 
