@@ -12,10 +12,11 @@
 //! target is refused at start, in one line.
 
 use it::draft_trace::{
-    batched_matches_serial, generate, generate_ok, ids, rounds, same_rounds, speculate, Round, ShortRounds,
+    batched_matches_serial, generate_ok, ids, refusal, rounds, run_oracle, same_rounds, sample_four, speculate, Round,
+    ShortRounds,
 };
-use it::{chi2_two_sample, python, run_ok, Scratch, Server};
-use serde_json::{json, Value};
+use it::{rejection_keeps_the_distribution, Scratch, Server};
+use serde_json::Value;
 use std::path::Path;
 
 const PROMPT: &str = "5,17,33,8,41,60,22,9";
@@ -28,10 +29,7 @@ const REFERENCE_EXTRA: usize = 4;
 const DRAFTS: u64 = 3;
 
 fn oracle(dir: &Path) -> Value {
-    let script = it::repo_root().join("models/scripts/dspark_oracle.py");
-    let summary = run_ok(python().arg(script).arg(dir).arg(PROMPT).arg((MAX_TOKENS + REFERENCE_EXTRA).to_string()));
-    eprintln!("oracle: {}", summary.trim());
-    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+    run_oracle("dspark_oracle.py", dir, PROMPT, MAX_TOKENS + REFERENCE_EXTRA)
 }
 
 fn totals(rounds: &[Round]) -> (u64, u64) {
@@ -95,29 +93,6 @@ fn confidence_thresholds_cut_rounds_where_the_confidences_fall() {
     assert!(cut > 0 && kept.contains(&(DRAFTS as usize)), "rounds kept {kept:?}: some cut and some whole expected");
 }
 
-/// `dir/dspark` with its config and tensors changed by `edit` (Python),
-/// then the one line the host refuses it with.
-fn refusal(dir: &Path, edit: &str) -> String {
-    let script = "import sys, json, mlx.core as mx\n\
-        d, edit = sys.argv[1], sys.argv[2]\n\
-        cfg = json.load(open(d + '/config.json'))\n\
-        w = mx.load(d + '/model.safetensors')\n\
-        exec(edit)\n\
-        json.dump(cfg, open(d + '/config.json', 'w'))\n\
-        mx.save_safetensors(d + '/model.safetensors', w)";
-    let bad = Scratch::new("dspark-bad");
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(dir.join("dspark").join(f), bad.0.join(f)).unwrap();
-    }
-    run_ok(python().args(["-c", script]).arg(&bad.0).arg(edit));
-    let out = generate(&dir.join("target"), PROMPT, MAX_TOKENS, &["--draft-model", bad.0.to_str().unwrap()]);
-    assert!(!out.status.success(), "{edit}: the host started with a mismatched drafter");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    let lines: Vec<&str> = err.lines().filter(|l| l.contains("`draft-dspark`") || l.contains("`dspark`")).collect();
-    assert_eq!(lines.len(), 1, "{edit}: not one line naming the mismatch:\n{err}");
-    lines[0].to_owned()
-}
-
 #[test]
 fn a_block_drafter_that_does_not_fit_its_target_is_refused_at_start() {
     let dir = Scratch::new("dspark-mismatch");
@@ -135,7 +110,7 @@ fn a_block_drafter_that_does_not_fit_its_target_is_refused_at_start() {
         ),
     ];
     for (edit, want) in cases {
-        let line = refusal(&dir.0, edit);
+        let line = refusal(&dir.0.join("target"), &dir.0.join("dspark"), edit, &["`draft-dspark`", "`dspark`"]);
         assert!(line.contains(want), "{edit}: {line}");
     }
 }
@@ -152,39 +127,11 @@ fn sampled_block_drafts_keep_the_target_distribution() {
     oracle(&dir.0);
     let target = dir.0.join("target");
     let plain = Server::start(&target, &["--batch", "1"]);
-    let sample = |s: &Server, seed: u64| -> (Vec<u64>, Value) {
-        let body = json!({"prompt": [5, 17, 33, 8], "max_tokens": 4, "temperature": 1.0, "top_k": 2, "seed": seed, "logprobs": 0});
-        let r = s.post("/v1/completions", &body).json();
-        let tokens = r["choices"][0]["logprobs"]["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_str().unwrap()[1..].parse().unwrap())
-            .collect();
-        (tokens, r["usage"]["speculation"].clone())
-    };
-    let n = 400;
-    let reference: Vec<Vec<u64>> = (0..n).map(|seed| sample(&plain, seed).0).collect();
     for kind in ["dflash", "dspark"] {
         let drafter = dir.0.join(kind).to_string_lossy().into_owned();
         let spec = Server::start(&target, &["--batch", "1", "--draft-model", &drafter, "--speculate-always"]);
-        let mut counts: std::collections::BTreeMap<Vec<u64>, [f64; 2]> = Default::default();
-        for t in &reference {
-            counts.entry(t.clone()).or_default()[0] += 1.0;
-        }
-        let (mut drafted, mut accepted) = (0, 0);
-        for seed in 0..n {
-            let (t, sp) = sample(&spec, 10_000 + seed);
-            counts.entry(t).or_default()[1] += 1.0;
-            assert_eq!(sp["rejection_sampling"], true, "{kind}: the drafter returned no probabilities: {sp}");
-            drafted += sp["drafted"].as_u64().unwrap();
-            accepted += sp["accepted"].as_u64().unwrap();
-        }
+        let (drafted, accepted) = rejection_keeps_the_distribution(&plain, &spec, 400, sample_four, kind);
         assert!(0 < accepted && accepted < drafted, "{kind}: accepted {accepted} of {drafted}: both outcomes expected");
-        let cells: Vec<[f64; 2]> = counts.values().copied().collect();
-        let (chi2, crit) = chi2_two_sample(&cells);
-        assert!(chi2 < crit, "{kind}: distributions differ: chi2 {chi2:.1} >= {crit:.1}; counts {counts:?}");
-        eprintln!("{kind}: accepted {accepted} of {drafted}; chi2 {chi2:.1} < {crit:.1} over {} cells", cells.len());
     }
 }
 

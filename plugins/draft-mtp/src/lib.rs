@@ -26,7 +26,7 @@ fn manifest() -> PluginManifest {
         PluginKind::DRAFTER,
         "Qwen3.5 multi-token prediction: the target's own MTP head drafting from its hidden states",
         Claims { draft_kinds: rstrings(&["mtp"]), ..Default::default() },
-        &["default-depth:2"],
+        &["default-depth:2", caps::DRAFT_PROBABILITIES],
     )
 }
 

@@ -6,7 +6,8 @@
 //! newest position; the first round after the prompt has none, drafts
 //! nothing (a plain step, as the reference's prefill yields its first
 //! token), and its verify brings the hidden state of the prompt's last
-//! position. A round with a seed: d1 = argmax of the seed's logits, then
+//! position. A round with a seed: d1 from the seed's logits (argmax, or a
+//! draw from the request's processed distribution when it samples), then
 //! each further draft from a row (previous draft, the head's own output)
 //! appended to the cache. At commit with `a` drafts accepted, the appended
 //! rows past `min(a, appended)` are trimmed, and rows (draft i, verified
@@ -21,9 +22,10 @@
 use crate::head::Head;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
 use plugin_api::*;
-use plugin_sdk::mlx_rs::{self, ops, Array};
+use plugin_sdk::draft_sampling::Picker;
+use plugin_sdk::mlx_rs::{self, Array};
 use plugin_sdk::Locked;
-use plugin_sdk::{guard, into_array};
+use plugin_sdk::{guard, into_array, into_tensor};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,11 +38,10 @@ fn mlx(e: mlx_rs::error::Exception) -> PluginError {
     PluginError::mlx(e.what().to_owned())
 }
 
-/// The head's output row for the newest position and its greedy token.
+/// The head's output row for the newest position and its logits.
 struct Seed {
     hidden: Array,
     logits: Array,
-    token: u32,
 }
 
 /// Rows waiting for the emitted token (the history's next last token).
@@ -51,6 +52,13 @@ struct Queued {
     hidden: Array,
     /// The history length at which the last row's token is known.
     at: usize,
+}
+
+/// A round's drafts and, when sampled, the distributions they came from
+/// (float32 `[n, V]`).
+struct Chosen {
+    drafts: Vec<u32>,
+    q: Option<Array>,
 }
 
 struct Round {
@@ -98,16 +106,14 @@ impl Mtp {
         self.head.lock().forward(&e, &hidden, &mut self.caches).map_err(mlx)
     }
 
-    /// The seed from the last output row (evaluated: its token is needed).
+    /// The seed from the last output row.
     fn seed_from(&mut self, out: &Array) -> Result<Seed, PluginError> {
         let l = out.shape()[1];
         let hidden = out.index_last(l - 1).map_err(mlx)?;
         let logits = into_array(self.host.target_lm_head(tensor_ref(&hidden)).into_result()?);
         let v = logits.shape()[logits.ndim() - 1];
         let logits = logits.reshape(&[v]).map_err(mlx)?.as_dtype(mlx_rs::Dtype::Float32).map_err(mlx)?;
-        let token = ops::indexing::argmax(&logits, None).map_err(mlx)?;
-        mlx_rs::transforms::eval([&token, &hidden, &logits]).map_err(mlx)?;
-        Ok(Seed { hidden, token: token.item_cast::<u32>(), logits })
+        Ok(Seed { hidden, logits })
     }
 
     fn trim(&mut self, n: usize) -> Result<(), PluginError> {
@@ -135,7 +141,15 @@ impl Mtp {
         }
     }
 
-    fn draft_round(&mut self, history: &[u32], n: usize) -> Result<Vec<u32>, PluginError> {
+    /// A draft from a seed's logits, as the request samples (`picker`);
+    /// evaluated: the next step needs it.
+    fn pick(picker: &mut Picker, logits: &Array) -> Result<u32, PluginError> {
+        let t = picker.pick(&logits.reshape(&[1, -1]).map_err(mlx)?).map_err(mlx)?;
+        mlx_rs::transforms::eval([&t, logits]).map_err(mlx)?;
+        Ok(t.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx)?.as_slice::<u32>()[0])
+    }
+
+    fn draft_round(&mut self, history: &[u32], n: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
         self.void_round()?;
         // The queued rows, now that their last token is known.
         if let Some(q) = self.queued.take() {
@@ -148,9 +162,10 @@ impl Mtp {
         }
         let Some(seed) = self.seed.take() else {
             self.round = Some(Round { drafts: Vec::new(), appended: 0, history: history.len() });
-            return Ok(Vec::new());
+            return Ok(Chosen { drafts: Vec::new(), q: None });
         };
-        let mut drafts = vec![seed.token];
+        let mut picker = Picker::new(sampling).map_err(mlx)?;
+        let mut drafts = vec![Self::pick(&mut picker, &seed.logits)?];
         let mut logits = vec![seed.logits];
         let mut h = seed.hidden;
         let mut appended = 0;
@@ -158,7 +173,7 @@ impl Mtp {
             let out = self.rows(&drafts[drafts.len() - 1..], &h)?;
             appended += 1;
             let s = self.seed_from(&out)?;
-            drafts.push(s.token);
+            drafts.push(Self::pick(&mut picker, &s.logits)?);
             logits.push(s.logits);
             h = s.hidden;
         }
@@ -166,7 +181,7 @@ impl Mtp {
             self.trace_rows = logits.iter().map(|l| l.as_slice::<f32>().to_vec()).collect();
         }
         self.round = Some(Round { drafts: drafts.clone(), appended, history: history.len() });
-        Ok(drafts)
+        Ok(Chosen { drafts, q: picker.probabilities().map_err(mlx)? })
     }
 
     fn commit_round(&mut self, accepted: usize, states: &TargetStates<'_>) -> Result<(), PluginError> {
@@ -220,8 +235,11 @@ impl Drafter for Mtp {
     fn draft(&mut self, args: DraftArgs<'_>) -> PResult<Draft> {
         guard(|| {
             let n = (args.max_tokens as usize).min(self.depth);
-            let tokens = if n == 0 { Vec::new() } else { self.draft_round(args.history.as_slice(), n)? };
-            Ok(Draft { tokens: RVec::from(tokens), probabilities: ROption::RNone })
+            if n == 0 {
+                return Ok(Draft { tokens: RVec::new(), probabilities: ROption::RNone });
+            }
+            let chosen = self.draft_round(args.history.as_slice(), n, args.sampling)?;
+            Ok(Draft { tokens: RVec::from(chosen.drafts), probabilities: chosen.q.map(into_tensor).into() })
         })
     }
 

@@ -4,7 +4,7 @@
 //! from, optionally `confidence`); oracle scripts write the reference's
 //! rounds in the same shape.
 
-use crate::{host_bin, repo_root};
+use crate::{host_bin, python, repo_root, run_ok, Scratch};
 use serde_json::Value;
 use std::path::Path;
 
@@ -178,4 +178,54 @@ pub fn batched_matches_serial(target: &Path, spec_args: &[&str], what: &str) -> 
     let st = s.stats();
     assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "{what}: rows never shared a step: {st}");
     (drafted, accepted)
+}
+
+/// Runs `models/scripts/<script>` into `dir` (its model folders and
+/// reference.json) for greedy decoding of `prompt`, and reads the reference.
+pub fn run_oracle(script: &str, dir: &Path, prompt: &str, max_tokens: usize) -> Value {
+    let script = repo_root().join("models/scripts").join(script);
+    let summary = run_ok(python().arg(script).arg(dir).arg(prompt).arg(max_tokens.to_string()));
+    eprintln!("oracle: {}", summary.trim());
+    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+/// A copy of the drafter folder `drafter` with its config and tensors
+/// changed by `edit` (Python over `cfg` and `w`), then the one line the host
+/// refuses it with when `target` starts with it (the stderr lines naming one
+/// of `names`).
+pub fn refusal(target: &Path, drafter: &Path, edit: &str, names: &[&str]) -> String {
+    let script = "import sys, json, mlx.core as mx\n\
+        d, edit = sys.argv[1], sys.argv[2]\n\
+        cfg = json.load(open(d + '/config.json'))\n\
+        w = mx.load(d + '/model.safetensors')\n\
+        exec(edit)\n\
+        json.dump(cfg, open(d + '/config.json', 'w'))\n\
+        mx.save_safetensors(d + '/model.safetensors', w)";
+    let bad = Scratch::new("drafter-bad");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(drafter.join(f), bad.0.join(f)).unwrap();
+    }
+    run_ok(python().args(["-c", script]).arg(&bad.0).arg(edit));
+    let out = generate(target, "1,2,3", 4, &["--draft-model", bad.0.to_str().unwrap()]);
+    assert!(!out.status.success(), "{edit}: the host started with a mismatched drafter");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = err.lines().filter(|l| names.iter().any(|n| l.contains(n))).collect();
+    assert_eq!(lines.len(), 1, "{edit}: not one line naming the mismatch:\n{err}");
+    lines[0].to_owned()
+}
+
+/// Four tokens sampled (temperature 1, top_k 2: 16 joint outcomes) after a
+/// fixed prompt of ids below 90 from the word-level oracle targets (token
+/// `tN` is id N), and the answer's `usage.speculation`.
+pub fn sample_four(s: &crate::Server, seed: u64) -> (Vec<u64>, Value) {
+    let body = serde_json::json!({"prompt": [5, 17, 33, 8], "max_tokens": 4, "temperature": 1.0, "top_k": 2,
+        "seed": seed, "logprobs": 0});
+    let r = s.post("/v1/completions", &body).json();
+    let tokens = r["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap()[1..].parse().unwrap())
+        .collect();
+    (tokens, r["usage"]["speculation"].clone())
 }

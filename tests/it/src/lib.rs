@@ -498,3 +498,35 @@ pub fn chi2_two_sample(cells: &[[f64; 2]]) -> (f64, f64) {
     let z = 3.09;
     (chi2, df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3))
 }
+
+/// Draws `n` samples from `reference` and from `speculative` (seeds 0.. and
+/// 10000..; `sample` returns a joint outcome and the response's
+/// `usage.speculation`), asserts each speculative answer verified by
+/// rejection sampling and that both sets of outcomes come from one
+/// distribution (chi-square at 99.9%); returns the drafted and accepted
+/// totals.
+pub fn rejection_keeps_the_distribution<T: Ord + Clone + std::fmt::Debug>(
+    reference: &Server,
+    speculative: &Server,
+    n: u64,
+    sample: impl Fn(&Server, u64) -> (T, serde_json::Value),
+    what: &str,
+) -> (u64, u64) {
+    let mut counts: std::collections::BTreeMap<T, [f64; 2]> = Default::default();
+    for seed in 0..n {
+        counts.entry(sample(reference, seed).0).or_default()[0] += 1.0;
+    }
+    let (mut drafted, mut accepted) = (0, 0);
+    for seed in 0..n {
+        let (t, sp) = sample(speculative, 10_000 + seed);
+        counts.entry(t).or_default()[1] += 1.0;
+        assert_eq!(sp["rejection_sampling"], true, "{what}: the drafter returned no probabilities: {sp}");
+        drafted += sp["drafted"].as_u64().unwrap();
+        accepted += sp["accepted"].as_u64().unwrap();
+    }
+    let cells: Vec<[f64; 2]> = counts.values().copied().collect();
+    let (chi2, crit) = chi2_two_sample(&cells);
+    assert!(chi2 < crit, "{what}: distributions differ: chi2 {chi2:.1} >= {crit:.1}; counts {counts:?}");
+    eprintln!("{what}: accepted {accepted} of {drafted}; chi2 {chi2:.1} < {crit:.1} over {} cells", cells.len());
+    (drafted, accepted)
+}
