@@ -38,3 +38,31 @@ fn bench_reports_every_batch_size() {
         assert!(r["peak_memory_bytes"].as_u64().unwrap() >= weights / 2, "{r} (weights {weights} bytes)");
     }
 }
+
+/// `--model shape:<name>`: random weights of a named real shape, made once
+/// under the temporary folder (a Qwen3 config of that shape, bf16), and
+/// benchmarked like a folder; an unknown name is refused naming the known ones.
+#[test]
+fn bench_runs_on_a_named_random_shape() {
+    let bench = |model: &str| {
+        std::process::Command::new(host_bin())
+            .current_dir(it::repo_root())
+            .args(["bench", "--model", model, "--prompt-len", "16", "--gen-len", "4", "--batch", "1,2"])
+            .args(["--trials", "1", "--json"])
+            .output()
+            .unwrap()
+    };
+    let out = bench("shape:qwen3-tiny");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().map(Vec::len), Some(2), "{rows}");
+    assert!(rows[1]["decode_tokens_per_s"].as_f64().unwrap() > 0.0, "{rows}");
+    let dir = std::env::temp_dir().join("mlx-engine-shapes/qwen3-tiny");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!((config["model_type"].as_str(), config["hidden_size"].as_u64()), (Some("qwen3"), Some(256)));
+    let out = bench("shape:qwen3-70b");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown shape `qwen3-70b` (known: qwen3-tiny, qwen3-0.6b, qwen3-8b)"), "{err}");
+}

@@ -9,6 +9,7 @@ mod kl_cmd;
 mod kv_cmd;
 mod model_options;
 mod plugins_cmd;
+mod random_shape;
 mod runtime_switch;
 mod serve_cmd;
 mod tp_launch;
@@ -170,6 +171,8 @@ enum Command {
     },
     /// Throughput at several batch sizes, in process (as mlx_lm.benchmark):
     /// prefill and decode tokens/s, time per step, peak memory.
+    /// `--model shape:qwen3-8b` (or qwen3-0.6b, qwen3-tiny) benchmarks random
+    /// weights of that shape (made once under the temporary folder).
     Bench {
         #[command(flatten)]
         model: ModelArgs,
@@ -363,6 +366,7 @@ fn main() -> Result<ExitCode> {
             println!("largest context that fits: {most} tokens{ctx_cap}");
         }
         Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json }) => {
+            let model = ModelArgs { model: random_shape::resolve(&model.model)?, ..model };
             let engine = engine(&model, None)?;
             bench_cmd::run(engine, bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json })?
         }
