@@ -131,24 +131,32 @@ def gqa_back(heads, kv_heads, hd):
     return o.astype(BF16)
 
 
+def layer(t, p, d, agree, v=None, o=None):
+    """One decoder layer's tensors into `t`: random, except `v` / `o` when
+    given, and a zero MLP output when `agree` (the layer then adds only what
+    its attention carries)."""
+    heads, kv, hd, inter = d["heads"], d["kv"], d["hd"], d["inter"]
+    t[f"{p}.self_attn.q_proj.weight"] = normal((d["q_rows"], H))
+    t[f"{p}.self_attn.k_proj.weight"] = normal((kv * hd, H))
+    t[f"{p}.self_attn.v_proj.weight"] = normal((kv * hd, H)) if v is None else v
+    t[f"{p}.self_attn.o_proj.weight"] = normal((H, heads * hd)) if o is None else o
+    t[f"{p}.self_attn.q_norm.weight"] = ones(hd)
+    t[f"{p}.self_attn.k_norm.weight"] = ones(hd)
+    t[f"{p}.mlp.gate_proj.weight"] = normal((inter, H))
+    t[f"{p}.mlp.up_proj.weight"] = normal((inter, H))
+    t[f"{p}.mlp.down_proj.weight"] = mx.zeros((H, inter), dtype=BF16) if agree else normal((H, inter))
+    t[f"{p}.input_layernorm.weight"] = ones(H)
+    t[f"{p}.post_attention_layernorm.weight"] = ones(H)
+
+
 def block_drafter(out, agree, markov, tok):
     mx.random.seed(1 + 2 * agree + markov)
     heads, kv, hd, inter, layers = (DRAFT[k] for k in ("heads", "kv", "hd", "inter", "layers"))
     t = {"fc.weight": mx.zeros((H, len(TAPS) * H), dtype=BF16) if agree else normal((H, len(TAPS) * H)),
          "hidden_norm.weight": ones(H), "norm.weight": ones(H)}
     for i in range(layers):
-        p = f"layers.{i}"
-        t[f"{p}.self_attn.q_proj.weight"] = normal((heads * hd, H))
-        t[f"{p}.self_attn.k_proj.weight"] = normal((kv * hd, H))
-        t[f"{p}.self_attn.v_proj.weight"] = eye_rows(kv * hd, H) if agree else normal((kv * hd, H))
-        t[f"{p}.self_attn.o_proj.weight"] = gqa_back(heads, kv, hd) if agree else normal((H, heads * hd))
-        t[f"{p}.self_attn.q_norm.weight"] = ones(hd)
-        t[f"{p}.self_attn.k_norm.weight"] = ones(hd)
-        t[f"{p}.mlp.gate_proj.weight"] = normal((inter, H))
-        t[f"{p}.mlp.up_proj.weight"] = normal((inter, H))
-        t[f"{p}.mlp.down_proj.weight"] = mx.zeros((H, inter), dtype=BF16) if agree else normal((H, inter))
-        t[f"{p}.input_layernorm.weight"] = ones(H)
-        t[f"{p}.post_attention_layernorm.weight"] = ones(H)
+        layer(t, f"layers.{i}", dict(heads=heads, kv=kv, hd=hd, inter=inter, q_rows=heads * hd), agree,
+              v=eye_rows(kv * hd, H) if agree else None, o=gqa_back(heads, kv, hd) if agree else None)
     dflash = {"mask_token_id": MASK, "target_layer_ids": TAPS, "num_target_layers": QWEN3_8B["num_hidden_layers"]}
     cfg = dict(model_type="qwen3", hidden_size=H, intermediate_size=inter, num_hidden_layers=layers,
                num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd, rms_norm_eps=1e-6,
@@ -171,18 +179,9 @@ def mtp_head(out, target_config, agree, tok):
     fc = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1).astype(BF16) if agree else normal((H, 2 * H))
     t = {"fc.weight": fc, "pre_fc_norm_embedding.weight": ones(H), "pre_fc_norm_hidden.weight": ones(H),
          "norm.weight": ones(H)}
-    p = "layers.0"
-    t[f"{p}.self_attn.q_proj.weight"] = normal((2 * heads * hd, H))
-    t[f"{p}.self_attn.k_proj.weight"] = normal((kv * hd, H))
-    t[f"{p}.self_attn.v_proj.weight"] = normal((kv * hd, H))
-    t[f"{p}.self_attn.o_proj.weight"] = mx.zeros((H, heads * hd), dtype=BF16) if agree else normal((H, heads * hd))
-    t[f"{p}.self_attn.q_norm.weight"] = ones(hd)
-    t[f"{p}.self_attn.k_norm.weight"] = ones(hd)
-    t[f"{p}.mlp.gate_proj.weight"] = normal((inter, H))
-    t[f"{p}.mlp.up_proj.weight"] = normal((inter, H))
-    t[f"{p}.mlp.down_proj.weight"] = mx.zeros((H, inter), dtype=BF16) if agree else normal((H, inter))
-    t[f"{p}.input_layernorm.weight"] = ones(H)
-    t[f"{p}.post_attention_layernorm.weight"] = ones(H)
+    # The queries and their gate side by side (Qwen3.5's gated attention).
+    layer(t, "layers.0", dict(heads=heads, kv=kv, hd=hd, inter=inter, q_rows=2 * heads * hd), agree,
+          o=mx.zeros((H, heads * hd), dtype=BF16) if agree else None)
     cfg = {"model_type": "qwen3_5_mtp", "text_config": dict(c, mtp_num_hidden_layers=1)}
     save(out, t, cfg, tok)
 
