@@ -39,9 +39,9 @@ fn bench_reports_every_batch_size() {
     }
 }
 
-/// `--model shape:<name>`: random weights of a named real shape, made once
-/// under the temporary folder (a Qwen3 config of that shape, bf16), and
-/// benchmarked like a folder; an unknown name is refused naming the known ones.
+/// `--model shape:FILE`: random weights of the shape a shape file describes
+/// (its config.json and tensors), made once under the temporary folder and
+/// benchmarked like a folder; a missing file is refused naming it.
 #[test]
 fn bench_runs_on_a_named_random_shape() {
     let bench = |model: &str| {
@@ -52,7 +52,7 @@ fn bench_runs_on_a_named_random_shape() {
             .output()
             .unwrap()
     };
-    let out = bench("shape:qwen3-tiny");
+    let out = bench("shape:tests/bench/shapes/qwen3-tiny.json");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.as_array().map(Vec::len), Some(2), "{rows}");
@@ -61,8 +61,8 @@ fn bench_runs_on_a_named_random_shape() {
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!((config["model_type"].as_str(), config["hidden_size"].as_u64()), (Some("qwen3"), Some(256)));
-    let out = bench("shape:qwen3-70b");
+    let out = bench("shape:tests/bench/shapes/qwen3-70b.json");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown shape `qwen3-70b` (known: qwen3-tiny, qwen3-0.6b, qwen3-8b)"), "{err}");
+    assert!(err.contains("reading the shape file tests/bench/shapes/qwen3-70b.json"), "{err}");
 }

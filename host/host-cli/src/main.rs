@@ -171,8 +171,9 @@ enum Command {
     },
     /// Throughput at several batch sizes, in process (as mlx_lm.benchmark):
     /// prefill and decode tokens/s, time per step, peak memory.
-    /// `--model shape:qwen3-8b` (or qwen3-0.6b, qwen3-tiny) benchmarks random
-    /// weights of that shape (made once under the temporary folder).
+    /// `--model shape:FILE` benchmarks random weights of the shape a shape
+    /// file describes (tests/bench/shapes/*.json; made once under the
+    /// temporary folder).
     Bench {
         #[command(flatten)]
         model: ModelArgs,
