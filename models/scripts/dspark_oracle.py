@@ -175,14 +175,7 @@ def reference_rounds(lm, drafter, prompt, max_tokens):
         return tokens
 
     drafter.draft_block_greedy = recorded_block
-    record = rounds._record_speculative_round
-
-    def recorded_round(model, accepted, drafted):
-        trace[-1]["accepted"] = int(accepted)
-        assert drafted == len(trace[-1]["drafts"]), (drafted, trace[-1])
-        record(model, accepted, drafted)
-
-    rounds._record_speculative_round = recorded_round
+    record = base.record_accepted(rounds, trace)
 
     cache = lm.make_cache()
     out = lm(mx.array([prompt], dtype=mx.int32), cache=cache, capture_layer_ids=TAPS)

@@ -187,6 +187,20 @@ def greedy(lm, prompt, n):
     return tokens
 
 
+def record_accepted(rounds, trace):
+    """Wraps a reference round loop's bookkeeping (`rounds`, its module) so
+    the last traced round gets its accepted count; returns the original."""
+    record = rounds._record_speculative_round
+
+    def recorded_round(model, accepted, drafted):
+        trace[-1]["accepted"] = int(accepted)
+        assert drafted == len(trace[-1]["drafts"]), (drafted, trace[-1])
+        record(model, accepted, drafted)
+
+    rounds._record_speculative_round = recorded_round
+    return record
+
+
 def reference_rounds(lm, head, prompt, max_tokens):
     """`_mtp_rounds` as mlx-vlm's generate runs it for one greedy request,
     with the drafter's greedy step wrapped to record its logits."""
@@ -209,14 +223,7 @@ def reference_rounds(lm, head, prompt, max_tokens):
         return tokens
 
     head.draft_block = recorded_draft_block
-    record = rounds._record_speculative_round
-
-    def recorded_round(model, accepted, drafted):
-        trace[-1]["accepted"] = int(accepted)
-        assert drafted == len(trace[-1]["drafts"]), (drafted, trace[-1])
-        record(model, accepted, drafted)
-
-    rounds._record_speculative_round = recorded_round
+    record_accepted(rounds, trace)
 
     cache = lm.make_cache()
     ids = mx.array([prompt], dtype=mx.int32)
