@@ -10,7 +10,7 @@ use crate::{error, Array, Result};
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use plugin_api::abi_stable::std_types::{ROption, RResult};
 use plugin_api::{CacheBox, MaskMode, MaskRef, PluginError};
-use plugin_sdk::{into_array, into_tensor};
+use plugin_sdk::{into_array, into_tensor, lend};
 
 fn boundary<T>(r: RResult<T, PluginError>) -> Result<T> {
     r.into_result().map_err(|e| error(format!("cache layout: {e}")))
@@ -80,21 +80,16 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
             Mask::Array(_) => MaskMode::ARRAY,
         },
         array: match mask {
-            Mask::Array(a) => ROption::RSome(tensor_ref(a)),
+            Mask::Array(a) => ROption::RSome(lend(a)),
             _ => ROption::RNone,
         },
     };
-    let own = boundary(cache.attend(tensor_ref(q), tensor_ref(&keys), tensor_ref(&values), scale, mask_ref))?;
+    let own = boundary(cache.attend(lend(q), lend(&keys), lend(&values), scale, mask_ref))?;
     if let ROption::RSome(out) = own {
         return Ok(into_array(out));
     }
     let (k, v) = update(cache, keys, values)?;
     sdpa(q, &k, &v, scale, mask)
-}
-
-/// Borrows an array for one boundary call (the array outlives the call).
-fn tensor_ref(a: &Array) -> plugin_api::TensorRef<'_> {
-    unsafe { plugin_api::TensorRef::from_raw(a.as_ptr()) }
 }
 
 /// `mx.fast.scaled_dot_product_attention` with the mask's mode; multi-token

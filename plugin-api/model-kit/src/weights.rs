@@ -45,7 +45,7 @@ impl Weights {
     /// a wrapper module's `model.` in front).
     pub fn strip_prefix(&mut self, prefix: &str) {
         let map = std::mem::take(&mut self.map);
-        self.map = map.into_iter().map(|(k, v)| (k.strip_prefix(prefix).map_or(k.clone(), str::to_owned), v)).collect();
+        self.map = map.into_iter().map(|(k, v)| (k.strip_prefix(prefix).map(str::to_owned).unwrap_or(k), v)).collect();
     }
 
     /// Names left over after loading: a checkpoint/graph mismatch.

@@ -4,8 +4,9 @@
 //! entries), [`guard`] and [`quietly`] (no panic crosses the boundary), conversions between
 //! boundary [`Tensor`]s and mlx-rs [`Array`]s that respect the ownership
 //! rules, [`Locked`] (a graph holding MLX arrays made `Sync` without
-//! `unsafe`), [`shared`] weights across instances, manifest helpers, and [`draft_sampling`] (drafters drawing
-//! drafts as the host samples). Never depends on a host crate.
+//! `unsafe`), [`shared`] weights across instances, manifest helpers, and
+//! [`draft_sampling`] (drafters drawing drafts as the host samples). Never
+//! depends on a host crate.
 
 pub mod draft_sampling;
 mod locked;
@@ -70,6 +71,12 @@ pub fn into_tensor(a: Array) -> Tensor {
     let raw = a.as_ptr();
     std::mem::forget(a);
     unsafe { Tensor::from_raw(raw) }
+}
+
+/// Lends `a` across the boundary for one call (nothing changes hands: the
+/// array outlives the call).
+pub fn lend(a: &Array) -> TensorRef<'_> {
+    unsafe { TensorRef::from_raw(a.as_ptr()) }
 }
 
 /// A borrowed view of a boundary tensor as an mlx-rs array. Never frees: the

@@ -5,13 +5,13 @@
 
 use crate::config::Args;
 use crate::net::Net;
-use crate::rounds::{tensor_ref, BlockDrafter, Shape};
+use crate::rounds::{BlockDrafter, Shape};
 use model_kit::config::Config;
 use model_kit::layers::LoadCtx;
 use model_kit::weights::Weights;
 use plugin_api::*;
-use plugin_sdk::into_array;
 use plugin_sdk::mlx_rs::Array;
+use plugin_sdk::{into_array, lend};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -108,7 +108,7 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<BlockDrafte
     }
     // The compute dtype is the target's: its embeddings say which.
     let probe = Array::from_slice(&[0i32], &[1, 1]);
-    let dtype = into_array(host.target_embed(tensor_ref(&probe)).into_result()?).dtype();
+    let dtype = into_array(host.target_embed(lend(&probe)).into_result()?).dtype();
     let net = crate::net::shared(&dir, dtype, || {
         let cfg = Config::parse(&text).map_err(|e| bad(format!("dspark: {}", e.what())))?;
         let quant = cfg.quantization().map_err(|e| bad(format!("dspark: {}", e.what())))?;

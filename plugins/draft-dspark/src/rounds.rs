@@ -24,18 +24,10 @@ use plugin_api::*;
 use plugin_sdk::draft_sampling::Picker;
 use plugin_sdk::mlx_rs::{self, ops, Array, Dtype};
 use plugin_sdk::Locked;
-use plugin_sdk::{guard, into_array, into_tensor};
+use plugin_sdk::{guard, into_array, into_tensor, lend, mlx_error};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-
-pub fn tensor_ref(a: &Array) -> TensorRef<'_> {
-    unsafe { TensorRef::from_raw(a.as_ptr()) }
-}
-
-pub fn mlx(e: mlx_rs::error::Exception) -> PluginError {
-    PluginError::mlx(e.what().to_owned())
-}
 
 /// What a drafter of this kind is, beyond its weights.
 pub struct Shape {
@@ -60,6 +52,8 @@ struct Round {
 
 struct Chosen {
     drafts: Vec<u32>,
+    /// The logits each draft was chosen from (greedy drafts without a
+    /// Markov head: only when tracing).
     logits: Vec<Array>,
     /// float32 `[k, V]`: the distribution each draft was drawn from.
     q: Option<Array>,
@@ -104,14 +98,14 @@ impl BlockDrafter {
     fn embed(&self, ids: &[u32]) -> Result<Array, PluginError> {
         let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let ids = Array::from_slice(&v, &[1, v.len() as i32]);
-        Ok(into_array(self.host.target_embed(tensor_ref(&ids)).into_result()?))
+        Ok(into_array(self.host.target_embed(lend(&ids)).into_result()?))
     }
 
     /// Rows `first..` of the verified taps join the context.
     fn push_context(&mut self, first: usize, taps: Array) -> Result<(), PluginError> {
         self.pending = Some(match self.pending.take() {
             Some(p) if p.first + p.taps.shape()[1] as usize == first => {
-                Context { first: p.first, taps: ops::concatenate(&[p.taps, taps], 1).map_err(mlx)? }
+                Context { first: p.first, taps: ops::concatenate(&[p.taps, taps], 1).map_err(mlx_error)? }
             }
             // A gap (positions run without states): the older rows enter
             // the cache on their own, at their positions.
@@ -125,8 +119,8 @@ impl BlockDrafter {
     }
 
     fn absorb(&mut self, c: Context) -> Result<(), PluginError> {
-        let out = self.net.lock().block.absorb(&c.taps, c.first as i32, &mut self.caches).map_err(mlx)?;
-        mlx_rs::transforms::eval(out.iter()).map_err(mlx)
+        let out = self.net.lock().block.absorb(&c.taps, c.first as i32, &mut self.caches).map_err(mlx_error)?;
+        mlx_rs::transforms::eval(out.iter()).map_err(mlx_error)
     }
 
     fn reset(&mut self) -> Result<(), PluginError> {
@@ -158,17 +152,24 @@ impl BlockDrafter {
         ids.extend(std::iter::repeat_n(self.shape.mask_token_id, masks));
         let at = Positions { context: context.first as i32, block: history.len() as i32 - 1 };
         let embeds = self.embed(&ids)?;
-        let out = self.net.lock().block.forward(&embeds, &context.taps, at, &mut self.caches).map_err(mlx)?;
+        let out = self.net.lock().block.forward(&embeds, &context.taps, at, &mut self.caches).map_err(mlx_error)?;
         let rows = if self.shape.sample_from_anchor { out } else { index_rows(&out, 1, k as i32 + 1)? };
-        let logits = into_array(self.host.target_lm_head(tensor_ref(&rows)).into_result()?);
+        let logits = into_array(self.host.target_lm_head(lend(&rows)).into_result()?);
         let v = logits.shape()[logits.ndim() - 1];
-        let mut logits = logits.reshape(&[k as i32, v]).map_err(mlx)?.as_dtype(Dtype::Float32).map_err(mlx)?;
+        let mut logits =
+            logits.reshape(&[k as i32, v]).map_err(mlx_error)?.as_dtype(Dtype::Float32).map_err(mlx_error)?;
         if let Some(cap) = self.shape.softcap {
             let c = Array::from_f32(cap);
-            logits = ops::tanh(&logits.divide(&c).map_err(mlx)?).map_err(mlx)?.multiply(&c).map_err(mlx)?;
+            logits = ops::tanh(&logits.divide(&c).map_err(mlx_error)?)
+                .map_err(mlx_error)?
+                .multiply(&c)
+                .map_err(mlx_error)?;
         }
         let mut chosen = self.choose(&logits, anchor, k, sampling)?;
-        let confidence = self.confidences(&rows, anchor, &chosen.drafts, k)?;
+        // The confidence head runs only where its values are used (pruning,
+        // or the trace): it costs a forward and a host round trip.
+        let wanted = !self.shape.thresholds.is_empty() || self.trace.is_some();
+        let confidence = if wanted { self.confidences(&rows, anchor, &chosen.drafts, k)? } else { Vec::new() };
         let keep = self.kept(&confidence, chosen.drafts.len());
         if self.trace.is_some() {
             self.trace_rows = (chosen.logits.iter().map(|l| l.as_slice::<f32>().to_vec()).collect(), confidence);
@@ -188,30 +189,33 @@ impl BlockDrafter {
     fn choose(&self, logits: &Array, anchor: u32, k: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
         let net = self.net.lock();
         if net.markov.is_none() && sampling.is_greedy() {
-            let tokens = ops::indexing::argmax_axis(logits, -1, None).map_err(mlx)?;
-            mlx_rs::transforms::eval([&tokens, logits]).map_err(mlx)?;
-            let rows = (0..k as i32).map(|i| index_rows(logits, i, i + 1)).collect::<Result<Vec<_>, _>>()?;
+            let tokens = ops::indexing::argmax_axis(logits, -1, None).map_err(mlx_error)?;
+            let rows = match self.trace {
+                Some(_) => (0..k as i32).map(|i| index_rows(logits, i, i + 1)).collect::<Result<Vec<_>, _>>()?,
+                None => Vec::new(),
+            };
+            mlx_rs::transforms::eval(std::iter::once(&tokens).chain(&rows)).map_err(mlx_error)?;
             return Ok(Chosen { drafts: tokens.as_slice::<u32>().to_vec(), logits: rows, q: None });
         }
         // The chain stays on the device (each draft feeds the next step's
         // Markov correction): one evaluation for the whole block.
-        let mut picker = Picker::new(sampling).map_err(mlx)?;
+        let mut picker = Picker::new(sampling).map_err(mlx_error)?;
         let (mut tokens, mut rows) = (Vec::with_capacity(k), Vec::with_capacity(k));
         let mut previous = Array::from_slice(&[anchor as i32], &[1]);
         for i in 0..k as i32 {
             let row = index_rows(logits, i, i + 1)?;
             let step = match &net.markov {
-                Some(m) => m.step(&row, &previous).map_err(mlx)?,
+                Some(m) => m.step(&row, &previous).map_err(mlx_error)?,
                 None => row,
             };
-            let t = picker.pick(&step).map_err(mlx)?.as_dtype(Dtype::Int32).map_err(mlx)?;
+            let t = picker.pick(&step).map_err(mlx_error)?.as_dtype(Dtype::Int32).map_err(mlx_error)?;
             previous = t.clone();
             tokens.push(t);
             rows.push(step);
         }
-        let tokens = ops::concatenate(&tokens, 0).map_err(mlx)?;
-        let q = picker.probabilities().map_err(mlx)?;
-        mlx_rs::transforms::eval(std::iter::once(&tokens).chain(&rows).chain(&q)).map_err(mlx)?;
+        let tokens = ops::concatenate(&tokens, 0).map_err(mlx_error)?;
+        let q = picker.probabilities().map_err(mlx_error)?;
+        mlx_rs::transforms::eval(std::iter::once(&tokens).chain(&rows).chain(&q)).map_err(mlx_error)?;
         let drafts = tokens.as_slice::<i32>().iter().map(|&t| t as u32).collect();
         Ok(Chosen { drafts, logits: rows, q })
     }
@@ -222,9 +226,9 @@ impl BlockDrafter {
         let Some(head) = &net.confidence else { return Ok(Vec::new()) };
         let mut previous = vec![anchor];
         previous.extend(&drafts[..k - 1]);
-        let h = rows.reshape(&[k as i32, -1]).map_err(mlx)?;
-        let c = head.forward(&h, &previous, net.markov.as_ref()).map_err(mlx)?;
-        mlx_rs::transforms::eval([&c]).map_err(mlx)?;
+        let h = rows.reshape(&[k as i32, -1]).map_err(mlx_error)?;
+        let c = head.forward(&h, &previous, net.markov.as_ref()).map_err(mlx_error)?;
+        mlx_rs::transforms::eval([&c]).map_err(mlx_error)?;
         Ok(c.as_slice::<f32>().to_vec())
     }
 
@@ -268,7 +272,7 @@ impl BlockDrafter {
 /// The taps side by side `[1, L, n·H]`, in the order asked (ascending layers).
 fn concat_taps(taps: &[TensorRef<'_>]) -> Result<Array, PluginError> {
     let arrays: Vec<Array> = taps.iter().map(|t| into_array(t.to_owned())).collect();
-    ops::concatenate(&arrays, -1).map_err(mlx)
+    ops::concatenate(&arrays, -1).map_err(mlx_error)
 }
 
 /// Rows `from..to` along the second axis.

@@ -25,18 +25,10 @@ use plugin_api::*;
 use plugin_sdk::draft_sampling::Picker;
 use plugin_sdk::mlx_rs::{self, Array};
 use plugin_sdk::Locked;
-use plugin_sdk::{guard, into_array, into_tensor};
+use plugin_sdk::{guard, into_array, into_tensor, lend, mlx_error};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-
-pub fn tensor_ref(a: &Array) -> TensorRef<'_> {
-    unsafe { TensorRef::from_raw(a.as_ptr()) }
-}
-
-fn mlx(e: mlx_rs::error::Exception) -> PluginError {
-    PluginError::mlx(e.what().to_owned())
-}
 
 /// The head's output row for the newest position and its logits.
 struct Seed {
@@ -96,23 +88,23 @@ impl Mtp {
     fn embed(&self, ids: &[u32]) -> Result<Array, PluginError> {
         let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let ids = Array::from_slice(&v, &[1, v.len() as i32]);
-        Ok(into_array(self.host.target_embed(tensor_ref(&ids)).into_result()?))
+        Ok(into_array(self.host.target_embed(lend(&ids)).into_result()?))
     }
 
     /// Appends rows (tokens, hidden `[1, L, H]`) and returns the head's output.
     fn rows(&mut self, tokens: &[u32], hidden: &Array) -> Result<Array, PluginError> {
         let e = self.embed(tokens)?;
-        let hidden = hidden.as_dtype(e.dtype()).map_err(mlx)?;
-        self.head.lock().forward(&e, &hidden, &mut self.caches).map_err(mlx)
+        let hidden = hidden.as_dtype(e.dtype()).map_err(mlx_error)?;
+        self.head.lock().forward(&e, &hidden, &mut self.caches).map_err(mlx_error)
     }
 
     /// The seed from the last output row.
     fn seed_from(&mut self, out: &Array) -> Result<Seed, PluginError> {
         let l = out.shape()[1];
-        let hidden = out.index_last(l - 1).map_err(mlx)?;
-        let logits = into_array(self.host.target_lm_head(tensor_ref(&hidden)).into_result()?);
+        let hidden = out.index_last(l - 1).map_err(mlx_error)?;
+        let logits = into_array(self.host.target_lm_head(lend(&hidden)).into_result()?);
         let v = logits.shape()[logits.ndim() - 1];
-        let logits = logits.reshape(&[v]).map_err(mlx)?.as_dtype(mlx_rs::Dtype::Float32).map_err(mlx)?;
+        let logits = logits.reshape(&[v]).map_err(mlx_error)?.as_dtype(mlx_rs::Dtype::Float32).map_err(mlx_error)?;
         Ok(Seed { hidden, logits })
     }
 
@@ -144,9 +136,9 @@ impl Mtp {
     /// A draft from a seed's logits, as the request samples (`picker`);
     /// evaluated: the next step needs it.
     fn pick(picker: &mut Picker, logits: &Array) -> Result<u32, PluginError> {
-        let t = picker.pick(&logits.reshape(&[1, -1]).map_err(mlx)?).map_err(mlx)?;
-        mlx_rs::transforms::eval([&t, logits]).map_err(mlx)?;
-        Ok(t.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx)?.as_slice::<u32>()[0])
+        let t = picker.pick(&logits.reshape(&[1, -1]).map_err(mlx_error)?).map_err(mlx_error)?;
+        mlx_rs::transforms::eval([&t, logits]).map_err(mlx_error)?;
+        Ok(t.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx_error)?.as_slice::<u32>()[0])
     }
 
     fn draft_round(&mut self, history: &[u32], n: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
@@ -164,7 +156,7 @@ impl Mtp {
             self.round = Some(Round { drafts: Vec::new(), appended: 0, history: history.len() });
             return Ok(Chosen { drafts: Vec::new(), q: None });
         };
-        let mut picker = Picker::new(sampling).map_err(mlx)?;
+        let mut picker = Picker::new(sampling).map_err(mlx_error)?;
         let mut drafts = vec![Self::pick(&mut picker, &seed.logits)?];
         let mut logits = vec![seed.logits];
         let mut h = seed.hidden;
@@ -181,7 +173,7 @@ impl Mtp {
             self.trace_rows = logits.iter().map(|l| l.as_slice::<f32>().to_vec()).collect();
         }
         self.round = Some(Round { drafts: drafts.clone(), appended, history: history.len() });
-        Ok(Chosen { drafts, q: picker.probabilities().map_err(mlx)? })
+        Ok(Chosen { drafts, q: picker.probabilities().map_err(mlx_error)? })
     }
 
     fn commit_round(&mut self, accepted: usize, states: &TargetStates<'_>) -> Result<(), PluginError> {
@@ -193,7 +185,7 @@ impl Mtp {
         let a = accepted.min(round.drafts.len()).min(states.len.saturating_sub(1) as usize);
         let keep = a.min(round.appended);
         self.trim(round.appended - keep)?;
-        let hidden = into_array(verified).index_range(keep as i32, a as i32 + 1).map_err(mlx)?;
+        let hidden = into_array(verified).index_range(keep as i32, a as i32 + 1).map_err(mlx_error)?;
         self.queued = Some(Queued { tokens: round.drafts[keep..a].to_vec(), hidden, at: round.history + a + 1 });
         if self.trace.is_some() && !round.drafts.is_empty() {
             let rows = std::mem::take(&mut self.trace_rows);
@@ -268,7 +260,7 @@ impl Drafter for Mtp {
             // Row p: (prompt[p + 1], hidden p).
             let tokens = prompt.as_slice()[first + 1..first + len + 1].to_vec();
             let out = self.rows(&tokens, &hidden.to_owned().into_array())?;
-            mlx_rs::transforms::eval([&out]).map_err(mlx)?;
+            mlx_rs::transforms::eval([&out]).map_err(mlx_error)?;
             Ok(())
         })
     }

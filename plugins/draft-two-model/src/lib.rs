@@ -14,7 +14,7 @@ use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
 use plugin_api::*;
 use plugin_sdk::mlx_rs::{self, Array};
-use plugin_sdk::{guard, into_array, into_tensor, rstrings};
+use plugin_sdk::{guard, into_array, into_tensor, lend, mlx_error, rstrings};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -83,19 +83,11 @@ struct TwoModel {
     _host: HostServicesBox,
 }
 
-fn tensor_ref(a: &Array) -> TensorRef<'_> {
-    unsafe { TensorRef::from_raw(a.as_ptr()) }
-}
-
-fn mlx(e: mlx_rs::error::Exception) -> PluginError {
-    PluginError::mlx(e.what().to_owned())
-}
-
 impl TwoModel {
     /// Runs `tokens` `[1, L]` and returns the logits `[1, V]` of the last position (lazy).
     fn next(&mut self, tokens: &Array) -> Result<Array, PluginError> {
         let args = ForwardArgs {
-            tokens: tensor_ref(tokens),
+            tokens: lend(tokens),
             logits: LogitsMode::LAST,
             want_hidden: false,
             taps: RSlice::from_slice(&[]),
@@ -106,7 +98,7 @@ impl TwoModel {
             ROption::RNone => return Err(PluginError::invalid_input("draft model returned no logits")),
         };
         let v = logits.shape()[logits.ndim() - 1];
-        logits.reshape(&[1, v]).map_err(mlx)
+        logits.reshape(&[1, v]).map_err(mlx_error)
     }
 
     /// Feeds `tokens` `[1, L]` and drafts `n` tokens after them, each
@@ -121,18 +113,21 @@ impl TwoModel {
         n: usize,
         sampling: DraftSampling,
     ) -> Result<(Array, Option<Array>), PluginError> {
-        let mut picker = plugin_sdk::draft_sampling::Picker::new(sampling).map_err(mlx)?;
-        let mut y = picker.pick(&self.next(tokens)?).map_err(mlx)?;
-        mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
+        let mut picker = plugin_sdk::draft_sampling::Picker::new(sampling).map_err(mlx_error)?;
+        let mut y = picker.pick(&self.next(tokens)?).map_err(mlx_error)?;
+        mlx_rs::transforms::async_eval([&y]).map_err(mlx_error)?;
         let mut drafted = vec![y.clone()];
         for _ in 1..n {
-            y = picker.pick(&self.next(&y.reshape(&[1, 1]).map_err(mlx)?)?).map_err(mlx)?;
-            mlx_rs::transforms::async_eval([&y]).map_err(mlx)?;
+            y = picker.pick(&self.next(&y.reshape(&[1, 1]).map_err(mlx_error)?)?).map_err(mlx_error)?;
+            mlx_rs::transforms::async_eval([&y]).map_err(mlx_error)?;
             drafted.push(y.clone());
         }
         self.fed = Some(n - 1);
-        let all = mlx_rs::ops::concatenate(&drafted, 0).map_err(mlx)?.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx)?;
-        Ok((all, picker.probabilities().map_err(mlx)?))
+        let all = mlx_rs::ops::concatenate(&drafted, 0)
+            .map_err(mlx_error)?
+            .as_dtype(mlx_rs::Dtype::Uint32)
+            .map_err(mlx_error)?;
+        Ok((all, picker.probabilities().map_err(mlx_error)?))
     }
 
     /// Forgets the outstanding round: trims what it fed.
@@ -170,14 +165,14 @@ impl Drafter for TwoModel {
             if !head.is_empty() {
                 let tokens = ids(head);
                 let args = ForwardArgs {
-                    tokens: tensor_ref(&tokens),
+                    tokens: lend(&tokens),
                     logits: LogitsMode::NONE,
                     want_hidden: true,
                     taps: RSlice::from_slice(&[]),
                 };
                 let out = self.graph.forward(args, self.caches.as_mut_rslice()).into_result()?;
                 if let ROption::RSome(h) = out.hidden {
-                    into_array(h).eval().map_err(mlx)?;
+                    into_array(h).eval().map_err(mlx_error)?;
                 }
                 self.cached = head.len();
             }
@@ -198,7 +193,7 @@ impl Drafter for TwoModel {
             let tokens = ids(&h[self.cached..]);
             self.cached = h.len();
             let (all, q) = self.chain(&tokens, n, args.sampling)?;
-            mlx_rs::transforms::eval(std::iter::once(&all).chain(&q)).map_err(mlx)?;
+            mlx_rs::transforms::eval(std::iter::once(&all).chain(&q)).map_err(mlx_error)?;
             Ok(Draft {
                 tokens: all.as_slice::<u32>().iter().copied().collect(),
                 probabilities: q.map(into_tensor).into(),

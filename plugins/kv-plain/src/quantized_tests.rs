@@ -32,10 +32,6 @@ fn normal(shape: &[i32], seed: u64, dtype: MlxDtype) -> Array {
     mlx_rs::random::normal::<f32>(shape, None, None, None).unwrap().as_dtype(dtype).unwrap()
 }
 
-fn borrow(a: &Array) -> TensorRef<'_> {
-    unsafe { TensorRef::from_raw(a.as_ptr()) }
-}
-
 /// One layer step as model-kit runs it: `attend`, or (declined) the plain
 /// update. Returns whether the layout attended itself.
 fn step(c: &mut CacheBox, rows: i32, n: i32, seed: u64, dtype: MlxDtype) -> bool {
@@ -44,7 +40,7 @@ fn step(c: &mut CacheBox, rows: i32, n: i32, seed: u64, dtype: MlxDtype) -> bool
     let v = normal(&[rows, HEADS as i32, n, DIM as i32], seed + 2, dtype);
     let mode = if n > 1 { MaskMode::CAUSAL } else { MaskMode::NONE };
     let mask = MaskRef { mode, array: ROption::RNone };
-    match c.attend(borrow(&q), borrow(&k), borrow(&v), 0.125, mask) {
+    match c.attend(plugin_sdk::lend(&q), plugin_sdk::lend(&k), plugin_sdk::lend(&v), 0.125, mask) {
         RResult::ROk(ROption::RSome(out)) => {
             let out = into_array(out);
             assert_eq!(out.shape(), &[rows, 4, n, DIM as i32]);

@@ -32,7 +32,7 @@ pub fn generate(
     let start = Instant::now();
     // The target states the drafter reads, when this request speculates.
     let wants = match (plan.method, engine.drafting()) {
-        (Method::Speculative, Some(d)) if d.wants.any() => Some(d.wants.clone()),
+        (Method::Speculative, Some(d)) => d.reads_states().cloned(),
         _ => None,
     };
     let (mut caches, cached, prompt_states) = start_request(engine, req, plan, wants.as_ref())?;

@@ -91,7 +91,7 @@ pub(crate) fn decode(
     let max_depth = drafting.depth;
     let mut stats =
         SpecStats { kind: drafting.kind.clone(), accepted_by_position: vec![0; max_depth], ..Default::default() };
-    let wants = drafting.wants.any().then_some(&drafting.wants);
+    let wants = drafting.reads_states();
     let prompt = RSlice::from_slice(&d.req.prompt);
     // A drafter that fails costs this request its speculation, not its answer.
     let prefilled = match &prompt_states {

@@ -71,11 +71,10 @@ const MIN_ACCEPTANCE: f64 = 0.15;
 impl SpecStats {
     /// Counts one round that drafted `drafted` and accepted `accepted`, and
     /// returns the next depth: about as far as this round got, plus a little
-    /// (long drafts cut short cost verify work for nothing). Switches the
-    /// request to plain steps when acceptance stays too low to pay.
-    /// With `judge` false (`--speculate-always`) the request never falls back.
-    /// Counts a round; returns the next round's depth: `accepted + 2` up to
-    /// `max_depth`, or `max_depth` for a drafter of fixed depth.
+    /// (long drafts cut short cost verify work for nothing), up to
+    /// `max_depth`; always `max_depth` for a drafter of `fixed` depth.
+    /// Switches the request to plain steps when acceptance stays too low to
+    /// pay. With `judge` false (`--speculate-always`) it never falls back.
     pub fn record_round(
         &mut self,
         drafted: usize,
