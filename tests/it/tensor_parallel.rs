@@ -142,6 +142,19 @@ fn a_family_without_tensor_parallel_is_refused() {
     assert!(err.contains("--tp 2: family plugin `model-qwen3-5` does not advertise `tensor-parallel`"), "{err}");
 }
 
+/// NCCL asked for on a runtime without it (the CPU wheel): one line, before
+/// any rank starts.
+#[test]
+fn nccl_without_a_gpu_runtime_is_refused() {
+    let err = fails(
+        host(&["generate", "--prompt-ids", PROMPT, "--max-tokens", "2", "--tp", "2", "--tp-backend", "nccl"])
+            .arg("--model")
+            .arg(model("tiny/tiny-llama-f32")),
+    );
+    assert!(err.contains("--tp 2: this MLX runtime has no `nccl` backend"), "{err}");
+    assert!(!err.contains("--tp: rank"), "{err}");
+}
+
 /// Rank 0 started by hand (mlx.launch's MLX_RANK and MLX_HOSTFILE) whose
 /// peer never comes: it gives up after --tp-timeout, naming the hostfile.
 #[test]
@@ -264,48 +277,90 @@ fn completion(prompt: &str) -> Value {
     serde_json::json!({ "prompt": prompt, "max_tokens": 12, "temperature": 0 })
 }
 
-/// `host serve --tp 2`: rank 0 serves, rank 1 follows its worker. Requests
-/// sent together (queued behind each other, and a repeated prompt served
-/// from the prefix cache) answer what a `--tp 1` server answers.
+fn text(r: &Value) -> String {
+    r["choices"][0]["text"].as_str().unwrap_or_else(|| panic!("no text: {r}")).to_owned()
+}
+
+/// The bodies of the batched tests: greedy rows, a repeated prompt, a row
+/// that a stop string ends early (its client stops it), a seeded sampled
+/// row, and a JSON-object grammar (rank 0 sends its source; every rank
+/// compiles and follows it).
+fn mixed_bodies() -> Vec<Value> {
+    let mut stopped = completion("the quick brown fox");
+    stopped["max_tokens"] = 40.into();
+    vec![
+        completion("hello there"),
+        serde_json::json!({ "prompt": "one two three", "max_tokens": 12, "temperature": 1.0, "seed": 5 }),
+        completion("hello there"),
+        stopped,
+        serde_json::json!({
+            "prompt": "a json object:", "max_tokens": 16, "temperature": 0,
+            "response_format": { "type": "json_object" },
+        }),
+        completion("one two three four"),
+    ]
+}
+
+/// A `--tp 1` server's answers, one request at a time.
+fn serial_answers(dir: &Path, bodies: &[Value]) -> Vec<String> {
+    let one = it::Server::start(dir, &["--batch", "1"]);
+    bodies.iter().map(|b| text(&one.post("/v1/completions", b).json())).collect()
+}
+
+/// `host serve --tp 2` batches: every rank runs the same continuous batch
+/// (rank 0 decides; the others take its decisions). Requests that arrive
+/// together, requests that join a running batch, a stop string ending one
+/// row while others go on, and a second pass served from the prefix cache
+/// all answer what a `--tp 1` server answers one request at a time.
 #[test]
-fn serve_tp2_answers_concurrent_requests_as_tp1() {
+fn serve_tp2_batches_requests_as_tp1() {
     let dir = model("tiny/tiny-llama-f32");
-    let prompts = ["hello there", "the quick brown fox", "hello there", "one two three four"];
-    let answers = |s: &it::Server| -> Vec<String> {
-        std::thread::scope(|sc| {
-            let hs: Vec<_> =
-                prompts.iter().map(|p| sc.spawn(move || s.post("/v1/completions", &completion(p)))).collect();
-            hs.into_iter()
-                .map(|h| {
-                    let r = h.join().unwrap();
-                    assert_eq!(r.status, 200, "{}", r.text());
-                    r.json()["choices"][0]["text"].as_str().unwrap().to_owned()
-                })
-                .collect()
-        })
-    };
-    let two = it::Server::start(&dir, &["--tp", "2"]);
-    let got = answers(&two);
-    let one = it::Server::start(&dir, &["--batch", "1"]);
-    assert_eq!(got, answers(&one));
-    assert!(got.iter().all(|t| !t.is_empty()), "{got:?}");
-    // A grammar's matcher lives in rank 0 alone: refused, the server goes on.
-    let body = serde_json::json!({
-        "messages": [{ "role": "user", "content": "hi" }],
-        "max_tokens": 4,
-        "response_format": { "type": "json_object" },
+    let mut bodies = mixed_bodies();
+    let serial = serial_answers(&dir, &bodies);
+    // The stop string: a piece of what the row says when nothing stops it.
+    let whole = &serial[3];
+    let stop: String = whole.chars().skip(whole.chars().count() / 2).take(3).collect();
+    bodies[3]["stop"] = serde_json::json!([stop]);
+    let serial = serial_answers(&dir, &bodies);
+    assert!(serial[3].chars().count() < whole.chars().count(), "the stop string did not end the row");
+
+    let two = it::Server::start(&dir, &["--tp", "2", "--batch", "8", "--debug-endpoints"]);
+    let texts = |rs: Vec<Value>| -> Vec<String> { rs.iter().map(text).collect() };
+    assert_eq!(texts(two.post_burst("/v1/completions", &bodies)), serial, "a burst");
+    assert!(two.stats()["max_batch_rows"].as_u64().unwrap() >= 4, "{}", two.stats());
+    let again = two.post_joining("/v1/completions", &bodies, 2);
+    assert_eq!(texts(again.clone()), serial, "joining a running batch");
+    let cached: u64 =
+        again.iter().map(|r| r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()).sum();
+    assert!(cached > 0, "the second pass reused no prompt: {again:?}");
+    assert_eq!(two.stats()["failed"], 0);
+}
+
+/// A client that goes away mid-stream: its row leaves the batch on every
+/// rank, and the rows beside it still answer as `--tp 1`.
+#[test]
+fn serve_tp2_drops_an_abandoned_row_on_every_rank() {
+    let dir = model("tiny/tiny-llama-f32");
+    let bodies = mixed_bodies();
+    let serial = serial_answers(&dir, &bodies);
+    let two = it::Server::start(&dir, &["--tp", "2", "--batch", "8"]);
+    let long = serde_json::json!({ "prompt": "count with me", "max_tokens": 400, "stream": true, "temperature": 0 });
+    std::thread::scope(|sc| {
+        let gone = sc.spawn(|| two.abandon_stream("/v1/completions", &long, 3));
+        let answers: Vec<String> = bodies.iter().map(|b| text(&two.post("/v1/completions", b).json())).collect();
+        assert_eq!(answers, serial);
+        assert!(gone.join().unwrap() < 400);
     });
-    let r = two.post("/v1/chat/completions", &body);
-    assert!((400..500).contains(&r.status), "{} {}", r.status, r.text());
-    assert!(r.text().contains("not served with --tp"), "{}", r.text());
-    assert_eq!(answers(&two), got);
+    assert_eq!(two.stats()["active"], 0, "{}", two.stats());
+    let answers: Vec<String> = bodies.iter().map(|b| text(&two.post("/v1/completions", b).json())).collect();
+    assert_eq!(answers, serial, "after the abandoned row");
 }
 
 #[test]
 fn serve_tp_refuses_what_does_not_run_in_lockstep() {
     let dir = model("tiny/tiny-llama-f32");
-    let err = fails(host(&["serve", "--tp", "2", "--batch", "4", "--model"]).arg(&dir));
-    assert!(err.contains("--tp 2: requests run one at a time across the ranks; --batch must be 1"), "{err}");
+    let err = fails(host(&["serve", "--tp", "2", "--draft-kind", "ngram", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 2: speculative decoding is not served with --tp"), "{err}");
     assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{err}");
 }
 

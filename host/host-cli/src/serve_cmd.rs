@@ -180,16 +180,12 @@ pub struct ServeArgs {
     pub tp: crate::tp_launch::TpArgs,
 }
 
-/// What `--tp` serves today (host_engine::lockstep): one request at a time,
-/// without a drafter, the SSD tier or engine isolation. Checked before any
-/// rank starts.
+/// What `--tp` serves: no drafter, SSD tier or engine isolation. Checked
+/// before any rank starts.
 fn check_tp(a: &ServeArgs) -> Result<()> {
     let ranks = a.tp.ranks();
     if ranks <= 1 {
         return Ok(());
-    }
-    if a.batch.is_some_and(|b| b > 1) {
-        bail!("--tp {ranks}: requests run one at a time across the ranks; --batch must be 1 (or left out)");
     }
     if a.draft.config()?.is_some() {
         bail!("--tp {ranks}: speculative decoding is not served with --tp");
@@ -257,7 +253,7 @@ pub fn run(args: ServeArgs) -> Result<std::process::ExitCode> {
             bail!("--generation-checkpoint N needs N >= 1, --isolate (a generation resumes in a new engine process) and --ssd-cache DIR (where its checkpoints are kept)");
         }
     }
-    let cfg = server_config(&a, &model_dir, system_rules, ranks);
+    let cfg = server_config(&a, &model_dir, system_rules);
     let (worker, served) = if a.isolate {
         crate::isolate_cmd::start(&a, &model_dir)?
     } else {
@@ -265,10 +261,9 @@ pub fn run(args: ServeArgs) -> Result<std::process::ExitCode> {
         let lockstep = if ranks > 1 { Some(host_engine::lockstep::Lockstep::current()?) } else { None };
         if let Some(lock) = lockstep.as_ref().filter(|l| l.rank() > 0) {
             // A follower serves nothing: it runs what rank 0's worker runs.
-            let rank = lock.rank();
-            eprintln!("rank {rank} of {ranks}: following rank 0");
-            host_engine::lockstep::follow(&loaded.engine, std::sync::Arc::new(lockstep.unwrap()))
-                .map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
+            eprintln!("rank {} of {ranks}: following rank 0", lock.rank());
+            let memory = Some((loaded.memory, loaded.budget));
+            host_engine::worker::follow(&loaded.engine, cfg.batch, memory, lockstep.unwrap());
             return Ok(std::process::ExitCode::SUCCESS);
         }
         let served = Served {
@@ -279,7 +274,10 @@ pub fn run(args: ServeArgs) -> Result<std::process::ExitCode> {
             budget: loaded.budget,
         };
         let worker = match lockstep {
-            Some(lock) => Worker::start_lockstep(loaded.engine, cfg.queue, lock),
+            Some(lock) => {
+                let memory = Some((loaded.memory, loaded.budget));
+                Worker::start_lockstep(loaded.engine, cfg.queue, cfg.batch, memory, lock)
+            }
             None => Worker::start(loaded.engine, cfg.queue, cfg.batch, Some((loaded.memory, loaded.budget))),
         };
         (worker, served)
@@ -429,7 +427,7 @@ pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant, ranks: usiz
     Ok(Loaded { engine, info, memory, budget })
 }
 
-fn server_config(a: &ServeArgs, model_dir: &std::path::Path, system_rules: SystemRules, ranks: usize) -> ServerConfig {
+fn server_config(a: &ServeArgs, model_dir: &std::path::Path, system_rules: SystemRules) -> ServerConfig {
     let model_id = a.model_id.clone().unwrap_or_else(|| {
         model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
     });
@@ -440,7 +438,7 @@ fn server_config(a: &ServeArgs, model_dir: &std::path::Path, system_rules: Syste
         body_limit: a.body_limit.unwrap_or(4 << 20),
         queue: queue(a),
         default_max_tokens: a.max_tokens.unwrap_or(512),
-        batch: if ranks > 1 { 1 } else { batch(a) },
+        batch: batch(a),
         debug_endpoints: a.debug_endpoints,
         sse_keepalive: Some(a.sse_keepalive.unwrap_or(5)).filter(|&s| s > 0).map(std::time::Duration::from_secs),
         defaults: SamplingDefaults {

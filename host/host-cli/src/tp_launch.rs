@@ -1,13 +1,17 @@
 //! `--tp N`: N ranks of one model, split by tensor parallelism over MLX's
-//! own distributed layer (the `ring` backend: TCP between processes, on one
-//! machine or across hosts; docs/ARCHITECTURE.md, "Tensor parallelism").
+//! own distributed layer (docs/ARCHITECTURE.md, "Tensor parallelism"): the
+//! `ring` backend (TCP between processes, on one machine or across hosts)
+//! on the CPU, `nccl` where the runtime has a GPU (`--tp-backend`).
 //!
 //! The conventions are mlx.launch's, so a rank started by hand or by
-//! mlx.launch looks the same: `MLX_RANK` is the rank, `MLX_HOSTFILE` a JSON
-//! file with one list of `"ip:port"` addresses per rank.
+//! mlx.launch looks the same: `MLX_RANK` is the rank; for the ring,
+//! `MLX_HOSTFILE` a JSON file with one list of `"ip:port"` addresses per
+//! rank; for NCCL, `MLX_WORLD_SIZE` and rank 0's rendezvous address in
+//! `NCCL_HOST_IP` and `NCCL_PORT`, one GPU per rank (`CUDA_VISIBLE_DEVICES`).
 //!
-//! - Without `MLX_RANK`, `host … --tp N` is the launcher: it picks N free
-//!   ports on 127.0.0.1, writes the hostfile, starts N copies of its own
+//! - Without `MLX_RANK`, `host … --tp N` is the launcher: it picks free
+//!   ports on 127.0.0.1 (and, for NCCL, GPU `i` of `CUDA_VISIBLE_DEVICES`,
+//!   or of all, for rank `i`), starts N copies of its own
 //!   command line as ranks 0..N-1 (rank 0's output is the command's output;
 //!   the others' stdout is dropped and their stderr kept in a file, shown
 //!   when that rank fails), and waits. A rank that exits with an
@@ -35,6 +39,39 @@ use std::time::{Duration, Instant};
 pub const SEED_ENV: &str = "MLX_ENGINE_TP_SEED";
 /// Set by the launcher: the rank's stdin is the launcher's pipe.
 const SUPERVISED_ENV: &str = "MLX_ENGINE_TP_SUPERVISED";
+/// Set by the launcher: the backend it resolved, which every rank joins.
+const BACKEND_ENV: &str = "MLX_ENGINE_TP_BACKEND";
+
+/// MLX's distributed backend the ranks talk over.
+#[derive(clap::ValueEnum, Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TpBackend {
+    /// `nccl` when the runtime has a GPU and its libmlx has NCCL, else `ring`.
+    #[default]
+    Auto,
+    /// TCP sockets between processes (CPU arrays).
+    Ring,
+    /// NVIDIA's collectives, one GPU per rank.
+    Nccl,
+}
+
+impl TpBackend {
+    /// `auto` made concrete for this process's runtime.
+    fn resolve(self) -> &'static str {
+        match self {
+            TpBackend::Ring => "ring",
+            TpBackend::Nccl => "nccl",
+            TpBackend::Auto => {
+                let gpu = host_engine::runtime::default_device() == host_engine::runtime::DeviceKind::Gpu;
+                if gpu && mlx_distributed::is_available("nccl") {
+                    "nccl"
+                } else {
+                    "ring"
+                }
+            }
+        }
+    }
+}
 
 #[derive(clap::Args, Debug, Default, Clone, serde::Deserialize, serde::Serialize)]
 #[serde(default)]
@@ -48,6 +85,10 @@ pub struct TpArgs {
     #[arg(long = "tp-timeout")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tp_timeout: Option<u64>,
+    /// MLX's backend between the ranks: auto (nccl on a GPU, else ring), ring or nccl.
+    #[arg(long = "tp-backend", value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tp_backend: Option<TpBackend>,
 }
 
 impl TpArgs {
@@ -78,8 +119,16 @@ pub fn start(tp: &TpArgs, check: impl FnOnce(usize) -> Result<()>) -> Result<Rol
         return Ok(Role::Alone);
     }
     check(ranks)?;
+    let backend = match std::env::var(BACKEND_ENV) {
+        Ok(b) if b == "nccl" => "nccl",
+        Ok(_) => "ring",
+        Err(_) => tp.tp_backend.unwrap_or_default().resolve(),
+    };
+    if !mlx_distributed::is_available(backend) {
+        bail!("--tp {ranks}: this MLX runtime has no `{backend}` backend (NCCL needs the CUDA runtime; the ring is in every build)");
+    }
     match std::env::var("MLX_RANK") {
-        Err(_) => launch(ranks).map(Role::Launched),
+        Err(_) => launch(ranks, backend).map(Role::Launched),
         Ok(rank) => {
             let rank: usize = rank.trim().parse().with_context(|| format!("MLX_RANK={rank}: not a rank number"))?;
             if rank >= ranks {
@@ -88,7 +137,7 @@ pub fn start(tp: &TpArgs, check: impl FnOnce(usize) -> Result<()>) -> Result<Rol
             if std::env::var_os(SUPERVISED_ENV).is_some() {
                 exit_when_launcher_goes(rank);
             }
-            join(rank, ranks, Duration::from_secs(tp.tp_timeout.unwrap_or(60)))?;
+            join(rank, ranks, backend, Duration::from_secs(tp.tp_timeout.unwrap_or(60)))?;
             Ok(Role::Rank { ranks })
         }
     }
@@ -116,16 +165,29 @@ pub fn shared_seed() -> Option<u64> {
     std::env::var(SEED_ENV).ok().and_then(|s| s.parse().ok())
 }
 
-fn join(rank: usize, ranks: usize, timeout: Duration) -> Result<()> {
-    let hostfile = std::env::var("MLX_HOSTFILE").unwrap_or_default();
-    if hostfile.is_empty() {
-        bail!("rank {rank} of {ranks}: MLX_HOSTFILE is not set (a JSON list of [\"ip:port\"] per rank, as mlx.launch writes)");
+/// Where this rank meets the others, as its backend reads it from the
+/// environment (for messages), or why it cannot.
+fn rendezvous(rank: usize, ranks: usize, backend: &str) -> Result<String> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    if backend == "nccl" {
+        return match (var("NCCL_HOST_IP"), var("NCCL_PORT"), var("MLX_WORLD_SIZE")) {
+            (Some(ip), Some(port), Some(n)) if n.trim() == ranks.to_string() => Ok(format!("NCCL_HOST_IP:NCCL_PORT {ip}:{port}")),
+            _ => bail!("rank {rank} of {ranks}: NCCL needs NCCL_HOST_IP and NCCL_PORT (rank 0's rendezvous address) and MLX_WORLD_SIZE={ranks}"),
+        };
     }
+    match var("MLX_HOSTFILE") {
+        Some(h) => Ok(format!("MLX_HOSTFILE {h}")),
+        None => bail!("rank {rank} of {ranks}: MLX_HOSTFILE is not set (a JSON list of [\"ip:port\"] per rank, as mlx.launch writes)"),
+    }
+}
+
+fn join(rank: usize, ranks: usize, backend: &'static str, timeout: Duration) -> Result<()> {
+    let at = rendezvous(rank, ranks, backend)?;
     let (tx, rx) = std::sync::mpsc::channel();
-    // MLX's ring init blocks until every peer has connected, with no timeout
-    // of its own on the accepting side: it runs on a thread we can outwait.
+    // MLX's init blocks until every peer has connected, with no timeout of
+    // its own on the accepting side: it runs on a thread we can outwait.
     std::thread::spawn(move || {
-        let _ = tx.send(mlx_distributed::Group::init("ring", true).map(|g| {
+        let _ = tx.send(mlx_distributed::Group::init(backend, true).map(|g| {
             let size = g.size();
             // The group lives as long as the process: MLX keeps it and
             // model-kit's collectives use it.
@@ -135,10 +197,10 @@ fn join(rank: usize, ranks: usize, timeout: Duration) -> Result<()> {
     });
     match rx.recv_timeout(timeout) {
         Ok(Ok(size)) if size == ranks => Ok(()),
-        Ok(Ok(size)) => bail!("rank {rank}: --tp {ranks}, but MLX_HOSTFILE ({hostfile}) lists {size} ranks"),
-        Ok(Err(e)) => bail!("rank {rank} of {ranks}: joining the ring (MLX_HOSTFILE {hostfile}): {e}"),
+        Ok(Ok(size)) => bail!("rank {rank}: --tp {ranks}, but {at} lists {size} ranks"),
+        Ok(Err(e)) => bail!("rank {rank} of {ranks}: joining the {backend} group ({at}): {e}"),
         Err(_) => bail!(
-            "rank {rank} of {ranks}: the other ranks did not connect within {} s (MLX_HOSTFILE {hostfile}); start every rank with the same hostfile",
+            "rank {rank} of {ranks}: the other ranks did not connect within {} s ({at}); start every rank with the same one",
             timeout.as_secs()
         ),
     }
@@ -165,14 +227,10 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
     listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
-fn launch(ranks: usize) -> Result<ExitCode> {
+fn launch(ranks: usize, backend: &'static str) -> Result<ExitCode> {
     let dir = std::env::temp_dir().join(format!("mlx-engine-tp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let hostfile = dir.join("hostfile.json");
-    let ports = free_ports(ranks).context("picking ports for the ranks")?;
-    let hosts: Vec<Vec<String>> = ports.iter().map(|p| vec![format!("127.0.0.1:{p}")]).collect();
-    std::fs::write(&hostfile, serde_json::to_string(&hosts)?)
-        .with_context(|| format!("writing {}", hostfile.display()))?;
+    let rank_env = rendezvous_env(ranks, backend, &dir)?;
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let exe = std::env::current_exe().context("locating the host binary")?;
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -180,8 +238,9 @@ fn launch(ranks: usize) -> Result<ExitCode> {
     for rank in 0..ranks {
         let mut cmd = Command::new(&exe);
         cmd.args(&args)
+            .envs(rank_env(rank))
             .env("MLX_RANK", rank.to_string())
-            .env("MLX_HOSTFILE", &hostfile)
+            .env(BACKEND_ENV, backend)
             .env(SEED_ENV, seed.to_string())
             .env(SUPERVISED_ENV, "1")
             .stdin(Stdio::piped());
@@ -200,6 +259,46 @@ fn launch(ranks: usize) -> Result<ExitCode> {
     let code = watch(&mut children, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     code
+}
+
+/// Each rank's environment for meeting the others: the ring's hostfile of
+/// free ports on 127.0.0.1, or NCCL's rendezvous port and one GPU per rank.
+fn rendezvous_env(
+    ranks: usize,
+    backend: &str,
+    dir: &std::path::Path,
+) -> Result<impl Fn(usize) -> Vec<(String, String)>> {
+    let mut shared: Vec<(String, String)> = Vec::new();
+    let mut gpus: Vec<String> = Vec::new();
+    if backend == "nccl" {
+        let port = free_ports(1).context("picking the NCCL rendezvous port")?[0];
+        gpus = match std::env::var("CUDA_VISIBLE_DEVICES") {
+            Ok(v) if !v.trim().is_empty() => v.split(',').map(|d| d.trim().to_owned()).collect(),
+            _ => (0..ranks).map(|i| i.to_string()).collect(),
+        };
+        if gpus.len() < ranks {
+            bail!("--tp {ranks} over NCCL needs one GPU per rank; CUDA_VISIBLE_DEVICES lists {}", gpus.len());
+        }
+        shared.extend([
+            ("NCCL_HOST_IP".to_owned(), "127.0.0.1".to_owned()),
+            ("NCCL_PORT".to_owned(), port.to_string()),
+            ("MLX_WORLD_SIZE".to_owned(), ranks.to_string()),
+        ]);
+    } else {
+        let hostfile = dir.join("hostfile.json");
+        let ports = free_ports(ranks).context("picking ports for the ranks")?;
+        let hosts: Vec<Vec<String>> = ports.iter().map(|p| vec![format!("127.0.0.1:{p}")]).collect();
+        std::fs::write(&hostfile, serde_json::to_string(&hosts)?)
+            .with_context(|| format!("writing {}", hostfile.display()))?;
+        shared.push(("MLX_HOSTFILE".to_owned(), hostfile.display().to_string()));
+    }
+    Ok(move |rank: usize| {
+        let mut env = shared.clone();
+        if let Some(gpu) = gpus.get(rank) {
+            env.push(("CUDA_VISIBLE_DEVICES".to_owned(), gpu.clone()));
+        }
+        env
+    })
 }
 
 /// Waits for the ranks. All succeed: success. One fails: every rank that

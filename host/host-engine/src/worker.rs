@@ -83,17 +83,24 @@ impl Worker {
         Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown, lockstep: false }, stats }
     }
 
-    /// Rank 0 of `--tp N`: one job at a time, each one and each token's
-    /// flow broadcast to the other ranks (`lockstep`).
-    pub fn start_lockstep(engine: Engine, queue: usize, lock: crate::lockstep::Lockstep) -> Self {
+    /// Rank 0 of `--tp N`: the batch scheduler in lockstep with the other
+    /// ranks (`lockstep`), which run [`follow`].
+    pub fn start_lockstep(
+        engine: Engine,
+        queue: usize,
+        batch: usize,
+        memory: Option<(MemoryModel, Budget)>,
+        lock: crate::lockstep::Lockstep,
+    ) -> Self {
         let (tx, rx) = crate::queue::bounded::<Work>(queue);
         let stats = Arc::new(Stats { ssd: engine.prefix().ssd_counters(), ..Stats::default() });
         let shutdown = Arc::new(AtomicBool::new(false));
         let hold = Arc::new(Hold::default());
-        let (s, stop) = (stats.clone(), shutdown.clone());
+        let (s, stop, h) = (stats.clone(), shutdown.clone(), hold.clone());
+        let side = crate::lockstep::Side::Lead(Arc::new(lock));
         let thread = std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || crate::lockstep::lead(engine, rx, s, stop, Arc::new(lock)))
+            .spawn(move || Scheduler::new(&engine, s, stop, h, batch, memory).in_lockstep(side).run(rx))
             .expect("engine thread");
         Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown, lockstep: true }, stats }
     }
@@ -247,6 +254,15 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// A follower rank of `--tp N`: runs every step rank 0's scheduler runs,
+/// as it runs them, until rank 0's queue ends. It serves nothing.
+pub fn follow(engine: &Engine, batch: usize, memory: Option<(MemoryModel, Budget)>, lock: crate::lockstep::Lockstep) {
+    let (_tx, rx) = crate::queue::bounded::<Work>(1);
+    let side = crate::lockstep::Side::Follow(Arc::new(lock));
+    let (stats, shutdown, hold) = (Arc::default(), Arc::default(), Arc::default());
+    Scheduler::new(engine, stats, shutdown, hold, batch, memory).in_lockstep(side).run(rx)
 }
 
 /// `--batch 1`: one job at a time, in arrival order.

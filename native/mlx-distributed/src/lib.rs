@@ -28,6 +28,12 @@ fn stream() -> mlx_rs::Stream {
     mlx_rs::Stream::thread_local_or_default()
 }
 
+/// Whether this libmlx was built with `backend` (`ring`, `nccl`, ...).
+pub fn is_available(backend: &str) -> bool {
+    let Ok(name) = CString::new(backend) else { return false };
+    unsafe { mlx_sys::mlx_distributed_is_available(name.as_ptr()) }
+}
+
 /// A communication group: this process's rank among `size` ranks.
 pub struct Group {
     raw: mlx_sys::mlx_distributed_group,
@@ -43,8 +49,10 @@ impl Group {
     /// `backend` (`ring`, `nccl`, `mpi`, `jaccl`; `any` = MLX's first
     /// available). `strict`: fail instead of falling back to a group of one.
     /// The ring backend reads `MLX_RANK` and `MLX_HOSTFILE` (a JSON list, one
-    /// entry per rank, of `"ip:port"` lists) as mlx.launch writes them, and
-    /// blocks until every rank has connected.
+    /// entry per rank, of `"ip:port"` lists) as mlx.launch writes them; NCCL
+    /// reads `MLX_RANK`, `MLX_WORLD_SIZE`, `NCCL_HOST_IP` and `NCCL_PORT`
+    /// (rank 0's rendezvous address). Both block until every rank has
+    /// connected.
     pub fn init(backend: &str, strict: bool) -> Result<Self> {
         let name = CString::new(backend).map_err(|_| "backend name has a NUL byte".to_string())?;
         let mut raw = unsafe { mlx_sys::mlx_distributed_group_new() };

@@ -87,6 +87,10 @@ impl Scheduler<'_> {
     /// and by the bytes MLX really holds (minus the prefix cache, which
     /// gives its bytes back). Whatever fits alone runs when nothing else does.
     pub(super) fn fits(&self, job: &Job) -> bool {
+        self.agreed(self.fits_here(job))
+    }
+
+    fn fits_here(&self, job: &Job) -> bool {
         let Some((m, b)) = &self.memory else { return true };
         if self.jobs().next().is_none() {
             return true;
@@ -102,13 +106,18 @@ impl Scheduler<'_> {
     /// Bounds the prefix cache by what the budget leaves beside the work in
     /// flight (reserved, and really held by MLX).
     pub(super) fn bound_prefix_cache(&self) {
-        let Some((m, b)) = &self.memory else { return };
+        let Some(room) = self.agreed(self.prefix_room()) else { return };
+        if self.engine.prefix().shrink(room) {
+            self.stats.sync_prefix(self.engine);
+        }
+    }
+
+    fn prefix_room(&self) -> Option<u64> {
+        let (m, b) = self.memory.as_ref()?;
         let (kv, transient) = self.committed(m, None);
         self.stats.kv_reserved.store(kv, Ordering::Relaxed);
         let held = (crate::runtime::active_memory() as u64).saturating_sub(self.engine.prefix().counters().bytes);
         let real_room = b.memory_bytes.saturating_sub(held + b.mlx_cache_bytes + transient);
-        if self.engine.prefix().shrink(m.prefix_room(b, kv, transient).min(real_room)) {
-            self.stats.sync_prefix(self.engine);
-        }
+        Some(m.prefix_room(b, kv, transient).min(real_room))
     }
 }

@@ -60,7 +60,8 @@ impl Scheduler<'_> {
 
     /// Offers a finishing row's state to the prefix cache (multi-turn reuse).
     fn keep_final_state(&mut self, i: usize) {
-        if !self.rows[i].job.plan.prompt_cache {
+        let r = &self.rows[i];
+        if !r.job.plan.prompt_cache || (r.stopped_by_caller && !self.keeps_final_state_of_stopped()) {
             return;
         }
         let Some(batch) = self.batch.as_ref() else { return };

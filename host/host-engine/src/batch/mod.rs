@@ -16,6 +16,7 @@
 //! last token is prefilled, then the last token produces the first logits.
 
 mod admit;
+mod agree;
 mod cohort;
 mod emit;
 mod joining;
@@ -27,9 +28,9 @@ pub use state::Scheduler;
 
 use crate::engine::EngineError;
 use crate::job::Event;
+use crate::lockstep::Intake;
 use crate::worker::Work;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::TryRecvError;
 
 impl Scheduler<'_> {
     /// Runs until the queue is closed and all work is done.
@@ -46,12 +47,12 @@ impl Scheduler<'_> {
                     return;
                 }
                 self.steps_since_clear = 0;
-                match crate::idle::wait_for_work(&rx, &self.stats) {
-                    Ok(work) => {
+                match self.wait_work(&rx) {
+                    Some(work) => {
                         self.hold.checkpoint();
                         self.receive(work)
                     }
-                    Err(_) => return,
+                    None => return,
                 }
             }
             if let Some(job) = self.waiting.take() {
@@ -66,10 +67,10 @@ impl Scheduler<'_> {
                 && self.waiting.is_none()
                 && self.rows.len() + self.joining.len() + self.cohort_rows() < self.limit
             {
-                match rx.try_recv() {
-                    Ok(work) => self.receive(work),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => open = false,
+                match self.try_work(&rx) {
+                    Intake::Work(work) => self.receive(work),
+                    Intake::Empty => break,
+                    Intake::Closed => open = false,
                 }
             }
             if self.rows.is_empty() && self.joining.is_empty() && self.cohort.is_none() {
@@ -103,6 +104,7 @@ impl Scheduler<'_> {
 
     /// A failed batch step fails every row in it (joiners stay).
     fn fail_rows(&mut self, e: &EngineError) {
+        self.step_failed_in_lockstep(e);
         for mut r in self.rows.drain(..) {
             self.stats.active.fetch_sub(1, Ordering::SeqCst);
             self.stats.failed.fetch_add(1, Ordering::SeqCst);

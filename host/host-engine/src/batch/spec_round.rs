@@ -263,6 +263,7 @@ impl Scheduler<'_> {
                 Outcome::Done(f) => finished.push((i, f)),
             }
         }
+        self.agree_stops(&mut keep_rows, &mut finished);
         tracing::trace!(target: "host_engine::batch", kept = ?keep_counts, "batched speculative step kept");
         let all_kept = keep_counts.iter().all(|&n| n as usize == k + 1);
         let replays = &self.replay_layers;

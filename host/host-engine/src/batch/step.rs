@@ -157,6 +157,7 @@ impl Scheduler<'_> {
                 Outcome::Done(f) => finished.push((i, f)),
             }
         }
+        self.agree_stops(&mut keep, &mut finished);
         self.checkpoint_rows(&keep);
         let pipelined = next.is_some();
         let leaving = finished.len();

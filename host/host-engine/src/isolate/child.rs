@@ -6,7 +6,7 @@
 use super::wire::{read_message, write_message, FromEngine, Hello, Refusal, ToEngine, WireEvent, WireJob};
 use crate::embed::EmbedJob;
 use crate::engine::EngineError;
-use crate::job::{Event, Flow, GenerateRequest, Job};
+use crate::job::{Event, Flow, Job};
 use crate::tokenizer::TextSide;
 use crate::worker::{SubmitError, Worker};
 use std::collections::HashSet;
@@ -116,40 +116,12 @@ fn submit(
 ) -> Option<Refusal> {
     let mut queued = Vec::with_capacity(jobs.len());
     for j in jobs {
-        let constraint = match &j.request.constraint {
-            None => Ok(None),
-            Some(src) => match text.map(TextSide::grammar) {
-                Some(Ok(compiler)) => {
-                    let generated = &j.request.prompt[j.request.prompt.len().saturating_sub(j.request.resumed)..];
-                    compiler
-                        .rebuild(src)
-                        .and_then(|mut c| {
-                            for &t in generated {
-                                c.accept(t)?;
-                            }
-                            Ok(Some(c))
-                        })
-                        .map_err(|e| e.to_string())
-                }
-                Some(Err(e)) => Err(e.to_string()),
-                None => Err("this model has no tokenizer to compile a grammar against".into()),
-            },
-        };
-        let constraint = match constraint {
-            Ok(c) => c,
+        let request = match j.request.into_request(text) {
+            Ok(r) => r,
             Err(message) => {
                 let _ = out.send(FromEngine::Event { id: j.id, event: WireEvent::Failed { message, invalid: true } });
                 continue;
             }
-        };
-        let r = j.request;
-        let request = GenerateRequest {
-            prompt: r.prompt,
-            max_tokens: r.max_tokens,
-            params: r.params,
-            stop_on_eos: r.stop_on_eos,
-            logprobs: r.logprobs,
-            constraint,
         };
         queued.push(Job { request, plan: j.plan, on_event: forward(j.id, out.clone(), cancelled.clone()) });
     }

@@ -67,6 +67,34 @@ impl WireRequest {
             resumed: 0,
         })
     }
+
+    /// The request again, its grammar compiled against `text`'s tokenizer
+    /// and moved past the tokens it already generated.
+    pub fn into_request(self, text: Option<&crate::tokenizer::TextSide>) -> Result<GenerateRequest, String> {
+        let constraint = match &self.constraint {
+            None => None,
+            Some(src) => {
+                let compiler = text
+                    .ok_or("this model has no tokenizer to compile a grammar against")?
+                    .grammar()
+                    .map_err(|e| e.to_string())?;
+                let generated = &self.prompt[self.prompt.len().saturating_sub(self.resumed)..];
+                let mut c = compiler.rebuild(src).map_err(|e| e.to_string())?;
+                for &t in generated {
+                    c.accept(t).map_err(|e| e.to_string())?;
+                }
+                Some(c)
+            }
+        };
+        Ok(GenerateRequest {
+            prompt: self.prompt,
+            max_tokens: self.max_tokens,
+            params: self.params,
+            stop_on_eos: self.stop_on_eos,
+            logprobs: self.logprobs,
+            constraint,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
