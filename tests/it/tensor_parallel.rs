@@ -359,9 +359,56 @@ fn serve_tp2_drops_an_abandoned_row_on_every_rank() {
 #[test]
 fn serve_tp_refuses_what_does_not_run_in_lockstep() {
     let dir = model("tiny/tiny-llama-f32");
-    let err = fails(host(&["serve", "--tp", "2", "--draft-kind", "ngram", "--model"]).arg(&dir));
-    assert!(err.contains("--tp 2: speculative decoding is not served with --tp"), "{err}");
+    let err = fails(host(&["serve", "--tp", "2", "--isolate", "--model"]).arg(&dir));
+    assert!(err.contains("--tp 2: engine isolation (--isolate) is not served with --tp"), "{err}");
     assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{err}");
+}
+
+/// Speculation under `--tp 2`: every rank drafts alike (n-gram drafts, and
+/// the model's own copy as a two-model draft, itself split over the ranks),
+/// and the cost rule's timings are rank 0's on every rank. `host generate`
+/// (serial rounds, judged and always) and a batching server (rounds inside
+/// the batch) give `--tp 1`'s plain tokens, with drafts both accepted and
+/// rejected.
+#[test]
+fn speculation_tp2_matches_tp1() {
+    let dir = model("tiny/tiny-llama-f32");
+    let d = dir.to_str().unwrap().to_owned();
+    let ids = "1,2,3,4,5,6,1,2,3,4,5,6,1,2,3";
+    let run = |tp: &str, extra: &[&str]| -> Value {
+        let out = run_ok(
+            host(&["generate", "--prompt-ids", ids, "--max-tokens", "40", "--ignore-eos", "--json", "--tp", tp])
+                .args(extra)
+                .arg("--model")
+                .arg(&dir),
+        );
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("no JSON ({e}): {out}"))
+    };
+    let want = tokens(&run("1", &[]));
+    let (mut drafted, mut accepted) = (0, 0);
+    for draft in [
+        &["--draft-kind", "ngram", "--speculate-always"][..],
+        &["--draft-kind", "ngram"][..],
+        &["--draft-kind", "two-model", "--draft-model", &d][..],
+    ] {
+        let got = run("2", draft);
+        assert_eq!(tokens(&got), want, "{draft:?}: --tp 2 speculation parted from --tp 1");
+        drafted += got["speculation"]["drafted"].as_u64().unwrap_or(0);
+        accepted += got["speculation"]["accepted"].as_u64().unwrap_or(0);
+    }
+    assert!(accepted > 0 && accepted < drafted, "drafted {drafted}, accepted {accepted}");
+
+    let bodies: Vec<Value> = ["1 2 3 1 2 3 1 2", "hello there", "one two one two one two"]
+        .iter()
+        .map(|p| serde_json::json!({ "prompt": p, "max_tokens": 24, "temperature": 0 }))
+        .collect();
+    let serial = serial_answers(&dir, &bodies);
+    let two =
+        it::Server::start(&dir, &["--tp", "2", "--draft-kind", "ngram", "--speculate-always", "--debug-endpoints"]);
+    let got = two.post_burst("/v1/completions", &bodies);
+    assert_eq!(got.iter().map(text).collect::<Vec<_>>(), serial);
+    let drafted: u64 = got.iter().map(|r| r["usage"]["speculation"]["drafted"].as_u64().unwrap_or(0)).sum();
+    assert!(drafted > 0, "no row drafted: {got:?}");
 }
 
 /// A follower killed under a running server: the launcher names it, stops

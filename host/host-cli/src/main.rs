@@ -304,6 +304,10 @@ fn main() -> Result<ExitCode> {
             };
             let seed = seed.or_else(tp_launch::shared_seed);
             let engine = engine_over_ranks(&model, draft.config()?, ranks)?;
+            if ranks > 1 {
+                // The speculation cost rule's verdicts are rank 0's on every rank.
+                host_engine::lockstep::enter(host_engine::lockstep::Lockstep::current()?);
+            }
             let p = generate_cmd::Prompt { text: prompt.prompt, chat: prompt.chat, ids: prompt.prompt_ids };
             let ids = generate_cmd::prompt_ids(&engine, &p)?;
             let params = SamplingParams {

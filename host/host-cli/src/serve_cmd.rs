@@ -180,15 +180,12 @@ pub struct ServeArgs {
     pub tp: crate::tp_launch::TpArgs,
 }
 
-/// What `--tp` serves: no drafter, SSD tier or engine isolation. Checked
-/// before any rank starts.
+/// What `--tp` serves: no SSD tier or engine isolation. Checked before any
+/// rank starts.
 fn check_tp(a: &ServeArgs) -> Result<()> {
     let ranks = a.tp.ranks();
     if ranks <= 1 {
         return Ok(());
-    }
-    if a.draft.config()?.is_some() {
-        bail!("--tp {ranks}: speculative decoding is not served with --tp");
     }
     if a.ssd_cache.is_some() {
         bail!("--tp {ranks}: the SSD prefix tier is not served with --tp");

@@ -14,7 +14,9 @@
 //! - whether a job fits the memory budget now, and how far the prefix cache
 //!   must shrink (both read the bytes MLX holds, which differ per rank);
 //! - after each batched step, which rows their clients stopped; a job whose
-//!   plan is serial instead shares its `Flow` after every token.
+//!   plan is serial instead shares its `Flow` after every token;
+//! - the speculation cost rule's timings (`agreed`): a batched round's
+//!   measured cost, a serial request's verdict.
 //!
 //! Followers answer nothing: rank 0 alone serves HTTP. The cost is two or
 //! three small broadcasts per step beside the model's own `all_sum`s
@@ -53,7 +55,35 @@ pub struct Lockstep {
     group: Group,
 }
 
-/// How a scheduler takes part in the lockstep.
+/// This process's side, once it joined a lockstep (one per process, as
+/// MLX's group is).
+static SIDE: std::sync::OnceLock<Side> = std::sync::OnceLock::new();
+
+/// Joins the lockstep before the engine runs anything: rank 0 leads, the
+/// others follow.
+pub fn enter(lock: Lockstep) {
+    let lock = Arc::new(lock);
+    let side = if lock.rank() == 0 { Side::Lead(lock) } else { Side::Follow(lock) };
+    if SIDE.set(side).is_err() {
+        fatal("a process joins the lockstep once");
+    }
+}
+
+/// This process's side, when it runs in lockstep.
+pub(crate) fn side() -> Option<&'static Side> {
+    SIDE.get()
+}
+
+/// `mine`, or under `--tp` rank 0's: for the decisions read off a clock
+/// (the speculation cost rule), which differ per rank.
+pub(crate) fn agreed<T: serde::Serialize + serde::de::DeserializeOwned>(mine: T) -> T {
+    match side() {
+        None => mine,
+        Some(side) => side.agree(mine),
+    }
+}
+
+/// How a process takes part in the lockstep.
 #[derive(Clone)]
 pub enum Side {
     /// Rank 0: decides, and broadcasts what it decided.

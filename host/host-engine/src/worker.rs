@@ -97,10 +97,10 @@ impl Worker {
         let shutdown = Arc::new(AtomicBool::new(false));
         let hold = Arc::new(Hold::default());
         let (s, stop, h) = (stats.clone(), shutdown.clone(), hold.clone());
-        let side = crate::lockstep::Side::Lead(Arc::new(lock));
+        crate::lockstep::enter(lock);
         let thread = std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || Scheduler::new(&engine, s, stop, h, batch, memory).in_lockstep(side).run(rx))
+            .spawn(move || Scheduler::new(&engine, s, stop, h, batch, memory).run(rx))
             .expect("engine thread");
         Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown, lockstep: true }, stats }
     }
@@ -260,9 +260,9 @@ impl Drop for Worker {
 /// as it runs them, until rank 0's queue ends. It serves nothing.
 pub fn follow(engine: &Engine, batch: usize, memory: Option<(MemoryModel, Budget)>, lock: crate::lockstep::Lockstep) {
     let (_tx, rx) = crate::queue::bounded::<Work>(1);
-    let side = crate::lockstep::Side::Follow(Arc::new(lock));
+    crate::lockstep::enter(lock);
     let (stats, shutdown, hold) = (Arc::default(), Arc::default(), Arc::default());
-    Scheduler::new(engine, stats, shutdown, hold, batch, memory).in_lockstep(side).run(rx)
+    Scheduler::new(engine, stats, shutdown, hold, batch, memory).run(rx)
 }
 
 /// `--batch 1`: one job at a time, in arrival order.

@@ -12,12 +12,6 @@ use crate::worker::Work;
 use std::sync::mpsc::TryRecvError;
 
 impl Scheduler<'_> {
-    /// Runs in lockstep with the other ranks of `--tp`.
-    pub fn in_lockstep(mut self, side: Side) -> Self {
-        self.sync = Some(side);
-        self
-    }
-
     /// The next piece of work, waiting while there is none (None: the
     /// queue ended).
     pub(super) fn wait_work(&mut self, rx: &Inbox<Work>) -> Option<Work> {
@@ -65,10 +59,7 @@ impl Scheduler<'_> {
 
     /// `mine`, or rank 0's under `--tp`.
     pub(super) fn agreed<T: serde::Serialize + serde::de::DeserializeOwned>(&self, mine: T) -> T {
-        match &self.sync {
-            None => mine,
-            Some(side) => side.agree(mine),
-        }
+        lockstep::agreed(mine)
     }
 
     /// Under `--tp`, after a batched step's tokens were handed out: the rows

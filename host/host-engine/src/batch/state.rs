@@ -110,7 +110,7 @@ impl<'a> Scheduler<'a> {
             spec_clock: BatchClock::default(),
             replay_layers: engine.replay_layers(),
             ahead: None,
-            sync: None,
+            sync: crate::lockstep::side().cloned(),
         }
     }
 

@@ -180,7 +180,7 @@ pub(crate) fn decode(
             // whose rounds emit fewer tokens per second stops speculating.
             clock.round(since.elapsed().as_secs_f64(), k + 1, n + 1);
             if stats.disabled.is_none() && judge {
-                stats.disabled = clock.verdict();
+                stats.disabled = crate::lockstep::agreed(clock.verdict());
             }
         }
         // A drafter reading the target's states hears of every verify, one
