@@ -428,10 +428,11 @@ fn serve_tp2_exits_when_a_rank_dies() {
     assert!(std::net::TcpStream::connect(("127.0.0.1", s.port)).is_err(), "rank 0 still serves");
 }
 
-/// Embeddings run the model outside the lockstep executor: a 400, and the
-/// server goes on generating.
+/// Embeddings under `--tp 2`: rank 0 broadcasts the inputs, every rank
+/// runs its part of the forward, and rank 0's vectors equal `--tp 1`'s
+/// (float32; the split sums add in another order). Generation goes on.
 #[test]
-fn serve_tp_answers_embeddings_with_a_400() {
+fn serve_tp2_embeds_as_tp1() {
     let scratch = Scratch::new("tp-embed");
     let folder = scratch.0.join("embed-mean");
     run_ok(
@@ -441,10 +442,44 @@ fn serve_tp_answers_embeddings_with_a_400() {
             .arg(&folder)
             .args(["--pooling", "mean"]),
     );
+    let body = serde_json::json!({ "input": ["hello", "the quick brown fox jumps"] });
+    let vectors = |s: &it::Server| -> Vec<Vec<f64>> {
+        let r = s.post("/v1/embeddings", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+            .collect()
+    };
+    let one = vectors(&it::Server::start(&folder, &["--batch", "1"]));
     let s = it::Server::start(&folder, &["--tp", "2"]);
-    let r = s.post("/v1/embeddings", &serde_json::json!({ "input": "hello" }));
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert!(r.text().contains("embeddings are not served with --tp"), "{}", r.text());
+    let two = vectors(&s);
+    assert_eq!(two.len(), 2);
+    for (a, b) in one.iter().zip(&two) {
+        assert_eq!(a.len(), b.len());
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-4, "--tp 2 embeddings differ from --tp 1 by {worst}");
+    }
     let r = s.post("/v1/completions", &completion("hello there"));
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// `host bench --tp 2`: rank 0 benchmarks through its lockstep worker, the
+/// other rank follows, and every batch size gets its row.
+#[test]
+fn bench_tp2_reports_every_batch() {
+    let out = run_ok(
+        host(&["bench", "--prompt-len", "16", "--gen-len", "4", "--batch", "1,3", "--trials", "1", "--json"])
+            .args(["--tp", "2", "--model"])
+            .arg(model("tiny/tiny-llama-f32")),
+    );
+    let rows: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("no JSON ({e}): {out}"));
+    let rows = rows.as_array().expect("a list of rows");
+    assert_eq!(rows.iter().map(|r| r["batch"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 3]);
+    for r in rows {
+        assert!(r["decode_tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["prefill_tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
 }

@@ -123,14 +123,25 @@ fn trial(
     Ok(((last_first - released).as_secs_f64(), (last_done - last_first).as_secs_f64()))
 }
 
-pub fn run(engine: Engine, a: BenchArgs) -> Result<()> {
+/// `ranks` > 1: this process is one rank of `--tp`; rank 0 runs the
+/// benchmark through a lockstep worker, the others follow it.
+pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
     if a.prompt_len == 0 || a.gen_len < 2 || a.batches.is_empty() || a.batches.contains(&0) {
         bail!("--prompt-len must be >= 1, --gen-len >= 2, and every --batch size >= 1");
     }
     let vocab = engine.model().plan.vocab_size;
     let most = *a.batches.iter().max().expect("checked non-empty");
     let planner = engine.planner(most.max(2));
-    let worker = Worker::start(engine, most * 2, most.max(2), None);
+    let worker = if ranks > 1 {
+        let lock = host_engine::lockstep::Lockstep::current()?;
+        if lock.rank() > 0 {
+            host_engine::worker::follow(&engine, most.max(2), None, lock);
+            return Ok(());
+        }
+        Worker::start_lockstep(engine, most * 2, most.max(2), None, lock)
+    } else {
+        Worker::start(engine, most * 2, most.max(2), None)
+    };
     // One-time costs (kernels compiled for this device) outside the figures.
     trial(&worker, &planner, (a.prompt_len.min(32), 4), 1, vocab, 7)?;
     let mut rows = Vec::new();

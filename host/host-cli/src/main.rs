@@ -192,6 +192,8 @@ enum Command {
         /// Print a JSON list of rows instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        tp: tp_launch::TpArgs,
     },
     /// How far a KV scheme (--kv-quant) moves next-token distributions from plain K/V's over a text: KL divergence per position, as JSON.
     KvKl {
@@ -370,10 +372,18 @@ fn main() -> Result<ExitCode> {
             };
             println!("largest context that fits: {most} tokens{ctx_cap}");
         }
-        Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json }) => {
+        Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json, tp }) => {
+            // Made before any rank starts, so the ranks find it.
             let model = ModelArgs { model: random_shape::resolve(&model.model)?, ..model };
-            let engine = engine(&model, None)?;
-            bench_cmd::run(engine, bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json })?
+            let check = |n| tp_launch::check_model(&model.dir.plugins, &model.model, n);
+            let ranks = match tp_launch::start(&tp, check)? {
+                tp_launch::Role::Launched(code) => return Ok(code),
+                tp_launch::Role::Alone => 1,
+                tp_launch::Role::Rank { ranks } => ranks,
+            };
+            let engine = engine_over_ranks(&model, None, ranks)?;
+            let args = bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json };
+            bench_cmd::run(engine, args, ranks)?
         }
         Some(Command::KvKl { model, text_file, tokens, chunk }) => {
             init_tracing("warn");

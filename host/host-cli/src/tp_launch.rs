@@ -124,6 +124,12 @@ pub fn start(tp: &TpArgs, check: impl FnOnce(usize) -> Result<()>) -> Result<Rol
         Ok(_) => "ring",
         Err(_) => tp.tp_backend.unwrap_or_default().resolve(),
     };
+    let gpu = host_engine::runtime::default_device() == host_engine::runtime::DeviceKind::Gpu;
+    if backend == "ring" && gpu {
+        // Measured on an H200: the ring's all_sum inside a decode step
+        // aborts MLX's CUDA graph capture (rank 1 dies with SIGABRT).
+        bail!("--tp {ranks}: the ring backend does not run on a GPU runtime (MLX's CUDA graphs abort on its collectives); use --tp-backend nccl");
+    }
     if !mlx_distributed::is_available(backend) {
         bail!("--tp {ranks}: this MLX runtime has no `{backend}` backend (NCCL needs the CUDA runtime; the ring is in every build)");
     }

@@ -10,7 +10,10 @@
 //!
 //! - each look at the queue: the job taken (the request, its grammar by its
 //!   source, and its plan; a sampled request without a seed gets one here,
-//!   so every rank draws alike), "empty", or the queue's end;
+//!   so every rank draws alike; or an embedding job's inputs), "empty", or
+//!   the queue's end; once the server shuts down, rank 0 refuses new work
+//!   before broadcasting it, so the scheduler's own shutdown checks read a
+//!   flag that never rises under `--tp` (`Scheduler::own_shutdown`);
 //! - whether a job fits the memory budget now, and how far the prefix cache
 //!   must shrink (both read the bytes MLX holds, which differ per rank);
 //! - after each batched step, which rows their clients stopped; a job whose
@@ -32,7 +35,8 @@
 //! A broadcast that fails (a rank is gone) ends the process: the launcher
 //! reports it and stops the others. So does a batched step that fails,
 //! since one rank's failure would leave the others waiting in a collective.
-//! Embeddings are refused on rank 0 before anything is broadcast.
+//! An embedding job is broadcast as its inputs and runs on every rank (each
+//! rank's forward holds its part of the model); rank 0 answers it.
 
 use crate::embed::EmbedJob;
 use crate::engine::{Engine, EngineError};
@@ -161,12 +165,17 @@ pub(crate) fn fatal(why: &str) -> ! {
 
 /// Rank 0: the next job, waiting as long as the queue stays empty (None:
 /// the queue ended).
-pub(crate) fn lead_wait(lock: &Lockstep, rx: &crate::queue::Inbox<Work>, stats: &Stats) -> Option<Work> {
+pub(crate) fn lead_wait(
+    lock: &Lockstep,
+    rx: &crate::queue::Inbox<Work>,
+    stats: &Stats,
+    shutdown: &AtomicBool,
+) -> Option<Work> {
     use std::sync::mpsc::RecvTimeoutError;
     loop {
         match rx.recv_timeout(IDLE_TICK) {
             Ok(w) => {
-                if let Some(w) = announce(lock, w, stats) {
+                if let Some(w) = announce(lock, w, stats, shutdown) {
                     return Some(w);
                 }
             }
@@ -182,12 +191,17 @@ pub(crate) fn lead_wait(lock: &Lockstep, rx: &crate::queue::Inbox<Work>, stats: 
 }
 
 /// Rank 0: the next job if one is queued now.
-pub(crate) fn lead_try(lock: &Lockstep, rx: &crate::queue::Inbox<Work>, stats: &Stats) -> Intake {
+pub(crate) fn lead_try(
+    lock: &Lockstep,
+    rx: &crate::queue::Inbox<Work>,
+    stats: &Stats,
+    shutdown: &AtomicBool,
+) -> Intake {
     use std::sync::mpsc::TryRecvError;
     loop {
         match rx.try_recv() {
             Ok(w) => {
-                if let Some(w) = announce(lock, w, stats) {
+                if let Some(w) = announce(lock, w, stats, shutdown) {
                     return Intake::Work(w);
                 }
             }
@@ -217,6 +231,11 @@ pub(crate) fn follow_intake(lock: &Arc<Lockstep>, engine: &Engine, waiting: bool
         if msg.get("empty").is_some() && !waiting {
             return Intake::Empty;
         }
+        if let Some(inputs) = msg.get("embed") {
+            let inputs = serde_json::from_value(inputs.clone())
+                .unwrap_or_else(|e| fatal(&format!("an embedding job I cannot read ({e})")));
+            return Intake::Work(Work::Embed(EmbedJob { inputs, on_done: Box::new(|_| {}) }));
+        }
         match msg.get("job").map(|j| rebuild(engine, j, lock)) {
             Some(Ok(job)) => return Intake::Work(Work::Generate(Box::new(job))),
             Some(Err(e)) => fatal(&format!("a job I cannot run: {e}")),
@@ -225,22 +244,32 @@ pub(crate) fn follow_intake(lock: &Arc<Lockstep>, engine: &Engine, waiting: bool
     }
 }
 
-/// Rank 0 takes `work` in: embeddings and what cannot cross are refused
-/// here; a job is broadcast (and, when its plan is serial, its every
-/// token's flow will be).
-fn announce(lock: &Lockstep, work: Work, stats: &Stats) -> Option<Work> {
+/// Rank 0 takes `work` in and broadcasts it; what cannot cross is refused
+/// here, and so is everything once the server shuts down (the followers
+/// never hear of it).
+fn announce(lock: &Lockstep, work: Work, stats: &Stats, shutdown: &AtomicBool) -> Option<Work> {
+    let closing = shutdown.load(Ordering::SeqCst);
     let mut job = match work {
-        Work::Generate(job) => *job,
-        Work::Embed(e) => {
-            refuse_embeddings(e, stats);
+        Work::Embed(e) if closing => {
+            stats.queued.fetch_sub(1, Ordering::SeqCst);
+            (e.on_done)(Err(EngineError::InvalidRequest("the server is shutting down".into())));
             return None;
         }
+        Work::Embed(e) => {
+            lock.share(Some(&json!({ "embed": e.inputs })));
+            return Some(Work::Embed(e));
+        }
+        Work::Generate(job) => *job,
     };
-    let Some(request) = WireRequest::from_request(&job.request) else {
-        stats.queued.fetch_sub(1, Ordering::SeqCst);
-        let why = refusal(&job.request).unwrap_or_default();
-        let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest(why.into())));
-        return None;
+    let refused = if closing { Some("the server is shutting down") } else { refusal(&job.request) };
+    let request = match (refused, WireRequest::from_request(&job.request)) {
+        (None, Some(r)) => r,
+        (why, _) => {
+            stats.queued.fetch_sub(1, Ordering::SeqCst);
+            let why = why.unwrap_or_default();
+            let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest(why.into())));
+            return None;
+        }
     };
     // Every rank samples with the same seed.
     if job.request.params.temperature > 0.0 && job.request.params.seed.is_none() {
@@ -283,9 +312,4 @@ fn rebuild(engine: &Engine, v: &Value, lock: &Arc<Lockstep>) -> Result<Job, Stri
         Box::new(|_| Flow::Continue)
     };
     Ok(Job { request, plan: wire.plan, on_event })
-}
-
-fn refuse_embeddings(e: EmbedJob, stats: &Stats) {
-    stats.queued.fetch_sub(1, Ordering::SeqCst);
-    (e.on_done)(Err(EngineError::InvalidRequest("embeddings are not served with --tp".into())));
 }

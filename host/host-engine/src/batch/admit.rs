@@ -14,7 +14,7 @@ use std::time::Instant;
 impl Scheduler<'_> {
     pub(super) fn admit(&mut self, mut job: Job) {
         self.stats.queued.fetch_sub(1, Ordering::SeqCst);
-        if self.shutdown.load(Ordering::SeqCst) {
+        if self.own_shutdown().load(Ordering::SeqCst) {
             let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest("the server is shutting down".into())));
             return;
         }

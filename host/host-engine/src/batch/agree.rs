@@ -9,6 +9,7 @@ use crate::lockstep::{self, Intake, Side};
 use crate::plan::Mechanism;
 use crate::queue::Inbox;
 use crate::worker::Work;
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::TryRecvError;
 
 impl Scheduler<'_> {
@@ -17,9 +18,9 @@ impl Scheduler<'_> {
     pub(super) fn wait_work(&mut self, rx: &Inbox<Work>) -> Option<Work> {
         let work = match self.sync.clone() {
             None => crate::idle::wait_for_work(rx, &self.stats).ok(),
-            Some(Side::Lead(lock)) => {
-                crate::idle::wait_with(rx, &self.stats, |rx| lockstep::lead_wait(&lock, rx, &self.stats))
-            }
+            Some(Side::Lead(lock)) => crate::idle::wait_with(rx, &self.stats, |rx| {
+                lockstep::lead_wait(&lock, rx, &self.stats, &self.shutdown)
+            }),
             Some(Side::Follow(lock)) => {
                 crate::idle::wait_with(rx, &self.stats, |_| match lockstep::follow_intake(&lock, self.engine, true) {
                     Intake::Work(w) => Some(w),
@@ -38,7 +39,7 @@ impl Scheduler<'_> {
                 Err(TryRecvError::Empty) => Intake::Empty,
                 Err(TryRecvError::Disconnected) => Intake::Closed,
             },
-            Some(Side::Lead(lock)) => lockstep::lead_try(&lock, rx, &self.stats),
+            Some(Side::Lead(lock)) => lockstep::lead_try(&lock, rx, &self.stats, &self.shutdown),
             Some(Side::Follow(lock)) => lockstep::follow_intake(&lock, self.engine, false),
         };
         match got {
@@ -81,6 +82,19 @@ impl Scheduler<'_> {
             }
         }
         finished.sort_by_key(|(i, _)| *i);
+    }
+
+    /// The shutdown flag the scheduler's own checks read (admission,
+    /// embeddings, serial jobs): under `--tp` one that never rises, since
+    /// rank 0 refuses new work itself (`lockstep::announce`) and its rows'
+    /// stops reach every rank (`agree_stops`, the serial flows).
+    pub(super) fn own_shutdown(&self) -> &AtomicBool {
+        static NEVER: AtomicBool = AtomicBool::new(false);
+        if self.sync.is_some() {
+            &NEVER
+        } else {
+            &self.shutdown
+        }
     }
 
     /// Under `--tp` a failed batched step ends the process: the ranks could

@@ -75,7 +75,7 @@ impl Scheduler<'_> {
             }
             if self.rows.is_empty() && self.joining.is_empty() && self.cohort.is_none() {
                 if let Some(job) = self.serial_next.take() {
-                    crate::serial::run(self.engine, job, &self.stats, &self.shutdown);
+                    crate::serial::run(self.engine, job, &self.stats, self.own_shutdown());
                 }
                 continue;
             }
@@ -126,7 +126,7 @@ impl Scheduler<'_> {
     fn receive(&mut self, work: Work) {
         match work {
             Work::Generate(job) => self.admit(*job),
-            Work::Embed(e) => crate::embed::run(self.engine, e, &self.stats, &self.shutdown),
+            Work::Embed(e) => crate::embed::run(self.engine, e, &self.stats, self.own_shutdown()),
         }
     }
 }
