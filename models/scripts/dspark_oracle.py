@@ -3,7 +3,11 @@ classes (`DFlashDraftModel`, `DSparkDraftModel`) and its own round loop
 (`speculative/dflash.py:_dflash_rounds`), run greedily over the tiny
 Qwen3.5 target of mtp_oracle.py.
 
-    dspark_oracle.py OUT PROMPT_IDS MAX_TOKENS
+    dspark_oracle.py OUT PROMPT_IDS MAX_TOKENS [BITS]
+
+BITS (4 or 8): the drafters' linear layers whose inputs split into groups
+of 32 affine-quantized as mlx-lm quantizes a checkpoint (`quantization` in
+their configs); the reference runs the quantized drafters.
 
 Writes, under OUT:
   target/            the tiny random Qwen3.5 hybrid (as mtp_oracle.py);
@@ -33,6 +37,7 @@ import os
 import sys
 
 import mlx.core as mx
+import mlx.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mtp_oracle as base  # noqa: E402  (also installs the mlx_vlm stub)
@@ -116,12 +121,23 @@ def make_drafter(kind):
     return model
 
 
+def quantize(model, bits):
+    nn.quantize(
+        model,
+        group_size=base.QUANT_GROUP,
+        bits=bits,
+        class_predicate=lambda _, m: isinstance(m, nn.Linear) and m.weight.shape[-1] % base.QUANT_GROUP == 0,
+    )
+
+
 def reload(kind, folder):
     """The drafter as the reference loads a checkpoint: its config class,
     its `sanitize`, strict weights."""
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
     model = DSparkDraftModel(DSparkConfig.from_dict(config)) if kind == "dspark" else DFlashDraftModel(DFlashConfig.from_dict(config))
+    if "quantization" in config:
+        quantize(model, config["quantization"]["bits"])
     weights = mx.load(os.path.join(folder, "model.safetensors"))
     model.load_weights(list(model.sanitize(weights).items()), strict=True)
     mx.eval(model.parameters())
@@ -202,6 +218,7 @@ def reference_rounds(lm, drafter, prompt, max_tokens):
 
 def main():
     out, prompt, max_tokens = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
+    bits = int(sys.argv[4]) if len(sys.argv) > 4 else None
     assert all(0 <= t < MASK for t in prompt), f"prompt ids must be below {MASK}"
     lm = base.make_target()
     # DSpark's target check reads the text config through `config`.
@@ -217,7 +234,11 @@ def main():
     summary = {}
     for kind in ("dflash", "dspark"):
         folder = os.path.join(out, kind)
-        base.save(folder, dict(tree_flatten(make_drafter(kind).parameters())), CONFIGS[kind])
+        drafter, config = make_drafter(kind), CONFIGS[kind]
+        if bits:
+            quantize(drafter, bits)
+            config = dict(config, quantization={"group_size": base.QUANT_GROUP, "bits": bits})
+        base.save(folder, dict(tree_flatten(drafter.parameters())), config)
         emitted, trace = reference_rounds(lm, reload(kind, folder), prompt, max_tokens)
         result[kind] = {"emitted": emitted, "rounds": trace}
         margin = min(sorted(s, reverse=True)[0] - sorted(s, reverse=True)[1] for r in trace for s in r["logits"])

@@ -1,7 +1,12 @@
 """Oracle for the `mtp` drafter: mlx-vlm 0.7.10's own Qwen3.5 classes and
 its own MTP round loop (`speculative/mtp.py:_mtp_rounds`), run greedily.
 
-    mtp_oracle.py OUT PROMPT_IDS MAX_TOKENS
+    mtp_oracle.py OUT PROMPT_IDS MAX_TOKENS [BITS]
+
+BITS (4 or 8): the head's linear layers affine-quantized (groups of 32) as
+mlx-lm quantizes a checkpoint, saved so with `quantization` in its config,
+and the reference runs the quantized head (the `inside/` layout is then not
+written: its config would quantize the target too).
 
 Writes, under OUT:
   target/          a tiny random Qwen3.5 hybrid (mlx-vlm's `LanguageModel`),
@@ -35,6 +40,7 @@ import sys
 import types
 
 import mlx.core as mx
+import mlx.nn as nn
 
 spec = importlib.util.find_spec("mlx_vlm")
 if spec is None:
@@ -141,6 +147,13 @@ def make_head(lm):
     return head, cfg
 
 
+QUANT_GROUP = 32
+
+
+def quantize(head, bits):
+    nn.quantize(head, group_size=QUANT_GROUP, bits=bits, class_predicate=lambda _, m: isinstance(m, nn.Linear))
+
+
 def save(folder, tensors, config):
     os.makedirs(folder, exist_ok=True)
     mx.save_safetensors(os.path.join(folder, "model.safetensors"), tensors)
@@ -168,6 +181,8 @@ def reload_head(folder):
     if config.get("model_type") != "qwen3_5_mtp":
         config = {"model_type": "qwen3_5_mtp", "text_config": config}
     head = Qwen3_5MTPDraftModel(ModelConfig.from_dict(config))
+    if "quantization" in config:
+        quantize(head, config["quantization"]["bits"])
     weights = mx.load(os.path.join(folder, "model.safetensors"))
     if any(k.startswith("mtp.") for k in weights):
         weights = {k: v for k, v in weights.items() if k.startswith("mtp.")}
@@ -250,9 +265,12 @@ def reference_rounds(lm, head, prompt, max_tokens):
 
 def main():
     out, prompt, max_tokens = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
+    bits = int(sys.argv[4]) if len(sys.argv) > 4 else None
     assert all(0 <= t < VOCAB for t in prompt), f"prompt ids must be below {VOCAB}"
     lm = make_target()
     head, cfg = make_head(lm)
+    if bits:
+        quantize(head, bits)
     # Hidden states after the final norm are what the head reads (the
     # reference's verify returns `self.norm(h)`); the checkpoints:
     target_tensors = {f"language_model.{k}": v for k, v in tree_flatten(lm.parameters())}
@@ -261,21 +279,23 @@ def main():
     save(target_dir, target_tensors, TARGET)
     save_tokenizer(target_dir)
     head_config = {"model_type": "qwen3_5_mtp", "block_size": cfg.block_size, "text_config": dict(TARGET, mtp_num_hidden_layers=1)}
+    if bits:
+        head_config["quantization"] = {"group_size": QUANT_GROUP, "bits": bits}
     save(os.path.join(target_dir, "mtp"), head_tensors, head_config)
     # The Hugging Face layout: `mtp.*` beside the target's tensors, 1-D
     # norm weights stored minus one.
     inside = dict(target_tensors)
     for k, v in head_tensors.items():
         inside[f"mtp.{k}"] = v - 1.0 if "norm" in k and v.ndim == 1 else v
-    inside_dir = os.path.join(out, "inside")
-    save(inside_dir, inside, dict(TARGET, mtp_num_hidden_layers=1))
-    save_tokenizer(inside_dir)
-
     # The rounds run on the heads as the reference loads them from disk.
     mtp_head = reload_head(os.path.join(target_dir, "mtp"))
-    inside_head = reload_head(inside_dir)
-    for a, b in zip(tree_flatten(mtp_head.parameters()), tree_flatten(inside_head.parameters())):
-        assert a[0] == b[0] and mx.allclose(a[1], b[1], atol=1e-6).item(), f"{a[0]} differs between the layouts"
+    if not bits:
+        inside_dir = os.path.join(out, "inside")
+        save(inside_dir, inside, dict(TARGET, mtp_num_hidden_layers=1))
+        save_tokenizer(inside_dir)
+        inside_head = reload_head(inside_dir)
+        for a, b in zip(tree_flatten(mtp_head.parameters()), tree_flatten(inside_head.parameters())):
+            assert a[0] == b[0] and mx.allclose(a[1], b[1], atol=1e-6).item(), f"{a[0]} differs between the layouts"
     plain = greedy(lm, prompt, max_tokens)
     emitted, trace = reference_rounds(lm, mtp_head, prompt, max_tokens)
     with open(os.path.join(out, "reference.json"), "w") as f:

@@ -7,13 +7,13 @@
 //! (after the Markov correction for DSpark), the drafts, the accepted count
 //! and DSpark's confidences equal the reference's (float32, the parity
 //! tolerance); the emitted tokens equal the reference loop's and plain
-//! greedy decoding. Confidence thresholds prune rounds where the
+//! greedy decoding, 4-bit drafters too. Confidence thresholds prune rounds where the
 //! confidences say and stay lossless. A drafter that does not fit its
 //! target is refused at start, in one line.
 
 use it::draft_trace::{
-    batched_matches_serial, generate_ok, ids, refusal, rounds, run_oracle, same_rounds, sample_four, speculate, Round,
-    ShortRounds,
+    batched_matches_serial, generate_ok, ids, refusal, rounds, run_oracle, run_oracle_with, same_rounds, sample_four,
+    speculate, Round, ShortRounds,
 };
 use it::{rejection_keeps_the_distribution, Scratch, Server};
 use serde_json::Value;
@@ -63,6 +63,30 @@ fn block_rounds_match_the_reference_loop_and_greedy_decoding() {
             full.contains(&0) && full.iter().any(|a| (1..DRAFTS).contains(a)) && full.contains(&DRAFTS),
             "{kind}: full rounds accepted {full:?}: none, some and all should all happen"
         );
+    }
+}
+
+/// 4-bit drafters (their linear layers whose inputs split into groups of
+/// 32 affine-quantized, `quantization` in their configs): the rounds still
+/// equal the reference loop's over the same quantized drafters, and the
+/// output stays plain greedy.
+#[test]
+fn quantized_block_drafters_match_the_reference_loop() {
+    let dir = Scratch::new("dspark-oracle-q4");
+    let reference = run_oracle_with("dspark_oracle.py", &dir.0, PROMPT, MAX_TOKENS + REFERENCE_EXTRA, &["4"]);
+    let target = dir.0.join("target");
+    let plain = ids(&reference["plain"])[..MAX_TOKENS].to_vec();
+    for kind in ["dflash", "dspark"] {
+        let cfg: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.0.join(kind).join("config.json")).unwrap()).unwrap();
+        assert_eq!(cfg["quantization"]["bits"], 4, "{cfg}");
+        let drafter = dir.0.join(kind).to_string_lossy().into_owned();
+        let trace = dir.0.join(format!("{kind}.jsonl"));
+        let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
+        assert_eq!(ids(&out["tokens"]), plain, "{kind}: speculation changed the greedy output");
+        same_rounds(&ours, &rounds(&reference[kind]["rounds"]), ShortRounds::Unchecked, kind);
+        let (drafted, accepted) = totals(&ours);
+        assert!(accepted > 0 && accepted < drafted, "{kind}: drafted {drafted}, accepted {accepted}");
     }
 }
 

@@ -7,13 +7,15 @@
 //! accumulation-order noise, up to 1.1e-4 on logits near 5), its drafts and the
 //! accepted count equal the reference's; the emitted tokens equal the
 //! reference loop's and plain greedy decoding. The head is read from both a
-//! `qwen3_5_mtp` folder and the `mtp.*` tensors of the target's checkpoint.
+//! `qwen3_5_mtp` folder and the `mtp.*` tensors of the target's checkpoint;
+//! a 4-bit head matches the reference loop over the same quantized head.
 //! A head that does not fit its target is refused at start, in one line.
 //! Inside continuous batches and at temperature > 0 (rejection sampling)
 //! the output stays the target's.
 
 use it::draft_trace::{
-    batched_matches_serial, ids, refusal, rounds, run_oracle, same_rounds, sample_four, speculate, ShortRounds,
+    batched_matches_serial, ids, refusal, rounds, run_oracle, run_oracle_with, same_rounds, sample_four, speculate,
+    ShortRounds,
 };
 use it::{rejection_keeps_the_distribution, Scratch, Server};
 use serde_json::Value;
@@ -63,6 +65,26 @@ fn mtp_rounds_match_the_reference_loop_and_greedy_decoding() {
         let counts: Vec<u64> = ours.iter().map(|r| r.accepted).collect();
         assert!(counts.contains(&0) && counts.contains(&1) && counts.contains(&2), "{what}: accepted {counts:?}");
     }
+}
+
+/// A 4-bit head (its linear layers affine-quantized in groups of 32, as
+/// mlx-lm quantizes a checkpoint, `quantization` in its config): the
+/// drafter reads the codes, and its rounds still equal the reference loop's
+/// over the same quantized head; the output stays plain greedy.
+#[test]
+fn a_quantized_mtp_head_matches_the_reference_loop() {
+    let dir = Scratch::new("mtp-oracle-q4");
+    let reference = run_oracle_with("mtp_oracle.py", &dir.0, PROMPT, MAX_TOKENS + REFERENCE_EXTRA, &["4"]);
+    let target = dir.0.join("target");
+    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(target.join("mtp/config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["quantization"]["bits"], 4, "{cfg}");
+    let head = target.join("mtp").to_string_lossy().into_owned();
+    let trace = dir.0.join("trace.jsonl");
+    let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", head.as_str()], &trace);
+    assert_eq!(ids(&out["tokens"]), ids(&reference["plain"])[..MAX_TOKENS], "speculation changed the greedy output");
+    same_rounds(&ours, &rounds(&reference["rounds"]), ShortRounds::Prefix, "a 4-bit head");
+    let counts: Vec<u64> = ours.iter().map(|r| r.accepted).collect();
+    assert!(counts.contains(&0) && counts.iter().any(|&n| n > 0), "accepted {counts:?}");
 }
 
 /// The line the host refuses `dir/target` with, its `mtp/` head changed by `edit`.

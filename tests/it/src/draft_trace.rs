@@ -183,8 +183,13 @@ pub fn batched_matches_serial(target: &Path, spec_args: &[&str], what: &str) -> 
 /// Runs `models/scripts/<script>` into `dir` (its model folders and
 /// reference.json) for greedy decoding of `prompt`, and reads the reference.
 pub fn run_oracle(script: &str, dir: &Path, prompt: &str, max_tokens: usize) -> Value {
+    run_oracle_with(script, dir, prompt, max_tokens, &[])
+}
+
+/// `run_oracle` with the script's further arguments.
+pub fn run_oracle_with(script: &str, dir: &Path, prompt: &str, max_tokens: usize, extra: &[&str]) -> Value {
     let script = repo_root().join("models/scripts").join(script);
-    let summary = run_ok(python().arg(script).arg(dir).arg(prompt).arg(max_tokens.to_string()));
+    let summary = run_ok(python().arg(script).arg(dir).arg(prompt).arg(max_tokens.to_string()).args(extra));
     eprintln!("oracle: {}", summary.trim());
     serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
 }
