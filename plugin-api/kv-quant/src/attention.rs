@@ -33,7 +33,9 @@ pub enum QMask {
 pub enum Route {
     /// Quantized matmuls over the codes, as mlx-lm (the CPU).
     QuantizedMatmul,
-    /// The codes dequantized, then the fused attention (the GPU).
+    /// The GPU: one query per row over affine codes reads them in place
+    /// (`codes_attention`); otherwise the codes dequantized, then the fused
+    /// attention.
     Dequantized,
 }
 

@@ -15,7 +15,8 @@
 //!   (quantized matmuls for the scores and for the weighted values) on the
 //!   CPU; on the GPU, whose MLX backend has no quantized matmul for codes
 //!   read in place, the codes dequantized for the fused attention
-//!   (`Route`);
+//!   (`Route`), except for decode steps over affine codes, which a CUDA
+//!   kernel of ours reads in place (`codes_attention`);
 //! - `layout`: [`Quantized`], the `CacheLayout` around any layout that
 //!   implements [`Columns`]: plain K/V until the cache holds
 //!   `quantized_kv_start` tokens (mlx-lm's `maybe_quantize_kv_cache`), codes
@@ -28,6 +29,7 @@
 
 mod attention;
 mod codec;
+mod codes_attention;
 mod layout;
 pub mod lloyd_max;
 pub mod rotation;

@@ -75,6 +75,13 @@ impl KvCodec {
     ) -> Result<Array> {
         match self {
             KvCodec::Affine(a) => {
+                if route == Route::Dequantized {
+                    if let Some(out) =
+                        crate::codes_attention::decode_attention(q, keys, values, plain, scale, mask, *a)?
+                    {
+                        return Ok(out);
+                    }
+                }
                 let k = a.decode(keys, plain.k, plain.dtype)?;
                 let v = a.decode(values, plain.v, plain.dtype)?;
                 match route {

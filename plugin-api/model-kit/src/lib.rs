@@ -14,6 +14,7 @@ pub mod attention;
 pub mod checkpoint;
 pub mod compiled;
 pub mod config;
+pub mod cuda_kernel;
 pub mod depthwise_conv;
 pub mod gated_attention;
 pub mod graph;

@@ -1,0 +1,137 @@
+//! A CUDA kernel of our own, compiled and launched by MLX (mlx-c's
+//! `mlx_fast_cuda_kernel`): the source is the kernel's body; MLX writes its
+//! signature from the input and output names (each input also gets
+//! `NAME_shape` and `NAME_strides` when the body reads them, so strided
+//! inputs are read in place), compiles it once per set of template
+//! arguments and runs it on the stream like any op. Only on the CUDA
+//! runtime: callers check `ops::on_gpu` first.
+
+use crate::ops;
+use crate::{error, Array, Dtype, Result};
+use std::ffi::CString;
+
+/// A template argument of the kernel's body (a compile-time constant).
+pub enum Template {
+    Int(&'static str, i32),
+    Bool(&'static str, bool),
+}
+
+/// One launch: threads in all (`grid`, per axis) and per block, the
+/// outputs' shapes and dtypes, the template arguments.
+pub struct Launch<'a> {
+    pub grid: [i32; 3],
+    pub threads: [i32; 3],
+    pub outputs: &'a [(&'a [i32], Dtype)],
+    pub template: &'a [Template],
+}
+
+pub struct CudaKernel {
+    raw: mlx_sys::mlx_fast_cuda_kernel,
+}
+
+// MLX's kernel object is immutable once built; launches may come from any
+// thread that runs MLX ops.
+unsafe impl Send for CudaKernel {}
+unsafe impl Sync for CudaKernel {}
+
+fn strings(names: &[&str]) -> Result<mlx_sys::mlx_vector_string> {
+    let v = unsafe { mlx_sys::mlx_vector_string_new() };
+    for n in names {
+        let c = CString::new(*n).map_err(|_| error("a kernel argument name has a NUL byte"))?;
+        unsafe { mlx_sys::mlx_vector_string_append_value(v, c.as_ptr()) };
+    }
+    Ok(v)
+}
+
+impl CudaKernel {
+    /// `source` is the body; `inputs` and `outputs` name its arguments.
+    pub fn new(name: &str, inputs: &[&str], outputs: &[&str], source: &str) -> Result<Self> {
+        let cstr = |s: &str| CString::new(s).map_err(|_| error("kernel text has a NUL byte"));
+        let (name, source, header) = (cstr(name)?, cstr(source)?, cstr("")?);
+        let (ins, outs) = (strings(inputs)?, strings(outputs)?);
+        let raw = unsafe {
+            mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), ins, outs, source.as_ptr(), header.as_ptr(), false, 0)
+        };
+        unsafe {
+            mlx_sys::mlx_vector_string_free(ins);
+            mlx_sys::mlx_vector_string_free(outs);
+        }
+        if raw.ctx.is_null() {
+            return Err(error("MLX could not make the CUDA kernel"));
+        }
+        Ok(Self { raw })
+    }
+
+    /// The kernel over `inputs` (lazily, like any op): its outputs.
+    pub fn apply(&self, inputs: &[&Array], launch: &Launch) -> Result<Vec<Array>> {
+        let config = unsafe { mlx_sys::mlx_fast_cuda_kernel_config_new() };
+        let result = self.apply_with(config, inputs, launch);
+        unsafe { mlx_sys::mlx_fast_cuda_kernel_config_free(config) };
+        result
+    }
+
+    fn apply_with(
+        &self,
+        config: mlx_sys::mlx_fast_cuda_kernel_config,
+        inputs: &[&Array],
+        launch: &Launch,
+    ) -> Result<Vec<Array>> {
+        let [g1, g2, g3] = launch.grid;
+        let [t1, t2, t3] = launch.threads;
+        ops::checked("kernel grid", || unsafe { mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, g1, g2, g3) })?;
+        ops::checked("kernel threads", || unsafe {
+            mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, t1, t2, t3)
+        })?;
+        for (shape, dtype) in launch.outputs {
+            ops::checked("kernel output", || unsafe {
+                mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
+                    config,
+                    shape.as_ptr(),
+                    shape.len(),
+                    *dtype as mlx_sys::mlx_dtype,
+                )
+            })?;
+        }
+        for t in launch.template {
+            let (name, set): (&str, Box<dyn Fn(*const std::os::raw::c_char) -> i32>) = match *t {
+                Template::Int(n, v) => (
+                    n,
+                    Box::new(move |c| unsafe {
+                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, c, v)
+                    }),
+                ),
+                Template::Bool(n, v) => (
+                    n,
+                    Box::new(move |c| unsafe {
+                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(config, c, v)
+                    }),
+                ),
+            };
+            let c = CString::new(name).map_err(|_| error("a template name has a NUL byte"))?;
+            ops::checked("kernel template", || set(c.as_ptr()))?;
+        }
+        let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
+        let stream = mlx_rs::Stream::thread_local_or_default();
+        unsafe {
+            let ins = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
+            let mut outs = mlx_sys::mlx_vector_array_new();
+            let applied = ops::checked("custom CUDA kernel", || {
+                mlx_sys::mlx_fast_cuda_kernel_apply(&mut outs, self.raw, ins, config, stream.as_ptr())
+            });
+            mlx_sys::mlx_vector_array_free(ins);
+            let result = applied.and_then(|()| {
+                (0..mlx_sys::mlx_vector_array_size(outs))
+                    .map(|i| ops::raw("kernel output", |res| mlx_sys::mlx_vector_array_get(res, outs, i)))
+                    .collect()
+            });
+            mlx_sys::mlx_vector_array_free(outs);
+            result
+        }
+    }
+}
+
+impl Drop for CudaKernel {
+    fn drop(&mut self) {
+        unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.raw) };
+    }
+}
