@@ -210,6 +210,13 @@ pub trait HostServices: Send + Sync {
         let _ = need;
         PResult::RErr(crate::PluginError::unsupported("this host lends no caches"))
     }
+
+    /// The dtype the target computes in (its activations, embeddings and
+    /// caches), so a drafter that reads its states loads its own weights to
+    /// match (v2.4).
+    fn target_dtype(&self) -> PResult<crate::Dtype> {
+        PResult::RErr(crate::PluginError::unsupported("this host lends no target dtype"))
+    }
 }
 
 pub type HostServicesBox = HostServices_TO<'static, RBox<()>>;

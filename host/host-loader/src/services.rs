@@ -120,6 +120,10 @@ impl HostServices for Services {
         };
         new(&spec)
     }
+
+    fn target_dtype(&self) -> PResult<plugin_api::Dtype> {
+        PResult::ROk(self.target.cache_dtype)
+    }
 }
 
 /// Opens a drafter of `kind` (the plugin claiming it; if several, the one

@@ -10,8 +10,6 @@ use model_kit::config::Config;
 use model_kit::layers::LoadCtx;
 use model_kit::weights::Weights;
 use plugin_api::*;
-use plugin_sdk::mlx_rs::Array;
-use plugin_sdk::{into_array, lend};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -106,9 +104,8 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<BlockDrafte
     if !thresholds.is_empty() && a.confidence.is_none() {
         return Err(bad("dspark: confidence thresholds are set but the drafter has no confidence head".into()));
     }
-    // The compute dtype is the target's: its embeddings say which.
-    let probe = Array::from_slice(&[0i32], &[1, 1]);
-    let dtype = into_array(host.target_embed(lend(&probe)).into_result()?).dtype();
+    // The compute dtype is the target's.
+    let dtype = model_kit::ops::dtype_from_raw(host.target_dtype().into_result()?.0).map_err(plugin_sdk::mlx_error)?;
     let net = crate::net::shared(&dir, dtype, || {
         let cfg = Config::parse(&text).map_err(|e| bad(format!("dspark: {}", e.what())))?;
         let quant = cfg.quantization().map_err(|e| bad(format!("dspark: {}", e.what())))?;

@@ -9,8 +9,6 @@ use model_kit::config::Config;
 use model_kit::layers::LoadCtx;
 use model_kit::weights::Weights;
 use plugin_api::*;
-use plugin_sdk::mlx_rs::Array;
-use plugin_sdk::{into_array, lend};
 use std::path::PathBuf;
 
 fn bad(msg: String) -> PluginError {
@@ -42,9 +40,8 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<Mtp, Plugin
             a.vocab_size, plan.vocab_size
         )));
     }
-    // The compute dtype is the target's: its embeddings say which.
-    let probe = Array::from_slice(&[0i32], &[1, 1]);
-    let dtype = into_array(host.target_embed(lend(&probe)).into_result()?).dtype();
+    // The compute dtype is the target's.
+    let dtype = model_kit::ops::dtype_from_raw(host.target_dtype().into_result()?.0).map_err(plugin_sdk::mlx_error)?;
     // One head per folder and dtype, shared by every instance (batch rows).
     let key = format!("{}|{}|{dtype:?}", src.dir.display(), src.inside_target);
     let head = plugin_sdk::shared::shared(&key, || {
