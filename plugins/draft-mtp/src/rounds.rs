@@ -85,15 +85,16 @@ impl Mtp {
         Self { head, caches, host, depth, seed: None, queued: None, round: None, trace, trace_rows: Vec::new() }
     }
 
-    fn embed(&self, ids: &[u32]) -> Result<Array, PluginError> {
-        let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
-        let ids = Array::from_slice(&v, &[1, v.len() as i32]);
-        Ok(into_array(self.host.target_embed(lend(&ids)).into_result()?))
-    }
-
     /// Appends rows (tokens, hidden `[1, L, H]`) and returns the head's output.
     fn rows(&mut self, tokens: &[u32], hidden: &Array) -> Result<Array, PluginError> {
-        let e = self.embed(tokens)?;
+        let v: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        self.rows_of(&Array::from_slice(&v, &[1, v.len() as i32]), hidden)
+    }
+
+    /// `rows` with the tokens as int32 ids `[1, L]` on the device (a draft
+    /// not read back yet).
+    fn rows_of(&mut self, ids: &Array, hidden: &Array) -> Result<Array, PluginError> {
+        let e = into_array(self.host.target_embed(lend(ids)).into_result()?);
         let hidden = hidden.as_dtype(e.dtype()).map_err(mlx_error)?;
         self.head.lock().forward(&e, &hidden, &mut self.caches).map_err(mlx_error)
     }
@@ -133,12 +134,10 @@ impl Mtp {
         }
     }
 
-    /// A draft from a seed's logits, as the request samples (`picker`);
-    /// evaluated: the next step needs it.
-    fn pick(picker: &mut Picker, logits: &Array) -> Result<u32, PluginError> {
-        let t = picker.pick(&logits.reshape(&[1, -1]).map_err(mlx_error)?).map_err(mlx_error)?;
-        mlx_rs::transforms::eval([&t, logits]).map_err(mlx_error)?;
-        Ok(t.as_dtype(mlx_rs::Dtype::Uint32).map_err(mlx_error)?.as_slice::<u32>()[0])
+    /// A draft `[1]` (lazy) from a seed's logits, as the request samples
+    /// (`picker`).
+    fn pick(picker: &mut Picker, logits: &Array) -> Result<Array, PluginError> {
+        picker.pick(&logits.reshape(&[1, -1]).map_err(mlx_error)?).map_err(mlx_error)
     }
 
     fn draft_round(&mut self, history: &[u32], n: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
@@ -156,19 +155,31 @@ impl Mtp {
             self.round = Some(Round { drafts: Vec::new(), appended: 0, history: history.len() });
             return Ok(Chosen { drafts: Vec::new(), q: None });
         };
+        // The chain stays on the device: each draft feeds the next head
+        // step unread, and the drafts are read back once at the end.
         let mut picker = Picker::new(sampling).map_err(mlx_error)?;
-        let mut drafts = vec![Self::pick(&mut picker, &seed.logits)?];
+        let mut picked = vec![Self::pick(&mut picker, &seed.logits)?];
         let mut logits = vec![seed.logits];
         let mut h = seed.hidden;
         let mut appended = 0;
-        while drafts.len() < n {
-            let out = self.rows(&drafts[drafts.len() - 1..], &h)?;
+        while picked.len() < n {
+            let last = picked.last().expect("one draft at least");
+            let ids = last.as_dtype(mlx_rs::Dtype::Int32).and_then(|t| t.reshape(&[1, 1])).map_err(mlx_error)?;
+            let out = self.rows_of(&ids, &h)?;
             appended += 1;
             let s = self.seed_from(&out)?;
-            drafts.push(Self::pick(&mut picker, &s.logits)?);
+            picked.push(Self::pick(&mut picker, &s.logits)?);
             logits.push(s.logits);
             h = s.hidden;
         }
+        let all =
+            mlx_rs::ops::concatenate(&picked, 0).and_then(|a| a.as_dtype(mlx_rs::Dtype::Uint32)).map_err(mlx_error)?;
+        let mut evaluated: Vec<&Array> = vec![&all];
+        if self.trace.is_some() {
+            evaluated.extend(logits.iter());
+        }
+        mlx_rs::transforms::eval(evaluated).map_err(mlx_error)?;
+        let drafts: Vec<u32> = all.as_slice::<u32>().to_vec();
         if self.trace.is_some() {
             self.trace_rows = logits.iter().map(|l| l.as_slice::<f32>().to_vec()).collect();
         }
