@@ -92,20 +92,9 @@ impl Compiled {
 
     /// Applies the compiled function (lazily, like any op).
     pub fn call(&self, args: &[&Array]) -> Result<Vec<Array>> {
-        let handles: Vec<mlx_sys::mlx_array> = args.iter().map(|a| a.as_ptr()).collect();
-        unsafe {
-            let input = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
-            let mut out = mlx_sys::mlx_vector_array_new();
-            let applied = ops::checked("compiled call", || mlx_sys::mlx_closure_apply(&mut out, self.closure, input));
-            mlx_sys::mlx_vector_array_free(input);
-            let result = applied.and_then(|()| {
-                (0..mlx_sys::mlx_vector_array_size(out))
-                    .map(|i| ops::raw("compiled result", |res| mlx_sys::mlx_vector_array_get(res, out, i)))
-                    .collect()
-            });
-            mlx_sys::mlx_vector_array_free(out);
-            result
-        }
+        ops::vector_call("compiled call", args, |out, input| unsafe {
+            mlx_sys::mlx_closure_apply(out, self.closure, input)
+        })
     }
 
     /// The single result of a one-output function.

@@ -110,23 +110,10 @@ impl CudaKernel {
             let c = CString::new(name).map_err(|_| error("a template name has a NUL byte"))?;
             ops::checked("kernel template", || set(c.as_ptr()))?;
         }
-        let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
         let stream = mlx_rs::Stream::thread_local_or_default();
-        unsafe {
-            let ins = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
-            let mut outs = mlx_sys::mlx_vector_array_new();
-            let applied = ops::checked("custom CUDA kernel", || {
-                mlx_sys::mlx_fast_cuda_kernel_apply(&mut outs, self.raw, ins, config, stream.as_ptr())
-            });
-            mlx_sys::mlx_vector_array_free(ins);
-            let result = applied.and_then(|()| {
-                (0..mlx_sys::mlx_vector_array_size(outs))
-                    .map(|i| ops::raw("kernel output", |res| mlx_sys::mlx_vector_array_get(res, outs, i)))
-                    .collect()
-            });
-            mlx_sys::mlx_vector_array_free(outs);
-            result
-        }
+        ops::vector_call("custom CUDA kernel", inputs, |outs, ins| unsafe {
+            mlx_sys::mlx_fast_cuda_kernel_apply(outs, self.raw, ins, config, stream.as_ptr())
+        })
     }
 }
 

@@ -17,6 +17,29 @@ pub(crate) fn raw(op: &str, f: impl FnOnce(*mut mlx_sys::mlx_array) -> i32) -> R
     Ok(unsafe { Array::from_ptr(res) })
 }
 
+/// An mlx-c call that takes a vector of arrays and fills one (`call(out,
+/// input)`): `args` in, the filled vector's arrays out; both vectors freed.
+pub(crate) fn vector_call(
+    op: &str,
+    args: &[&Array],
+    call: impl FnOnce(*mut mlx_sys::mlx_vector_array, mlx_sys::mlx_vector_array) -> i32,
+) -> Result<Vec<Array>> {
+    let handles: Vec<mlx_sys::mlx_array> = args.iter().map(|a| a.as_ptr()).collect();
+    unsafe {
+        let input = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
+        let mut out = mlx_sys::mlx_vector_array_new();
+        let applied = checked(op, || call(&mut out, input));
+        mlx_sys::mlx_vector_array_free(input);
+        let result = applied.and_then(|()| {
+            (0..mlx_sys::mlx_vector_array_size(out))
+                .map(|i| raw(op, |res| mlx_sys::mlx_vector_array_get(res, out, i)))
+                .collect()
+        });
+        mlx_sys::mlx_vector_array_free(out);
+        result
+    }
+}
+
 /// The same stream mlx-rs ops use (thread-local override or the default).
 fn stream() -> mlx_rs::Stream {
     mlx_rs::Stream::thread_local_or_default()
