@@ -56,13 +56,12 @@ pub enum TpBackend {
 }
 
 impl TpBackend {
-    /// `auto` made concrete for this process's runtime.
-    fn resolve(self) -> &'static str {
+    /// `auto` made concrete for a runtime whose device is a GPU (`gpu`) or not.
+    fn resolve(self, gpu: bool) -> &'static str {
         match self {
             TpBackend::Ring => "ring",
             TpBackend::Nccl => "nccl",
             TpBackend::Auto => {
-                let gpu = host_engine::runtime::default_device() == host_engine::runtime::DeviceKind::Gpu;
                 if gpu && mlx_distributed::is_available("nccl") {
                     "nccl"
                 } else {
@@ -119,12 +118,12 @@ pub fn start(tp: &TpArgs, check: impl FnOnce(usize) -> Result<()>) -> Result<Rol
         return Ok(Role::Alone);
     }
     check(ranks)?;
+    let gpu = host_engine::runtime::default_device() == host_engine::runtime::DeviceKind::Gpu;
     let backend = match std::env::var(BACKEND_ENV) {
         Ok(b) if b == "nccl" => "nccl",
         Ok(_) => "ring",
-        Err(_) => tp.tp_backend.unwrap_or_default().resolve(),
+        Err(_) => tp.tp_backend.unwrap_or_default().resolve(gpu),
     };
-    let gpu = host_engine::runtime::default_device() == host_engine::runtime::DeviceKind::Gpu;
     if backend == "ring" && gpu {
         // Measured on an H200: the ring's all_sum inside a decode step
         // aborts MLX's CUDA graph capture (rank 1 dies with SIGABRT).

@@ -88,7 +88,6 @@ pub(crate) fn agreed<T: serde::Serialize + serde::de::DeserializeOwned>(mine: T)
 }
 
 /// How a process takes part in the lockstep.
-#[derive(Clone)]
 pub enum Side {
     /// Rank 0: decides, and broadcasts what it decided.
     Lead(Arc<Lockstep>),
@@ -152,8 +151,10 @@ pub(crate) enum Intake {
 /// Why a request cannot run in lockstep (the server answers 400 before
 /// queueing it; rank 0 checks again before broadcasting).
 pub fn refusal(req: &GenerateRequest) -> Option<&'static str> {
-    WireRequest::from_request(req)
-        .is_none()
+    // What `WireRequest::from_request` cannot carry.
+    req.constraint
+        .as_ref()
+        .is_some_and(|c| c.source().is_none())
         .then_some("this request's constraint has no grammar source to send to the other ranks")
 }
 
@@ -261,22 +262,17 @@ fn announce(lock: &Lockstep, work: Work, stats: &Stats, shutdown: &AtomicBool) -
         }
         Work::Generate(job) => *job,
     };
-    let refused = if closing { Some("the server is shutting down") } else { refusal(&job.request) };
-    let request = match (refused, WireRequest::from_request(&job.request)) {
-        (None, Some(r)) => r,
-        (why, _) => {
-            stats.queued.fetch_sub(1, Ordering::SeqCst);
-            let why = why.unwrap_or_default();
-            let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest(why.into())));
-            return None;
-        }
-    };
     // Every rank samples with the same seed.
     if job.request.params.temperature > 0.0 && job.request.params.seed.is_none() {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         job.request.params.seed = Some(now.map_or(0, |d| d.as_nanos() as u64));
     }
-    let request = WireRequest { params: job.request.params.clone(), ..request };
+    let Some(request) = (!closing).then(|| WireRequest::from_request(&job.request)).flatten() else {
+        stats.queued.fetch_sub(1, Ordering::SeqCst);
+        let why = if closing { "the server is shutting down" } else { refusal(&job.request).unwrap_or_default() };
+        let _ = (job.on_event)(Event::Failed(EngineError::InvalidRequest(why.into())));
+        return None;
+    };
     let wire = WireJob { id: 0, request, plan: job.plan.clone() };
     lock.share(Some(&json!({ "job": wire })));
     Some(Work::Generate(Box::new(job)))

@@ -65,26 +65,18 @@ impl Worker {
     /// Starts the engine thread. `batch` rows may share a decode step
     /// (continuous batching); `batch == 1` runs strictly one job at a time.
     pub fn start(engine: Engine, queue: usize, batch: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
-        let (tx, rx) = crate::queue::bounded::<Work>(queue);
-        let stats = Arc::new(Stats { ssd: engine.prefix().ssd_counters(), ..Stats::default() });
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let hold = Arc::new(Hold::default());
-        let (s, stop, h) = (stats.clone(), shutdown.clone(), hold.clone());
-        let thread = std::thread::Builder::new()
-            .name("engine".into())
-            .spawn(move || {
-                if batch > 1 {
-                    Scheduler::new(&engine, s, stop, h, batch, memory).run(rx)
-                } else {
-                    run_serially(engine, rx, s, stop, h)
-                }
-            })
-            .expect("engine thread");
-        Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown, lockstep: false }, stats }
+        Self::spawn(engine, queue, false, move |engine, rx, s, stop, h| {
+            if batch > 1 {
+                Scheduler::new(&engine, s, stop, h, batch, memory).run(rx)
+            } else {
+                run_serially(engine, rx, s, stop, h)
+            }
+        })
     }
 
     /// Rank 0 of `--tp N`: the batch scheduler in lockstep with the other
-    /// ranks (`lockstep`), which run [`follow`].
+    /// ranks (`lockstep`), which run [`follow`]; at `batch == 1` too (its
+    /// plans are then serial), since only the scheduler agrees with them.
     pub fn start_lockstep(
         engine: Engine,
         queue: usize,
@@ -92,17 +84,30 @@ impl Worker {
         memory: Option<(MemoryModel, Budget)>,
         lock: crate::lockstep::Lockstep,
     ) -> Self {
+        crate::lockstep::enter(lock);
+        Self::spawn(engine, queue, true, move |engine, rx, s, stop, h| {
+            Scheduler::new(&engine, s, stop, h, batch, memory).run(rx)
+        })
+    }
+
+    /// The queue, the engine's counters and switches, and the engine thread
+    /// running `run` over them.
+    fn spawn(
+        engine: Engine,
+        queue: usize,
+        lockstep: bool,
+        run: impl FnOnce(Engine, Inbox<Work>, Arc<Stats>, Arc<AtomicBool>, Arc<Hold>) + Send + 'static,
+    ) -> Self {
         let (tx, rx) = crate::queue::bounded::<Work>(queue);
         let stats = Arc::new(Stats { ssd: engine.prefix().ssd_counters(), ..Stats::default() });
         let shutdown = Arc::new(AtomicBool::new(false));
         let hold = Arc::new(Hold::default());
         let (s, stop, h) = (stats.clone(), shutdown.clone(), hold.clone());
-        crate::lockstep::enter(lock);
         let thread = std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || Scheduler::new(&engine, s, stop, h, batch, memory).run(rx))
+            .spawn(move || run(engine, rx, s, stop, h))
             .expect("engine thread");
-        Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown, lockstep: true }, stats }
+        Self { backend: Backend::Local { tx: Some(tx), thread: Some(thread), hold, shutdown, lockstep }, stats }
     }
 
     /// Why this worker cannot run `req` at all (a 400 before it is queued).

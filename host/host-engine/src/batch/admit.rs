@@ -87,7 +87,7 @@ impl Scheduler<'_> {
     /// and by the bytes MLX really holds (minus the prefix cache, which
     /// gives its bytes back). Whatever fits alone runs when nothing else does.
     pub(super) fn fits(&self, job: &Job) -> bool {
-        self.agreed(self.fits_here(job))
+        crate::lockstep::agreed(self.fits_here(job))
     }
 
     fn fits_here(&self, job: &Job) -> bool {
@@ -106,7 +106,7 @@ impl Scheduler<'_> {
     /// Bounds the prefix cache by what the budget leaves beside the work in
     /// flight (reserved, and really held by MLX).
     pub(super) fn bound_prefix_cache(&self) {
-        let Some(room) = self.agreed(self.prefix_room()) else { return };
+        let Some(room) = crate::lockstep::agreed(self.prefix_room()) else { return };
         if self.engine.prefix().shrink(room) {
             self.stats.sync_prefix(self.engine);
         }

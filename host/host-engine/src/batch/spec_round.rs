@@ -208,8 +208,7 @@ impl Scheduler<'_> {
         let logits = self.adjust(logits, round_masks(&drafts, k + 1, (v as usize).div_ceil(32)))?;
         let (verdicts, lps) = self.choose(&logits, &drafts)?;
         // The step's cost in plain steps (the choices above were evaluated).
-        let measured = self.spec_clock.spec_cost(b, k + 1, started.elapsed().as_secs_f64());
-        let cost = self.agreed(measured);
+        let cost = crate::lockstep::agreed(self.spec_clock.spec_cost(b, k + 1, started.elapsed().as_secs_f64()));
         tracing::trace!(
             target: "host_engine::batch",
             rows = b,

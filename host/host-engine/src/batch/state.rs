@@ -79,8 +79,6 @@ pub struct Scheduler<'a> {
     pub(super) replay_layers: Vec<bool>,
     /// A decode step queued but not read (`step`: pipelined steps).
     pub(super) ahead: Option<Ahead>,
-    /// Under `--tp`: this rank's part in the lockstep (`agree`).
-    pub(super) sync: Option<crate::lockstep::Side>,
 }
 
 impl<'a> Scheduler<'a> {
@@ -110,7 +108,6 @@ impl<'a> Scheduler<'a> {
             spec_clock: BatchClock::default(),
             replay_layers: engine.replay_layers(),
             ahead: None,
-            sync: crate::lockstep::side().cloned(),
         }
     }
 
