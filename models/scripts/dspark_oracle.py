@@ -1,7 +1,7 @@
 """Oracle for the `dspark` drafter: mlx-vlm 0.7.10's own block drafter
-classes (`DFlashDraftModel`, `DSparkDraftModel`) and its own round loop
-(`speculative/dflash.py:_dflash_rounds`), run greedily over the tiny
-Qwen3.5 target of mtp_oracle.py.
+classes (`DFlashDraftModel`, `DSparkDraftModel`, `Gemma4DSparkDraftModel`)
+and its own round loop (`speculative/dflash.py:_dflash_rounds`), run
+greedily over the tiny Qwen3.5 target of mtp_oracle.py.
 
     dspark_oracle.py OUT PROMPT_IDS MAX_TOKENS [BITS]
 
@@ -15,6 +15,14 @@ Writes, under OUT:
                      block's slots 1..), config.json + model.safetensors;
   dspark/            a DSpark drafter (vanilla Markov head, drafts from
                      every slot, a confidence head);
+  deepspec/          a DeepSpec drafter (`Gemma4DSparkModel`: Gemma 4
+                     layers with keys and values from one projection, its
+                     own embedding and LM head, a flat config whose
+                     `block_size` 7 makes a verify width of 8, capped at 4
+                     by its sliding window of 6 under the 8-token prompt;
+                     mlx-vlm's `_project_context_kv` reads a `v_proj` these
+                     layers do not have, so the reference runs with it
+                     returning None, its per-layer path);
   reference.json     {"plain": greedy tokens of the target alone,
                       "dflash"|"dspark": {"emitted": tokens of the reference
                       loop, "rounds": [{"drafts", "accepted", "logits",
@@ -27,8 +35,9 @@ Writes, under OUT:
 Agreement is arranged on purpose: the target mostly repeats its input
 (mtp_oracle.py), and the drafters mostly carry the anchor's embedding to
 every slot (small queries, so attention spreads over the anchor, the mask
-slots, whose embedding is zeroed in the target, and a weak context), so
-blocks often propose repeats; the rest is random, so rounds accept none,
+slots, whose embedding is zeroed in the target, and a weak context; the
+DeepSpec drafter's own embedding and LM head are copies of the target's),
+so blocks often propose repeats; the rest is random, so rounds accept none,
 some and all of their drafts.
 """
 
@@ -46,6 +55,8 @@ from mlx.utils import tree_flatten  # noqa: E402
 from mlx_vlm.speculative import dflash as rounds  # noqa: E402
 from mlx_vlm.speculative.drafters.dspark import DSparkDraftModel  # noqa: E402
 from mlx_vlm.speculative.drafters.dspark.config import DSparkConfig  # noqa: E402
+from mlx_vlm.speculative.drafters.gemma4_dspark import Gemma4DSparkDraftModel  # noqa: E402
+from mlx_vlm.speculative.drafters.gemma4_dspark.config import Gemma4DsparkConfig  # noqa: E402
 from mlx_vlm.speculative.drafters.qwen3_dflash import DFlashDraftModel  # noqa: E402
 from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig  # noqa: E402
 
@@ -81,40 +92,102 @@ CONFIGS = {
             "num_target_layers": base.TARGET["num_hidden_layers"],
         },
     ),
+    "deepspec": {
+        "architectures": ["Gemma4DSparkModel"],
+        "model_type": "gemma4_text",
+        "hidden_size": base.HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": base.VOCAB,
+        "max_position_embeddings": 4096,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": False,
+        "layer_types": ["full_attention", "full_attention"],
+        "sliding_window": 6,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}
+        },
+        "block_size": 7,
+        "mask_token_id": MASK,
+        "target_layer_ids": TAPS,
+        "num_target_layers": base.TARGET["num_hidden_layers"],
+        "markov_rank": 8,
+        "enable_confidence_head": True,
+    },
 }
+KINDS = ("dflash", "dspark", "deepspec")
 # How much of the anchor each slot carries (see the docstring).
 QUERY_NORM = 0.3
 CONTEXT_NORM = 0.05
 MLP_GAIN = 0.1
 MARKOV_GAIN = 0.3
+# Gemma 4 layers norm the attention's output before adding it: this is how
+# much of it the residual (the anchor's scaled embedding) takes in.
+GEMMA_ATTN_GAIN = 1.0
 
 
-def make_drafter(kind):
-    cfg = CONFIGS[kind]
-    model = DSparkDraftModel(DSparkConfig.from_dict(cfg)) if kind == "dspark" else DFlashDraftModel(DFlashConfig.from_dict(cfg))
+def build(kind, cfg):
+    """The reference's class for `kind` over config `cfg`."""
+    if kind == "deepspec":
+        model = Gemma4DSparkDraftModel(Gemma4DsparkConfig.from_dict(cfg))
+        # mlx-vlm 0.7.10's fused context projection reads `v_proj`, which
+        # k_eq_v layers lack; None selects its per-layer `_project_kv`.
+        model._project_context_kv = lambda hidden: None
+        return model
+    if kind == "dspark":
+        return DSparkDraftModel(DSparkConfig.from_dict(cfg))
+    return DFlashDraftModel(DFlashConfig.from_dict(cfg))
+
+
+def make_drafter(kind, lm):
+    model = build(kind, CONFIGS[kind])
     model.set_dtype(mx.float32)
-    mx.random.seed(23 if kind == "dspark" else 19)
-    h, kv = base.HIDDEN, 2 * 16
+    mx.random.seed({"dflash": 19, "dspark": 23, "deepspec": 29}[kind])
+    h = base.HIDDEN
+    gemma = kind == "deepspec"
+    # Head width and KV heads: Gemma 4 layers attend at global_head_dim
+    # over one KV head whose values are the keys' projection.
+    d, kv_heads = (32, 1) if gemma else (16, 2)
+    kv = kv_heads * d
     for layer in model.layers:
         a = layer.self_attn
-        a.v_proj.weight = mx.eye(h)[:kv] + 0.05 * mx.random.normal((kv, h))
+        carry = mx.eye(h)[:kv] + 0.05 * mx.random.normal((kv, h))
+        if gemma:
+            a.k_proj.weight = carry
+        else:
+            a.v_proj.weight = carry
         # The attention's output per query head is its KV head's value:
-        # o_proj puts each back where v_proj took it from.
-        o = mx.zeros((h, h))
+        # o_proj puts each back where the value projection took it from.
+        o = mx.zeros((h, 4 * d))
         for q_head in range(4):
-            kv_head = q_head // 2
-            rows = mx.arange(kv_head * 16, kv_head * 16 + 16)
-            cols = mx.arange(q_head * 16, q_head * 16 + 16)
-            o[rows, cols] = 0.5
-        a.o_proj.weight = o + 0.05 * mx.random.normal((h, h))
-        a.q_norm.weight = QUERY_NORM * (1.0 + 0.2 * mx.random.normal((16,)))
-        a.k_norm.weight = 1.0 + 0.2 * mx.random.normal((16,))
+            kv_head = q_head * kv_heads // 4
+            rows = mx.arange(kv_head * d, kv_head * d + d)
+            cols = mx.arange(q_head * d, q_head * d + d)
+            o[rows, cols] = kv_heads / 4
+        a.o_proj.weight = o + 0.05 * mx.random.normal((h, 4 * d))
+        a.q_norm.weight = QUERY_NORM * (1.0 + 0.2 * mx.random.normal((d,)))
+        a.k_norm.weight = 1.0 + 0.2 * mx.random.normal((d,))
         layer.mlp.down_proj.weight = MLP_GAIN * layer.mlp.down_proj.weight
         layer.input_layernorm.weight = 1.0 + 0.2 * mx.random.normal((h,))
-        layer.post_attention_layernorm.weight = 1.0 + 0.2 * mx.random.normal((h,))
+        layer.post_attention_layernorm.weight = (GEMMA_ATTN_GAIN if gemma else 1.0) * (1.0 + 0.2 * mx.random.normal((h,)))
+        if gemma:
+            layer.pre_feedforward_layernorm.weight = 1.0 + 0.2 * mx.random.normal((h,))
+            layer.post_feedforward_layernorm.weight = MLP_GAIN * (1.0 + 0.2 * mx.random.normal((h,)))
+            layer.layer_scalar = 1.0 + 0.1 * mx.random.normal((1,))
     model.hidden_norm.weight = CONTEXT_NORM * (1.0 + 0.2 * mx.random.normal((h,)))
     model.norm.weight = 1.0 + 0.2 * mx.random.normal((h,))
-    if kind == "dspark":
+    if gemma:
+        # Its own vocabulary head: copies of the target's (tied) embedding.
+        model.embed_tokens.weight = lm.model.embed_tokens.weight
+        model.lm_head.weight = lm.model.embed_tokens.weight
+    if kind != "dflash":
         m = model.markov_head
         m.markov_w2.weight = MARKOV_GAIN * m.markov_w2.weight
     mx.eval(model.parameters())
@@ -135,7 +208,7 @@ def reload(kind, folder):
     its `sanitize`, strict weights."""
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    model = DSparkDraftModel(DSparkConfig.from_dict(config)) if kind == "dspark" else DFlashDraftModel(DFlashConfig.from_dict(config))
+    model = build(kind, config)
     if "quantization" in config:
         quantize(model, config["quantization"]["bits"])
     weights = mx.load(os.path.join(folder, "model.safetensors"))
@@ -232,9 +305,9 @@ def main():
     base.save_tokenizer(target_dir)
     result = {"plain": base.greedy(lm, prompt, max_tokens)}
     summary = {}
-    for kind in ("dflash", "dspark"):
+    for kind in KINDS:
         folder = os.path.join(out, kind)
-        drafter, config = make_drafter(kind), CONFIGS[kind]
+        drafter, config = make_drafter(kind, lm), CONFIGS[kind]
         if bits:
             quantize(drafter, bits)
             config = dict(config, quantization={"group_size": base.QUANT_GROUP, "bits": bits})

@@ -9,6 +9,11 @@ Writes under DIR:
                          1, 9, 17, 25, 33 as DFlash's default formula);
   qwen3-8b/dflash-agree  the same shapes, built to draft repeats;
   qwen3-8b/dspark-agree  a DSpark drafter (Markov rank 256), drafting repeats;
+  qwen3-8b/deepspec-agree a DeepSpec drafter (`Gemma4DSparkModel`: 5 Gemma 4
+                         layers, k_eq_v at global head dim 512 over one KV
+                         head, its own embedding and LM head, block_size 7:
+                         verify width 8, no sliding window so the width is
+                         not capped), drafting repeats;
   qwen3_5-8b/            a Qwen3.5 hybrid of the same width (32 layers, every
                          4th full attention), bf16;
   qwen3_5-8b/mtp-rand    an MTP head for it (a `qwen3_5_mtp` folder);
@@ -89,6 +94,7 @@ def save(folder, model_or_tensors, config, tok):
 
 
 def qwen3_target(out, tok):
+    """Saves the target; returns its embedding and head (for DeepSpec's own)."""
     mx.random.seed(0)
     model = qwen3.Model(qwen3.ModelArgs.from_dict(QWEN3_8B))
     model.update(tree_map(lambda p: p.astype(BF16), model.parameters()))
@@ -96,6 +102,7 @@ def qwen3_target(out, tok):
     model.lm_head.weight = head
     mx.eval(model.parameters())
     save(out, model, dict(QWEN3_8B, torch_dtype="bfloat16"), tok)
+    return model.model.embed_tokens.weight, head
 
 
 def qwen3_5_target(out, tok):
@@ -172,6 +179,44 @@ def block_drafter(out, agree, markov, tok):
     save(out, t, cfg, tok)
 
 
+def deepspec_drafter(out, target_embed, head, tok):
+    """Drafts repeats: each layer's values are the first 512 dims of its
+    input (k_eq_v: the key projection), put back by o_proj, so the mask
+    slots carry the anchor's embedding; the MLP's output norm is zero."""
+    mx.random.seed(9)
+    heads, hd, inter, layers = 16, 512, DRAFT["inter"], DRAFT["layers"]
+    if H < hd:
+        hd = H // 2
+    t = {"fc.weight": mx.zeros((H, len(TAPS) * H), dtype=BF16), "hidden_norm.weight": ones(H),
+         "norm.weight": ones(H), "embed_tokens.weight": target_embed, "lm_head.weight": head,
+         "markov_head.markov_w1.weight": normal((VOCAB, 256)),
+         "markov_head.markov_w2.weight": mx.zeros((VOCAB, 256), dtype=BF16)}
+    for i in range(layers):
+        p = f"layers.{i}"
+        t[f"{p}.self_attn.q_proj.weight"] = normal((heads * hd, H))
+        t[f"{p}.self_attn.k_proj.weight"] = eye_rows(hd, H)
+        t[f"{p}.self_attn.o_proj.weight"] = gqa_back(heads, 1, hd)
+        t[f"{p}.self_attn.q_norm.weight"] = ones(hd)
+        t[f"{p}.self_attn.k_norm.weight"] = ones(hd)
+        t[f"{p}.mlp.gate_proj.weight"] = normal((inter, H))
+        t[f"{p}.mlp.up_proj.weight"] = normal((inter, H))
+        t[f"{p}.mlp.down_proj.weight"] = normal((H, inter))
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm"):
+            t[f"{p}.{n}.weight"] = ones(H)
+        t[f"{p}.post_feedforward_layernorm.weight"] = mx.zeros((H,), dtype=BF16)
+        t[f"{p}.layer_scalar"] = ones(1)
+    cfg = dict(architectures=["Gemma4DSparkModel"], model_type="gemma4_text", hidden_size=H,
+               intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=8,
+               head_dim=256, global_head_dim=hd, num_global_key_value_heads=1, attention_k_eq_v=True,
+               rms_norm_eps=1e-6, vocab_size=VOCAB, final_logit_softcapping=30.0, tie_word_embeddings=False,
+               sliding_window=None, layer_types=["full_attention"] * layers,
+               rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                   "rope_theta": 1000000.0}},
+               block_size=7, mask_token_id=MASK, target_layer_ids=TAPS,
+               num_target_layers=QWEN3_8B["num_hidden_layers"], markov_rank=256)
+    save(out, t, cfg, tok)
+
+
 def mtp_head(out, target_config, agree, tok):
     mx.random.seed(5 + agree)
     c = {**target_config.get("text_config", target_config)}
@@ -198,10 +243,12 @@ def main():
     tok = a.tokenizer_from
     if "qwen3" in a.only.split(","):
         t = a.out / "qwen3-8b"
-        qwen3_target(t, tok)
+        embed, head = qwen3_target(t, tok)
         block_drafter(t / "dflash-rand", agree=False, markov=False, tok=tok)
         block_drafter(t / "dflash-agree", agree=True, markov=False, tok=tok)
         block_drafter(t / "dspark-agree", agree=True, markov=True, tok=tok)
+        # Its embedding is scaled by sqrt(H) on the way in: the target's / sqrt(H).
+        deepspec_drafter(t / "deepspec-agree", (embed.astype(mx.float32) / H**0.5).astype(BF16), head, tok)
     if "qwen3_5" in a.only.split(","):
         t = a.out / "qwen3_5-8b"
         config = qwen3_5_target(t, tok)

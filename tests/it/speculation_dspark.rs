@@ -1,5 +1,6 @@
-//! The `dspark` drafter (DFlash and DSpark block drafters) against mlx-vlm
-//! 0.7.10's own classes and round loop (`models/scripts/dspark_oracle.py`,
+//! The block drafters (`draft-dspark`: DFlash and DSpark; `draft-deepspec`:
+//! DeepSpec, the `Gemma4DSparkModel` release) against mlx-vlm 0.7.10's own
+//! classes and round loop (`models/scripts/dspark_oracle.py`,
 //! `_dflash_rounds`, fixed width): the tiny random Qwen3.5 hybrid of the
 //! MTP test as target (tapped at layers 1 and 3), one drafter of each
 //! variant, with agreement arranged so that rounds accept none, some and
@@ -25,8 +26,12 @@ const MAX_TOKENS: usize = 40;
 /// budget cuts a block short are full ones (not compared: a block's width
 /// changes every slot).
 const REFERENCE_EXTRA: usize = 4;
-/// Verify width 4 for both drafters (dspark_oracle.py): three drafts a round.
+/// Verify width 4 for every drafter (dspark_oracle.py; DeepSpec's 8 capped
+/// by its sliding window under this prompt): three drafts a round.
 const DRAFTS: u64 = 3;
+
+/// The drafters the oracle makes, with the kind each folder is detected as.
+const KINDS: [(&str, &str); 3] = [("dflash", "dspark"), ("dspark", "dspark"), ("deepspec", "deepspec")];
 
 fn oracle(dir: &Path) -> Value {
     run_oracle("dspark_oracle.py", dir, PROMPT, MAX_TOKENS + REFERENCE_EXTRA)
@@ -44,18 +49,19 @@ fn block_rounds_match_the_reference_loop_and_greedy_decoding() {
     let plain_ref = ids(&reference["plain"]);
     let plain = ids(&generate_ok(&target, PROMPT, MAX_TOKENS, &[])["tokens"]);
     assert_eq!(plain, plain_ref[..MAX_TOKENS], "plain greedy differs from mlx-vlm's Qwen3.5");
-    for kind in ["dflash", "dspark"] {
+    for (kind, detected) in KINDS {
         let want = rounds(&reference[kind]["rounds"]);
         assert_eq!(ids(&reference[kind]["emitted"]), plain_ref, "{kind}: the reference loop is not lossless here");
         let drafter = dir.0.join(kind).to_string_lossy().into_owned();
         let trace = dir.0.join(format!("{kind}.jsonl"));
-        // The kind is detected from the folder (its `dflash_config`).
+        // The kind is detected from the folder (its `dflash_config`, or
+        // DeepSpec's architecture name).
         let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
         assert_eq!(ids(&out["tokens"]), plain, "{kind}: speculation changed the greedy output");
         same_rounds(&ours, &want, ShortRounds::Unchecked, kind);
         let sp = &out["speculation"];
         assert!(sp["disabled"].is_null(), "{kind}: {sp}");
-        assert_eq!(sp["kind"].as_str(), Some("dspark"), "{kind}: {sp}");
+        assert_eq!(sp["kind"].as_str(), Some(detected), "{kind}: {sp}");
         let (drafted, accepted) = totals(&ours);
         assert_eq!((sp["drafted"].as_u64(), sp["accepted"].as_u64()), (Some(drafted), Some(accepted)), "{kind}: {sp}");
         let full: Vec<u64> = ours.iter().filter(|r| r.drafts.len() as u64 == DRAFTS).map(|r| r.accepted).collect();
@@ -76,7 +82,7 @@ fn quantized_block_drafters_match_the_reference_loop() {
     let reference = run_oracle_with("dspark_oracle.py", &dir.0, PROMPT, MAX_TOKENS + REFERENCE_EXTRA, &["4"]);
     let target = dir.0.join("target");
     let plain = ids(&reference["plain"])[..MAX_TOKENS].to_vec();
-    for kind in ["dflash", "dspark"] {
+    for (kind, _) in KINDS {
         let cfg: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.0.join(kind).join("config.json")).unwrap()).unwrap();
         assert_eq!(cfg["quantization"]["bits"], 4, "{cfg}");
@@ -137,6 +143,23 @@ fn a_block_drafter_that_does_not_fit_its_target_is_refused_at_start() {
         let line = refusal(&dir.0.join("target"), &dir.0.join("dspark"), edit, &["`draft-dspark`", "`dspark`"]);
         assert!(line.contains(want), "{edit}: {line}");
     }
+    let cases = [
+        ("cfg['hidden_size'] = 32", "hidden size 32 differs from the target's 64"),
+        ("cfg['target_layer_ids'] = [1, 9]", "taps layer 9, the target has 4 decoder layers"),
+        ("cfg['layer_types'][1] = 'sliding_attention'", "`sliding_attention` is not built"),
+        ("cfg['markov_head_type'] = 'gated'", "markov_head_type `gated` is not built"),
+        // Keys and values of their own: two KV heads, no `v_proj` on file.
+        (
+            "cfg['attention_k_eq_v'] = False",
+            "`layers.0.self_attn.k_proj.weight` has shape [32, 64], config.json implies [64, 64]",
+        ),
+        ("del w['lm_head.weight']", "missing tensor `lm_head.weight`"),
+        ("del w['layers.1.layer_scalar']", "missing tensor `layers.1.layer_scalar`"),
+    ];
+    for (edit, want) in cases {
+        let line = refusal(&dir.0.join("target"), &dir.0.join("deepspec"), edit, &["`draft-deepspec`", "`deepspec`"]);
+        assert!(line.contains(want), "{edit}: {line}");
+    }
 }
 
 /// At temperature > 0 the drafters draw their drafts from the request's
@@ -151,7 +174,7 @@ fn sampled_block_drafts_keep_the_target_distribution() {
     oracle(&dir.0);
     let target = dir.0.join("target");
     let plain = Server::start(&target, &["--batch", "1"]);
-    for kind in ["dflash", "dspark"] {
+    for (kind, _) in KINDS {
         let drafter = dir.0.join(kind).to_string_lossy().into_owned();
         let spec = Server::start(&target, &["--batch", "1", "--draft-model", &drafter, "--speculate-always"]);
         let (drafted, accepted) = rejection_keeps_the_distribution(&plain, &spec, 400, sample_four, kind);
@@ -169,7 +192,7 @@ fn block_drafters_inside_continuous_batches_are_lossless() {
     let dir = Scratch::new("dspark-batched");
     oracle(&dir.0);
     let target = dir.0.join("target");
-    for kind in ["dflash", "dspark"] {
+    for (kind, _) in KINDS {
         let drafter = dir.0.join(kind).to_string_lossy().into_owned();
         let (drafted, accepted) = batched_matches_serial(&target, &["--draft-model", &drafter], kind);
         assert!(drafted > 0 && accepted > 0 && accepted < drafted, "{kind}: accepted {accepted} of {drafted}");

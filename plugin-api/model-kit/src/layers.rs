@@ -392,12 +392,14 @@ impl RmsNorm {
     }
 }
 
-/// The SwiGLU MLP of the Llama lineage: `down(silu(gate(x)) * up(x))`;
-/// tensor-parallel (column gate/up, row down) when `ctx.shard` has ranks.
+/// The gated MLP `down(act(gate(x)) * up(x))`: SwiGLU (silu) of the Llama
+/// lineage, tensor-parallel (column gate/up, row down) when `ctx.shard` has
+/// ranks; or Gemma's GeGLU (tanh-approximated gelu), unsharded.
 pub struct Mlp {
     gate: Linear,
     up: Linear,
     down: Linear,
+    gelu: bool,
 }
 
 impl Mlp {
@@ -407,12 +409,24 @@ impl Mlp {
             gate: Linear::load_column(ctx, &format!("{path}.gate_proj"), inter, hidden, bias)?,
             up: Linear::load_column(ctx, &format!("{path}.up_proj"), inter, hidden, bias)?,
             down: Linear::load_row(ctx, &format!("{path}.down_proj"), hidden, inter, bias)?,
+            gelu: false,
+        })
+    }
+
+    /// The GeGLU MLP (no biases).
+    pub fn load_geglu(ctx: &mut LoadCtx, path: &str, hidden: usize, inter: usize) -> Result<Self> {
+        Ok(Self {
+            gate: Linear::load(ctx, &format!("{path}.gate_proj"), inter, hidden, false)?,
+            up: Linear::load(ctx, &format!("{path}.up_proj"), inter, hidden, false)?,
+            down: Linear::load(ctx, &format!("{path}.down_proj"), hidden, inter, false)?,
+            gelu: true,
         })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        // mlx-lm's compiled swiglu: silu(g) = g * sigmoid(g), then * up(x).
-        let act = crate::compiled::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
+        let (g, u) = (self.gate.forward(x)?, self.up.forward(x)?);
+        // mlx-lm's compiled activations: silu(g) = g * sigmoid(g), gelu's tanh form.
+        let act = if self.gelu { crate::compiled::geglu(&g, &u)? } else { crate::compiled::swiglu(&g, &u)? };
         self.down.forward(&act)
     }
 }

@@ -1,6 +1,7 @@
 //! Rotary position embeddings as mlx-lm's `initialize_rope` builds them:
-//! default, linear scaling and Llama-3 frequency scaling. Other types are
-//! refused with a clear error rather than silently computed wrong.
+//! default, linear scaling, Llama-3 frequency scaling and Gemma 4's
+//! proportional partial rotation. Other types are refused with a clear
+//! error rather than silently computed wrong.
 
 use crate::{error, Array, Result};
 use serde_json::Value;
@@ -49,8 +50,36 @@ impl Rope {
                 )?;
                 Ok(Self { dims, traditional, base: None, scale: 1.0, freqs: Some(freqs) })
             }
+            "proportional" => {
+                let strict = |k: &str| -> Result<Option<f64>> {
+                    match cfg.get(k).filter(|v| !v.is_null()) {
+                        None => Ok(None),
+                        Some(v) => v
+                            .as_f64()
+                            .map(Some)
+                            .ok_or_else(|| error(format!("rope_parameters: `{k}` must be a number"))),
+                    }
+                };
+                let fraction = strict("partial_rotary_factor")?.unwrap_or(1.0);
+                let factor = strict("factor")?.unwrap_or(1.0) as f32;
+                // Python's int(dims * partial_rotary_factor) truncates toward zero.
+                let rotated = (dims as f64 * fraction) as i64;
+                if rotated > dims as i64 || rotated < 0 {
+                    return Err(error(format!(
+                        "rope_parameters: partial_rotary_factor {fraction} rotates {rotated} of {dims} dims"
+                    )));
+                }
+                let freqs = proportional_freqs(dims, rotated as i32, base, factor)?;
+                Ok(Self { dims, traditional, base: None, scale: 1.0, freqs: Some(freqs) })
+            }
             other => Err(error(format!("rope_scaling type `{other}` is not supported by this family plugin"))),
         }
+    }
+
+    /// Explicit frequencies (Llama-3, proportional): an array a loader
+    /// evaluates with the weights.
+    pub fn freqs(&self) -> Option<&Array> {
+        self.freqs.as_ref()
     }
 
     pub fn apply(&self, x: &Array, pos: &Position) -> Result<Array> {
@@ -92,4 +121,20 @@ fn llama3_freqs(dims: i32, base: f32, factor: f32, low: f32, high: f32, old_ctx:
     let denom = one.subtract(&smooth)?.divide(Array::from_f32(factor))?.add(&smooth)?;
     let smooth_freqs = freqs.divide(&denom)?;
     ops::select(&medium, &smooth_freqs, &freqs)
+}
+
+/// mlx-lm's `ProportionalRoPE`: `mx.fast.rope` over all `dims` with
+/// frequencies `factor * base ** (arange(0, rotated, 2) / dims)` followed by
+/// `(dims - rotated) / 2` infinite ones (angle 0: those dims pass through
+/// unrotated), with the same float32 ops as mlx-lm.
+fn proportional_freqs(dims: i32, rotated: i32, base: f32, factor: f32) -> Result<Array> {
+    use mlx_rs::ops;
+    let exponents = Array::arange::<_, f32>(0.0, rotated as f32, 2.0)?.divide(Array::from_f32(dims as f32))?;
+    let rotating = Array::from_f32(factor).multiply(ops::power(Array::from_f32(base), &exponents)?)?;
+    let still = (dims - rotated) / 2;
+    if still == 0 {
+        return Ok(rotating);
+    }
+    let inf = Array::full::<f32>(&[still], Array::from_f32(f32::INFINITY))?;
+    ops::concatenate(&[rotating, inf], 0)
 }

@@ -1,23 +1,11 @@
-//! Drafter `draft-dspark` (kinds `dspark`, `dflash`): block drafters over
-//! the target's hidden taps. A small Qwen3-shaped network (`block.rs`)
-//! reads the target's decoder-layer outputs at `target_layer_ids`
-//! (`Drafter::target_wants`) as context K/V of its own cache and proposes a
-//! whole block of tokens in one forward; DSpark adds a Markov head and a
-//! confidence head (`markov.rs`). The target's embedding and LM head come
-//! from `HostServices`. The round loop follows mlx-vlm 0.7.10's
-//! `_dflash_rounds` (`rounds.rs`).
+//! Drafter `draft-dspark` (kinds `dspark`, `dflash`): mlx-vlm's block
+//! drafters in its `dflash_config` layout (a Qwen3-shaped network over the
+//! target's hidden taps; DSpark adds the Markov and confidence heads). The
+//! network and the round loop are the `block-drafter` crate's.
 
-use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::*;
 use plugin_sdk::rstrings;
 use std::path::Path;
-
-mod block;
-mod config;
-mod markov;
-mod net;
-mod open;
-mod rounds;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -52,6 +40,5 @@ fn detect(dir: &str, config: &str) -> u32 {
 }
 
 fn open_drafter(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<DrafterBox, PluginError> {
-    let d = open::open(args, host)?;
-    Ok(Drafter_TO::from_value(d, TD_Opaque))
+    block_drafter::open_drafter(args, host, block_drafter::Layout::DFlash)
 }

@@ -5,10 +5,9 @@
 //! earlier layer of its type.
 
 use crate::args::Args;
-use crate::rope::LayerRope;
 use model_kit::attention::{positions, sdpa, update, Mask};
 use model_kit::layers::{Linear, LoadCtx, RmsNorm};
-use model_kit::rope::Position;
+use model_kit::rope::{Position, Rope};
 use model_kit::{Array, Result};
 use plugin_api::CacheBox;
 
@@ -48,7 +47,7 @@ pub struct Attention {
     o: Linear,
     q_norm: RmsNorm,
     kv: Option<KvProj>,
-    rope: LayerRope,
+    rope: Rope,
     heads: i32,
     kv_heads: i32,
     eps: f32,
@@ -71,7 +70,7 @@ impl Attention {
         } else {
             None
         };
-        let rope = LayerRope::new(kind.head_dim, kind.rope_theta, a.rope_traditional, &kind.rope)?;
+        let rope = Rope::new(kind.head_dim as i32, kind.rope_theta, a.rope_traditional, Some(&kind.rope))?;
         if let Some(f) = rope.freqs() {
             ctx.loaded.push(f.clone());
         }

@@ -8,31 +8,9 @@ use crate::args::Args;
 use crate::attention::{Attention, KvSource, SharedKv};
 use crate::moe::MoeBranch;
 use model_kit::attention::Mask;
-use model_kit::compiled::{geglu, gelu_approx};
-use model_kit::layers::{Linear, LoadCtx, RmsNorm};
+use model_kit::compiled::gelu_approx;
+use model_kit::layers::{Linear, LoadCtx, Mlp, RmsNorm};
 use model_kit::{Array, Result};
-
-/// `down(gelu_approx(gate(x)) * up(x))`; the KV-shared layers' MLPs are
-/// twice as wide with `use_double_wide_mlp` (`Args::mlp_width`).
-struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
-impl Mlp {
-    fn load(ctx: &mut LoadCtx, p: &str, hidden: usize, inter: usize) -> Result<Self> {
-        Ok(Self {
-            gate: Linear::load(ctx, &format!("{p}.gate_proj"), inter, hidden, false)?,
-            up: Linear::load(ctx, &format!("{p}.up_proj"), inter, hidden, false)?,
-            down: Linear::load(ctx, &format!("{p}.down_proj"), hidden, inter, false)?,
-        })
-    }
-
-    fn forward(&self, x: &Array) -> Result<Array> {
-        self.down.forward(&geglu(&self.gate.forward(x)?, &self.up.forward(x)?)?)
-    }
-}
 
 /// `h + norm(proj(gelu_approx(gate(h)) * per_layer_input))`.
 struct PerLayerGate {
@@ -79,7 +57,8 @@ impl Block {
         ctx.loaded.push(layer_scalar.clone());
         Ok(Self {
             attn: Attention::load(ctx, &format!("{p}.self_attn"), a, layer)?,
-            mlp: Mlp::load(ctx, &format!("{p}.mlp"), hidden, a.mlp_width(layer))?,
+            // The KV-shared layers' MLPs are twice as wide with `use_double_wide_mlp`.
+            mlp: Mlp::load_geglu(ctx, &format!("{p}.mlp"), hidden, a.mlp_width(layer))?,
             moe: a.moe.as_ref().map(|m| MoeBranch::load(ctx, p, a.hidden, m, eps)).transpose()?,
             input_norm: norm(ctx, "input_layernorm")?,
             post_attn_norm: norm(ctx, "post_attention_layernorm")?,

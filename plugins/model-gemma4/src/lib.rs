@@ -16,7 +16,6 @@ mod attention;
 mod block;
 mod moe;
 mod per_layer;
-mod rope;
 
 use args::Args;
 use attention::{KvSource, SharedKv};

@@ -26,7 +26,7 @@ for t in qwen3-8b qwen3_5-8b; do
   plain=$(gen /tmp/d/$t)
   for d in /tmp/d/$t/*-rand /tmp/d/$t/*-agree; do
     for depth in "" "--num-draft-tokens 2"; do
-      [[ $d == *dflash* || $d == *dspark* || -z $depth ]] || continue
+      [[ $d == *dflash* || $d == *dspark* || $d == *deepspec* || -z $depth ]] || continue
       spec=$(gen /tmp/d/$t --draft-model $d --speculate-always $depth)
       row "$plain" "$spec" "$t + $(basename $d)${depth:+ ($depth)}"
     done

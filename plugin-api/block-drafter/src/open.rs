@@ -3,7 +3,7 @@
 //! plan and folder (one line naming the mismatch), its caches made by the
 //! host.
 
-use crate::config::Args;
+use crate::config::{Args, Layout};
 use crate::net::Net;
 use crate::rounds::{BlockDrafter, Shape};
 use model_kit::config::Config;
@@ -28,13 +28,13 @@ struct Side {
 
 fn side_file(dir: &Path) -> Result<Option<Side>, PluginError> {
     let Ok(text) = std::fs::read_to_string(dir.join("dspark.json")) else { return Ok(None) };
-    let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("dspark: dspark.json: {e}")))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("dspark.json: {e}")))?;
     match v["variant"].as_str() {
         Some("dspark" | "dflash") | None => {}
-        Some(other) => return Err(bad(format!("dspark: dspark.json variant `{other}` is not built"))),
+        Some(other) => return Err(bad(format!("dspark.json variant `{other}` is not built"))),
     }
     if let Some(head) = v["seqHead"].as_str().filter(|h| *h != "vanilla") {
-        return Err(bad(format!("dspark: dspark.json seqHead `{head}` is not built (only the vanilla Markov head)")));
+        return Err(bad(format!("dspark.json seqHead `{head}` is not built (only the vanilla Markov head)")));
     }
     let mut thresholds: Vec<f32> = match &v["sts"] {
         Value::Array(a) => a.iter().filter_map(Value::as_f64).map(|x| x as f32).collect(),
@@ -52,9 +52,7 @@ fn option_thresholds(args: &DrafterOpenArgs) -> Result<Option<Vec<f32>>, PluginE
     let Some(o) = args.options.iter().find(|o| o.0.as_str() == "confidence-thresholds") else { return Ok(None) };
     o.1.as_str()
         .split(',')
-        .map(|x| {
-            x.trim().parse::<f32>().map_err(|_| bad(format!("dspark: confidence threshold `{x}` is not a number")))
-        })
+        .map(|x| x.trim().parse::<f32>().map_err(|_| bad(format!("confidence threshold `{x}` is not a number"))))
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }
@@ -67,14 +65,15 @@ fn target_layers(host: &HostServicesBox) -> Option<usize> {
     n(&v).or_else(|| v.get("text_config").and_then(n)).map(|n| n as usize)
 }
 
-pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<BlockDrafter, PluginError> {
+/// A drafter of `layout` from `args.dir`, fitted to the target.
+pub fn open(args: &DrafterOpenArgs, host: HostServicesBox, layout: Layout) -> Result<BlockDrafter, PluginError> {
     let dir: PathBuf = match args.dir.as_ref().into_option() {
         Some(d) => d.as_str().into(),
-        None => return Err(bad("dspark: a block drafter needs its folder (--draft-model)".into())),
+        None => return Err(bad("a block drafter needs its folder (--draft-model)".into())),
     };
     let text = std::fs::read_to_string(dir.join("config.json"))
-        .map_err(|e| PluginError::io(format!("dspark: {}: {e}", dir.join("config.json").display())))?;
-    let mut a = Args::from_config(&text).map_err(|e| bad(format!("dspark: {}", e.what())))?;
+        .map_err(|e| PluginError::io(format!("{}: {e}", dir.join("config.json").display())))?;
+    let mut a = Args::from_config(&text, layout).map_err(|e| bad(e.what().to_owned()))?;
     let side = side_file(&dir)?;
     if let Some(g) = side.as_ref().and_then(|s| s.gamma) {
         a.width = a.width.min(g + 1);
@@ -82,19 +81,19 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<BlockDrafte
     let plan = host.target_plan().into_result()?;
     if a.hidden != plan.hidden_size as usize {
         return Err(bad(format!(
-            "dspark: the drafter's hidden size {} differs from the target's {}",
+            "the drafter's hidden size {} differs from the target's {}",
             a.hidden, plan.hidden_size
         )));
     }
     if a.vocab_size != plan.vocab_size as usize {
         return Err(bad(format!(
-            "dspark: the drafter's vocabulary ({}) differs from the target's ({})",
+            "the drafter's vocabulary ({}) differs from the target's ({})",
             a.vocab_size, plan.vocab_size
         )));
     }
     if let (Some(want), Some(have)) = (a.num_target_layers, target_layers(&host)) {
         if want != have {
-            return Err(bad(format!("dspark: the drafter was made for {want} target layers, the target has {have}")));
+            return Err(bad(format!("the drafter was made for {want} target layers, the target has {have}")));
         }
     }
     let thresholds = match option_thresholds(args)? {
@@ -102,21 +101,21 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<BlockDrafte
         None => side.map(|s| s.thresholds).unwrap_or_default(),
     };
     if !thresholds.is_empty() && a.confidence.is_none() {
-        return Err(bad("dspark: confidence thresholds are set but the drafter has no confidence head".into()));
+        return Err(bad("confidence thresholds are set but the drafter has no confidence head".into()));
     }
     // The compute dtype is the target's.
     let dtype = model_kit::ops::dtype_from_raw(host.target_dtype().into_result()?.0).map_err(plugin_sdk::mlx_error)?;
     let net = crate::net::shared(&dir, dtype, || {
-        let cfg = Config::parse(&text).map_err(|e| bad(format!("dspark: {}", e.what())))?;
-        let quant = cfg.quantization().map_err(|e| bad(format!("dspark: {}", e.what())))?;
-        let mut weights = Weights::load(&dir).map_err(|e| PluginError::io(format!("dspark: {}", e.what())))?;
+        let cfg = Config::parse(&text).map_err(|e| bad(e.what().to_owned()))?;
+        let quant = cfg.quantization().map_err(|e| bad(e.what().to_owned()))?;
+        let mut weights = Weights::load(&dir).map_err(|e| PluginError::io(e.what().to_owned()))?;
         weights.strip_prefix("model.");
         let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), Some(dtype));
-        let net = Net::load(&mut ctx, &a).map_err(|e| bad(format!("dspark: {}", e.what())))?;
-        ctx.materialize().map_err(|e| PluginError::io(format!("dspark: {}", e.what())))?;
+        let net = Net::load(&mut ctx, &a).map_err(|e| bad(e.what().to_owned()))?;
+        ctx.materialize().map_err(|e| PluginError::io(e.what().to_owned()))?;
         let left = weights.remaining();
         if !left.is_empty() {
-            return Err(bad(format!("dspark: {} unexpected tensors in the drafter (first: {})", left.len(), left[0])));
+            return Err(bad(format!("{} unexpected tensors in the drafter (first: {})", left.len(), left[0])));
         }
         Ok(net)
     })?;
@@ -131,6 +130,10 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<BlockDrafte
         softcap: a.final_logit_softcapping,
         taps: a.target_layer_ids.clone(),
         thresholds,
+        ceiling: {
+            let a = a.clone();
+            Box::new(move |prompt| a.ceiling(prompt))
+        },
     };
     Ok(BlockDrafter::new(net, shape, caches, host, trace))
 }

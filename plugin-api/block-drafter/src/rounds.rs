@@ -38,6 +38,8 @@ pub struct Shape {
     pub taps: Vec<u32>,
     /// Per-position confidence thresholds (the last repeats), empty = none.
     pub thresholds: Vec<f32>,
+    /// The verify width for a prompt of this many tokens (`Args::ceiling`).
+    pub ceiling: Box<dyn Fn(usize) -> usize + Send + Sync>,
 }
 
 /// Context rows not yet in the cache: taps `[1, S, n·H]` from `first` on.
@@ -67,6 +69,8 @@ pub struct BlockDrafter {
     pending: Option<Context>,
     /// A verify has brought rows since the prompt: blocks may run.
     seeded: bool,
+    /// This request's proposals per round (the width ceiling's, by its prompt).
+    proposals: usize,
     round: Option<Round>,
     /// Writes each round's draft logits, drafts, confidences and accepted
     /// count as JSON lines (the option `trace=<file>`; parity tests read it).
@@ -83,6 +87,7 @@ impl BlockDrafter {
         trace: Option<PathBuf>,
     ) -> Self {
         Self {
+            proposals: shape.proposals,
             net,
             shape,
             caches,
@@ -98,7 +103,17 @@ impl BlockDrafter {
     fn embed(&self, ids: &[u32]) -> Result<Array, PluginError> {
         let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let ids = Array::from_slice(&v, &[1, v.len() as i32]);
-        Ok(into_array(self.host.target_embed(lend(&ids)).into_result()?))
+        match &self.net.lock().vocab {
+            Some(vocab) => vocab.embed(&ids).map_err(mlx_error),
+            None => Ok(into_array(self.host.target_embed(lend(&ids)).into_result()?)),
+        }
+    }
+
+    fn logits(&self, rows: &Array) -> Result<Array, PluginError> {
+        match &self.net.lock().vocab {
+            Some(vocab) => vocab.logits(rows).map_err(mlx_error),
+            None => Ok(into_array(self.host.target_lm_head(lend(rows)).into_result()?)),
+        }
     }
 
     /// Rows `first..` of the verified taps join the context.
@@ -127,7 +142,7 @@ impl BlockDrafter {
         for c in self.caches.iter_mut() {
             let held = c.offset();
             if held > 0 && c.trim(held) != held {
-                return Err(PluginError::unsupported("dspark: the drafter's cache cannot be cleared"));
+                return Err(PluginError::unsupported("the drafter's cache cannot be cleared"));
             }
         }
         self.pending = None;
@@ -144,7 +159,7 @@ impl BlockDrafter {
         }
         let Some(context) = self.pending.take() else { return Ok(nothing) };
         let anchor = *history.last().expect("a history has a token");
-        let k = n.min(self.shape.proposals);
+        let k = n.min(self.proposals);
         // The block: the anchor then masks; its outputs past the anchor are
         // the drafts, or every slot's with `sample_from_anchor`.
         let masks = if self.shape.sample_from_anchor { k - 1 } else { k };
@@ -154,7 +169,7 @@ impl BlockDrafter {
         let embeds = self.embed(&ids)?;
         let out = self.net.lock().block.forward(&embeds, &context.taps, at, &mut self.caches).map_err(mlx_error)?;
         let rows = if self.shape.sample_from_anchor { out } else { index_rows(&out, 1, k as i32 + 1)? };
-        let logits = into_array(self.host.target_lm_head(lend(&rows)).into_result()?);
+        let logits = self.logits(&rows)?;
         let v = logits.shape()[logits.ndim() - 1];
         let mut logits =
             logits.reshape(&[k as i32, v]).map_err(mlx_error)?.as_dtype(Dtype::Float32).map_err(mlx_error)?;
@@ -245,7 +260,7 @@ impl BlockDrafter {
     fn commit_round(&mut self, accepted: usize, states: &TargetStates<'_>) -> Result<(), PluginError> {
         let drafts = self.round.take().map(|r| r.drafts).unwrap_or_default();
         if states.len == 0 || states.taps.len() != self.shape.taps.len() {
-            return Err(PluginError::invalid_input("dspark: the host lent no hidden taps"));
+            return Err(PluginError::invalid_input("the host lent no hidden taps"));
         }
         let a = accepted.min(drafts.len()).min(states.len as usize - 1);
         let taps = concat_taps(states.taps.as_slice())?;
@@ -311,9 +326,10 @@ impl Drafter for BlockDrafter {
         TargetWants { hidden: false, taps: RVec::from(self.shape.taps.clone()) }
     }
 
-    fn prefill_states(&mut self, _prompt: RSlice<'_, u32>, states: TargetStates<'_>) -> PResult<()> {
+    fn prefill_states(&mut self, prompt: RSlice<'_, u32>, states: TargetStates<'_>) -> PResult<()> {
         guard(|| {
             self.reset()?;
+            self.proposals = (self.shape.ceiling)(prompt.len()).saturating_sub(1).min(self.shape.proposals);
             if states.len > 0 && states.taps.len() == self.shape.taps.len() {
                 let taps = concat_taps(states.taps.as_slice())?;
                 self.push_context(states.first as usize, taps)?;

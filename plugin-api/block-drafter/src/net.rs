@@ -5,7 +5,8 @@
 use crate::block::Block;
 use crate::config::Args;
 use crate::markov::{Confidence, Markov};
-use model_kit::layers::LoadCtx;
+use model_kit::layers::{Embedding, Linear, LoadCtx};
+use model_kit::Array;
 use plugin_api::PluginError;
 use plugin_sdk::mlx_rs::Dtype;
 use plugin_sdk::Locked;
@@ -16,6 +17,28 @@ pub struct Net {
     pub block: Block,
     pub markov: Option<Markov>,
     pub confidence: Option<Confidence>,
+    /// The drafter's own embedding and LM head (DeepSpec); else the
+    /// target's, through `HostServices`.
+    pub vocab: Option<Vocab>,
+}
+
+pub struct Vocab {
+    embed: Embedding,
+    scale: f32,
+    lm_head: Linear,
+}
+
+impl Vocab {
+    /// `embed_tokens(ids) * scale`, the scale in the embedding's dtype as
+    /// a Python float multiplies it.
+    pub fn embed(&self, ids: &Array) -> model_kit::Result<Array> {
+        let e = self.embed.forward(ids)?;
+        e.multiply(&Array::from_f32(self.scale).as_dtype(e.dtype())?)
+    }
+
+    pub fn logits(&self, h: &Array) -> model_kit::Result<Array> {
+        self.lm_head.forward(h)
+    }
 }
 
 impl Net {
@@ -24,7 +47,15 @@ impl Net {
         let markov = a.markov.map(|(_, rank)| Markov::load(ctx, a.vocab_size, rank)).transpose()?;
         let rank = a.markov.map_or(0, |m| m.1);
         let confidence = a.confidence.map(|with| Confidence::load(ctx, a.hidden, rank, with)).transpose()?;
-        Ok(Self { block, markov, confidence })
+        let vocab = match a.own_vocab {
+            Some(scale) => Some(Vocab {
+                embed: Embedding::load(ctx, "embed_tokens", a.vocab_size, a.hidden)?,
+                scale,
+                lm_head: Linear::load(ctx, "lm_head", a.vocab_size, a.hidden, false)?,
+            }),
+            None => None,
+        };
+        Ok(Self { block, markov, confidence, vocab })
     }
 }
 

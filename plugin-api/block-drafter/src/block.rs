@@ -6,12 +6,17 @@
 //! `norm`. The context is projected by each layer's k/v projections
 //! directly (no input norm), the block through the layer as usual.
 //!
+//! Gemma 4 layers (DeepSpec) put each sub-block between two norms, gate
+//! the MLP with gelu, scale the layer's output by its `layer_scalar`, and
+//! on `attention_k_eq_v` layers take the values from the key projection
+//! before its norm.
+//!
 //! Positions are explicit: the context rows sit at the positions they were
 //! verified at, the block from the anchor's position on. Without gaps this
 //! is the reference's `cache.offset` and `cache.offset + S`; after a gap
 //! (positions the host ran without states) the RoPE distances stay true.
 
-use crate::config::Args;
+use crate::config::{Args, Backbone};
 use model_kit::attention::{sdpa, update, Mask};
 use model_kit::layers::{Linear, LoadCtx, Mlp, RmsNorm};
 use model_kit::rope::{Position, Rope};
@@ -22,7 +27,8 @@ use plugin_sdk::mlx_rs::ops;
 struct Attention {
     q: Linear,
     k: Linear,
-    v: Linear,
+    /// None: the values are the keys' projection (`attention_k_eq_v`).
+    v: Option<Linear>,
     o: Linear,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
@@ -40,23 +46,26 @@ impl Attention {
         Ok(Self {
             q: proj(ctx, "q_proj", q_width, a.hidden)?,
             k: proj(ctx, "k_proj", kv_width, a.hidden)?,
-            v: proj(ctx, "v_proj", kv_width, a.hidden)?,
+            v: if a.k_eq_v { None } else { Some(proj(ctx, "v_proj", kv_width, a.hidden)?) },
             o: proj(ctx, "o_proj", a.hidden, q_width)?,
             q_norm: RmsNorm::load(ctx, &format!("{p}.q_norm"), a.head_dim, a.eps)?,
             k_norm: RmsNorm::load(ctx, &format!("{p}.k_norm"), a.head_dim, a.eps)?,
             heads: a.heads as i32,
             kv_heads: a.kv_heads as i32,
-            scale: (a.head_dim as f64).powf(-0.5) as f32,
+            scale: a.attention_scale,
         })
     }
 
     /// Keys (normed, rotated) and values `[1, kvH, L, D]` of `x`.
     fn kv(&self, x: &Array, rope: &Rope, at: i32) -> Result<(Array, Array)> {
         let l = x.shape()[1];
-        let k = self.k_norm.forward(&self.k.forward(x)?.reshape(&[1, l, self.kv_heads, -1])?)?;
-        let k = rope.apply(&k.transpose_axes(&[0, 2, 1, 3])?, &Position::Offset(at))?;
-        let v = self.v.forward(x)?.reshape(&[1, l, self.kv_heads, -1])?.transpose_axes(&[0, 2, 1, 3])?;
-        Ok((k, v))
+        let raw = self.k.forward(x)?.reshape(&[1, l, self.kv_heads, -1])?;
+        let v = match &self.v {
+            Some(v) => v.forward(x)?.reshape(&[1, l, self.kv_heads, -1])?,
+            None => raw.clone(),
+        };
+        let k = rope.apply(&self.k_norm.forward(&raw)?.transpose_axes(&[0, 2, 1, 3])?, &Position::Offset(at))?;
+        Ok((k, v.transpose_axes(&[0, 2, 1, 3])?))
     }
 
     fn forward(
@@ -100,7 +109,67 @@ struct Layer {
     attn: Attention,
     mlp: Mlp,
     input_norm: RmsNorm,
+    /// Qwen3: before the MLP; Gemma 4: on the attention's output.
     post_norm: RmsNorm,
+    gemma: Option<GemmaParts>,
+}
+
+/// What a Gemma 4 layer adds: the norms around its MLP and the scalar on
+/// its output.
+struct GemmaParts {
+    pre_ff_norm: RmsNorm,
+    post_ff_norm: RmsNorm,
+    scalar: Array,
+}
+
+impl Layer {
+    fn load(ctx: &mut LoadCtx, p: &str, a: &Args) -> Result<Self> {
+        let h = a.hidden;
+        let norm = |ctx: &mut LoadCtx, name: &str| RmsNorm::load(ctx, &format!("{p}.{name}"), h, a.eps);
+        let (mlp, gemma) = match a.backbone {
+            Backbone::Qwen3 => (Mlp::load(ctx, &format!("{p}.mlp"), h, a.intermediate, false)?, None),
+            Backbone::Gemma4 => {
+                let scalar = ctx.tensor(&format!("{p}.layer_scalar"), &[1])?;
+                ctx.loaded.push(scalar.clone());
+                let parts = GemmaParts {
+                    pre_ff_norm: norm(ctx, "pre_feedforward_layernorm")?,
+                    post_ff_norm: norm(ctx, "post_feedforward_layernorm")?,
+                    scalar,
+                };
+                (Mlp::load_geglu(ctx, &format!("{p}.mlp"), h, a.intermediate)?, Some(parts))
+            }
+        };
+        Ok(Self {
+            attn: Attention::load(ctx, &format!("{p}.self_attn"), a)?,
+            mlp,
+            input_norm: norm(ctx, "input_layernorm")?,
+            post_norm: norm(ctx, "post_attention_layernorm")?,
+            gemma,
+        })
+    }
+
+    fn forward(
+        &self,
+        h: &Array,
+        context: &Array,
+        rope: &Rope,
+        at: Positions,
+        causal: bool,
+        cache: &mut CacheBox,
+    ) -> Result<Array> {
+        let r = self.attn.forward(&self.input_norm.forward(h)?, context, rope, at, causal, cache)?;
+        match &self.gemma {
+            None => {
+                let h1 = h.add(&r)?;
+                h1.add(&self.mlp.forward(&self.post_norm.forward(&h1)?)?)
+            }
+            Some(g) => {
+                let h1 = h.add(&self.post_norm.forward(&r)?)?;
+                let m = g.post_ff_norm.forward(&self.mlp.forward(&g.pre_ff_norm.forward(&h1)?)?)?;
+                h1.add(&m)?.multiply(&g.scalar)
+            }
+        }
+    }
 }
 
 pub struct Block {
@@ -115,22 +184,17 @@ pub struct Block {
 impl Block {
     pub fn load(ctx: &mut LoadCtx, a: &Args) -> Result<Self> {
         let h = a.hidden;
-        let mut layers = Vec::with_capacity(a.layers);
-        for i in 0..a.layers {
-            let p = format!("layers.{i}");
-            layers.push(Layer {
-                attn: Attention::load(ctx, &format!("{p}.self_attn"), a)?,
-                mlp: Mlp::load(ctx, &format!("{p}.mlp"), h, a.intermediate, false)?,
-                input_norm: RmsNorm::load(ctx, &format!("{p}.input_layernorm"), h, a.eps)?,
-                post_norm: RmsNorm::load(ctx, &format!("{p}.post_attention_layernorm"), h, a.eps)?,
-            });
+        let layers = (0..a.layers).map(|i| Layer::load(ctx, &format!("layers.{i}"), a)).collect::<Result<Vec<_>>>()?;
+        let rope = Rope::new(a.head_dim as i32, a.rope_theta, a.rope_traditional, a.rope_scaling.as_ref())?;
+        if let Some(f) = rope.freqs() {
+            ctx.loaded.push(f.clone());
         }
         Ok(Self {
             fc: Linear::load(ctx, "fc", h, a.target_layer_ids.len() * h, false)?,
             hidden_norm: RmsNorm::load(ctx, "hidden_norm", h, a.eps)?,
             layers,
             norm: RmsNorm::load(ctx, "norm", h, a.eps)?,
-            rope: Rope::new(a.head_dim as i32, a.rope_theta, a.rope_traditional, a.rope_scaling.as_ref())?,
+            rope,
             causal: a.causal,
         })
     }
@@ -141,10 +205,7 @@ impl Block {
         let context = self.hidden_norm.forward(&self.fc.forward(taps)?)?;
         let mut h = block.clone();
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, &context, &self.rope, at, self.causal, cache)?;
-            let h1 = h.add(&r)?;
-            let r = layer.mlp.forward(&layer.post_norm.forward(&h1)?)?;
-            h = h1.add(&r)?;
+            h = layer.forward(&h, &context, &self.rope, at, self.causal, cache)?;
         }
         self.norm.forward(&h)
     }
