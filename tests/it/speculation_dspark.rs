@@ -14,7 +14,7 @@
 
 use it::draft_trace::{
     batched_matches_serial, generate_ok, ids, refusal, rounds, run_oracle, run_oracle_with, same_rounds, sample_four,
-    speculate, Round, ShortRounds,
+    speculate, useless_drafter_falls_back, Round, ShortRounds,
 };
 use it::{rejection_keeps_the_distribution, Scratch, Server};
 use serde_json::Value;
@@ -121,6 +121,19 @@ fn confidence_thresholds_cut_rounds_where_the_confidences_fall() {
     }
     let kept: Vec<usize> = ours.iter().map(|r| r.drafts.len()).collect();
     assert!(cut > 0 && kept.contains(&(DRAFTS as usize)), "rounds kept {kept:?}: some cut and some whole expected");
+}
+
+/// The speculation cost rule covers the block drafters: made useless, each
+/// falls back to plain steps on its own.
+#[test]
+fn useless_block_drafters_fall_back_to_plain_steps() {
+    let dir = Scratch::new("dspark-useless");
+    let reference = oracle(&dir.0);
+    let plain = ids(&reference["plain"])[..MAX_TOKENS].to_vec();
+    for (kind, _) in KINDS {
+        let edit = "w['norm.weight'] = -w['norm.weight']";
+        useless_drafter_falls_back(&dir.0.join("target"), PROMPT, &dir.0.join(kind), edit, &plain, kind);
+    }
 }
 
 #[test]

@@ -92,6 +92,18 @@ fn refused(dir: &Path, edit: &str) -> String {
     refusal(&dir.join("target"), &dir.join("target/mtp"), edit, &["drafter `draft-mtp`"])
 }
 
+/// The speculation cost rule covers MTP: a head made useless falls back to
+/// plain steps on its own.
+#[test]
+fn a_useless_mtp_head_falls_back_to_plain_steps() {
+    let dir = Scratch::new("mtp-useless");
+    let reference = oracle(&dir.0);
+    let plain = ids(&reference["plain"])[..MAX_TOKENS].to_vec();
+    let edit = "w['norm.weight'] = -w['norm.weight']";
+    let head = dir.0.join("target/mtp");
+    it::draft_trace::useless_drafter_falls_back(&dir.0.join("target"), PROMPT, &head, edit, &plain, "mtp");
+}
+
 #[test]
 fn an_mtp_head_that_does_not_fit_its_target_is_refused_at_start() {
     let dir = Scratch::new("mtp-mismatch");

@@ -199,6 +199,18 @@ pub fn run_oracle_with(script: &str, dir: &Path, prompt: &str, max_tokens: usize
 /// refuses it with when `target` starts with it (the stderr lines naming one
 /// of `names`).
 pub fn refusal(target: &Path, drafter: &Path, edit: &str, names: &[&str]) -> String {
+    let bad = edited(drafter, edit);
+    let out = generate(target, "1,2,3", 4, &["--draft-model", bad.0.to_str().unwrap()]);
+    assert!(!out.status.success(), "{edit}: the host started with a mismatched drafter");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = err.lines().filter(|l| names.iter().any(|n| l.contains(n))).collect();
+    assert_eq!(lines.len(), 1, "{edit}: not one line naming the mismatch:\n{err}");
+    lines[0].to_owned()
+}
+
+/// A copy of the drafter folder `drafter` (config.json, model.safetensors)
+/// with `edit` applied: Python over `cfg` (the config) and `w` (the tensors).
+pub fn edited(drafter: &Path, edit: &str) -> Scratch {
     let script = "import sys, json, mlx.core as mx\n\
         d, edit = sys.argv[1], sys.argv[2]\n\
         cfg = json.load(open(d + '/config.json'))\n\
@@ -206,17 +218,26 @@ pub fn refusal(target: &Path, drafter: &Path, edit: &str, names: &[&str]) -> Str
         exec(edit)\n\
         json.dump(cfg, open(d + '/config.json', 'w'))\n\
         mx.save_safetensors(d + '/model.safetensors', w)";
-    let bad = Scratch::new("drafter-bad");
+    let copy = Scratch::new("drafter-edited");
     for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(drafter.join(f), bad.0.join(f)).unwrap();
+        std::fs::copy(drafter.join(f), copy.0.join(f)).unwrap();
     }
-    run_ok(python().args(["-c", script]).arg(&bad.0).arg(edit));
-    let out = generate(target, "1,2,3", 4, &["--draft-model", bad.0.to_str().unwrap()]);
-    assert!(!out.status.success(), "{edit}: the host started with a mismatched drafter");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    let lines: Vec<&str> = err.lines().filter(|l| names.iter().any(|n| l.contains(n))).collect();
-    assert_eq!(lines.len(), 1, "{edit}: not one line naming the mismatch:\n{err}");
-    lines[0].to_owned()
+    run_ok(python().args(["-c", script]).arg(&copy.0).arg(edit));
+    copy
+}
+
+/// The cost rule on a drafter made useless by `edit` (its final norm
+/// negated: it drafts the tokens it ranks last): without
+/// `--speculate-always` the request falls back to plain steps, says so,
+/// and its output is plain greedy's.
+pub fn useless_drafter_falls_back(target: &Path, prompt: &str, drafter: &Path, edit: &str, plain: &[u64], what: &str) {
+    let bad = edited(drafter, edit);
+    let out = generate_ok(target, prompt, plain.len(), &["--draft-model", bad.0.to_str().unwrap()]);
+    assert_eq!(ids(&out["tokens"]), plain, "{what}: falling back changed the output");
+    let sp = &out["speculation"];
+    let why = sp["disabled"].as_str().unwrap_or_else(|| panic!("{what}: still speculating: {sp}"));
+    assert!(why.contains("plain steps"), "{what}: {why}");
+    assert!(sp["drafted"].as_u64() > Some(0) && sp["accepted"].as_u64() < sp["drafted"].as_u64(), "{what}: {sp}");
 }
 
 /// Four tokens sampled (temperature 1, top_k 2: 16 joint outcomes) after a
