@@ -92,35 +92,28 @@ CONFIGS = {
             "num_target_layers": base.TARGET["num_hidden_layers"],
         },
     ),
-    "deepspec": {
-        "architectures": ["Gemma4DSparkModel"],
-        "model_type": "gemma4_text",
-        "hidden_size": base.HIDDEN,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "global_head_dim": 32,
-        "num_global_key_value_heads": 1,
-        "attention_k_eq_v": True,
-        "rms_norm_eps": 1e-6,
-        "vocab_size": base.VOCAB,
-        "max_position_embeddings": 4096,
-        "final_logit_softcapping": 30.0,
-        "tie_word_embeddings": False,
-        "layer_types": ["full_attention", "full_attention"],
-        "sliding_window": 6,
-        "rope_parameters": {
+    # The backbone's sizes; Gemma 4 layers read `rope_parameters`, not `rope_theta`.
+    "deepspec": dict(
+        BACKBONE,
+        architectures=["Gemma4DSparkModel"],
+        model_type="gemma4_text",
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        final_logit_softcapping=30.0,
+        tie_word_embeddings=False,
+        layer_types=["full_attention", "full_attention"],
+        sliding_window=6,
+        rope_parameters={
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}
         },
-        "block_size": 7,
-        "mask_token_id": MASK,
-        "target_layer_ids": TAPS,
-        "num_target_layers": base.TARGET["num_hidden_layers"],
-        "markov_rank": 8,
-        "enable_confidence_head": True,
-    },
+        block_size=7,
+        mask_token_id=MASK,
+        target_layer_ids=TAPS,
+        num_target_layers=base.TARGET["num_hidden_layers"],
+        markov_rank=8,
+        enable_confidence_head=True,
+    ),
 }
 KINDS = ("dflash", "dspark", "deepspec")
 # How much of the anchor each slot carries (see the docstring).
@@ -128,9 +121,6 @@ QUERY_NORM = 0.3
 CONTEXT_NORM = 0.05
 MLP_GAIN = 0.1
 MARKOV_GAIN = 0.3
-# Gemma 4 layers norm the attention's output before adding it: this is how
-# much of it the residual (the anchor's scaled embedding) takes in.
-GEMMA_ATTN_GAIN = 1.0
 
 
 def build(kind, cfg):
@@ -176,7 +166,7 @@ def make_drafter(kind, lm):
         a.k_norm.weight = 1.0 + 0.2 * mx.random.normal((d,))
         layer.mlp.down_proj.weight = MLP_GAIN * layer.mlp.down_proj.weight
         layer.input_layernorm.weight = 1.0 + 0.2 * mx.random.normal((h,))
-        layer.post_attention_layernorm.weight = (GEMMA_ATTN_GAIN if gemma else 1.0) * (1.0 + 0.2 * mx.random.normal((h,)))
+        layer.post_attention_layernorm.weight = 1.0 + 0.2 * mx.random.normal((h,))
         if gemma:
             layer.pre_feedforward_layernorm.weight = 1.0 + 0.2 * mx.random.normal((h,))
             layer.post_feedforward_layernorm.weight = MLP_GAIN * (1.0 + 0.2 * mx.random.normal((h,)))
