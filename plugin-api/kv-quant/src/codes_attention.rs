@@ -20,10 +20,9 @@
 
 use crate::attention::QMask;
 use crate::codec::{Affine, Widths};
-use model_kit::cuda_kernel::{CudaKernel, Launch, Template};
+use model_kit::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_sdk::mlx_rs;
-use std::sync::OnceLock;
 
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;
@@ -153,20 +152,14 @@ const TARGET_BLOCKS: i32 = 264;
 /// Keys a slice holds at least.
 const MIN_SLICE: i32 = 256;
 
-type Built = OnceLock<std::result::Result<CudaKernel, String>>;
-
-fn built(cell: &'static Built, make: impl FnOnce() -> Result<CudaKernel>) -> Result<&'static CudaKernel> {
-    cell.get_or_init(|| make().map_err(|e| e.to_string())).as_ref().map_err(|e| error(e.clone()))
-}
-
 fn kernel() -> Result<&'static CudaKernel> {
-    static KERNEL: Built = OnceLock::new();
-    built(&KERNEL, || CudaKernel::new("kv_codes_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], SOURCE))
+    static KERNEL: Cached = Cached::new();
+    cached(&KERNEL, || CudaKernel::new("kv_codes_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], SOURCE))
 }
 
 fn merge_kernel() -> Result<&'static CudaKernel> {
-    static KERNEL: Built = OnceLock::new();
-    built(&KERNEL, || CudaKernel::new("kv_codes_merge_slices", &["part", "ml", "splits"], &["out"], MERGE_SOURCE))
+    static KERNEL: Cached = Cached::new();
+    cached(&KERNEL, || CudaKernel::new("kv_codes_merge_slices", &["part", "ml", "splits"], &["out"], MERGE_SOURCE))
 }
 
 /// Attention of one query per row, `q` `[B, Hq, 1, D]`, over the stored

@@ -9,6 +9,16 @@
 use crate::ops;
 use crate::{error, Array, Dtype, Result};
 use std::ffi::CString;
+use std::sync::OnceLock;
+
+/// Where a kernel lives once built: the first use compiles it (or keeps
+/// why it could not), every later one reuses it.
+pub type Cached = OnceLock<std::result::Result<CudaKernel, String>>;
+
+/// The kernel in `cell`, built by `make` on first use.
+pub fn cached(cell: &'static Cached, make: impl FnOnce() -> Result<CudaKernel>) -> Result<&'static CudaKernel> {
+    cell.get_or_init(|| make().map_err(|e| e.to_string())).as_ref().map_err(|e| error(e.clone()))
+}
 
 /// A template argument of the kernel's body (a compile-time constant).
 pub enum Template {

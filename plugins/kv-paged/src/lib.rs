@@ -14,12 +14,14 @@
 //!
 //! MLX has no paged-attention kernel, so `update_and_fetch` gathers the
 //! rows' blocks into one `[B, H, T, D]` view for the layer's attention with
-//! ONE `take` by the block tables (`view`): the cost of a step follows the
-//! tokens attended, not the number of blocks. Rows of equal length get
+//! ONE `take` by the block tables (`view`; on the GPU one launch of our
+//! copy kernel, `gather_kernel`): the cost of a step follows the tokens
+//! attended, not the number of blocks. Rows of equal length get
 //! kv-plain's geometry exactly (greedy output is kv-plain's); rows that
 //! differ are aligned by whole blocks under an explicit mask. The view is
 //! transient: it lives for one layer's attention.
 
+mod gather_kernel;
 mod layout;
 mod pool;
 mod registry;

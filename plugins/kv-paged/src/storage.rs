@@ -110,8 +110,15 @@ impl Storage {
     }
 
     /// `[B, H, nb * block, D]` of the blocks `table` `[B, nb]` lists, as
-    /// `flat` indices (`flat_table`): one gather per array.
+    /// `flat` indices (`flat_table`): one gather per array (on the GPU our
+    /// kernel's, `gather_kernel`).
     pub fn blocks(&self, flat: &Array, rows: i32, nb: i32) -> Result<(Array, Array)> {
+        if model_kit::ops::on_gpu() {
+            let get = |a: &Array| crate::gather_kernel::gather(a, flat, rows, nb, self.block);
+            if let (Some(k), Some(v)) = (get(&self.keys)?, get(&self.values)?) {
+                return Ok((k, v));
+            }
+        }
         let get = |a: &Array| -> Result<Array> {
             let sh = a.shape();
             let g = a.reshape(&[sh[0] * self.capacity, self.block, sh[2]])?.take_axis(flat, 0)?;
