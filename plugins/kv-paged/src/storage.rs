@@ -157,3 +157,35 @@ impl Storage {
         self.put(to, &k, &v, None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where the keys' data lives, once evaluated.
+    fn address(a: &Array) -> usize {
+        a.eval().unwrap();
+        a.as_slice::<f32>().as_ptr() as usize
+    }
+
+    /// Writes go into the pool's own buffer: a batch's scattered tokens and
+    /// one row's run alike, with a view read in between (a copy of the pool
+    /// per write would cost every step the whole pool).
+    #[test]
+    fn writes_reuse_the_pool_buffer() {
+        let mut s = Storage::new(4, 4, 2, (4, 4), Dtype::Float32).unwrap();
+        let two = Array::ones::<f32>(&[2, 2, 1, 4]).unwrap();
+        s.put(&[0, 5], &two, &two, None).unwrap();
+        let first = address(&s.keys);
+        s.put(&[1, 6], &two, &two, None).unwrap();
+        assert_eq!(address(&s.keys), first, "a batch's write copied the pool");
+        let flat = s.flat_table(&[0, 1], 2, 2).unwrap();
+        let (view, _) = s.blocks(&flat, 2, 1).unwrap();
+        view.eval().unwrap();
+        s.put(&[2, 7], &two, &two, None).unwrap();
+        assert_eq!(address(&s.keys), first, "a write after a view copied the pool");
+        let one = Array::ones::<f32>(&[1, 2, 1, 4]).unwrap();
+        s.put(&[9], &one, &one, None).unwrap();
+        assert_eq!(address(&s.keys), first, "one row's write copied the pool");
+    }
+}
