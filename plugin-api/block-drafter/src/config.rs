@@ -96,15 +96,9 @@ impl Args {
         self.width - 1
     }
 
-    /// The verify width mlx-vlm's `choose_block_ceiling` allows for a
-    /// prompt of `context` tokens: at most 6 within the sliding window, 4
-    /// past it.
+    /// The verify width for a prompt of `context` tokens ([`ceiling`]).
     pub fn ceiling(&self, context: usize) -> usize {
-        match self.window {
-            Some(w) if context <= w => self.width.min(6),
-            Some(_) => self.width.min(4),
-            None => self.width,
-        }
+        ceiling(self.width, self.window, context)
     }
 
     pub fn from_config(text: &str, layout: Layout) -> Result<Self> {
@@ -349,6 +343,17 @@ impl Args {
                 Some(_) => cfg.opt_usize("sliding_window")?,
             },
         })
+    }
+}
+
+/// The verify width mlx-vlm's `choose_block_ceiling` allows a DSpark
+/// drafter of `width` with a sliding `window` for a prompt of `context`
+/// tokens: at most 6 within the window, 4 past it.
+pub fn ceiling(width: usize, window: Option<usize>, context: usize) -> usize {
+    match window {
+        Some(w) if context <= w => width.min(6),
+        Some(_) => width.min(4),
+        None => width,
     }
 }
 

@@ -130,10 +130,8 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox, layout: Layout) -> Re
         softcap: a.final_logit_softcapping,
         taps: a.target_layer_ids.clone(),
         thresholds,
-        ceiling: {
-            let a = a.clone();
-            Box::new(move |prompt| a.ceiling(prompt))
-        },
+        width: a.width,
+        window: a.window,
     };
     Ok(BlockDrafter::new(net, shape, caches, host, trace))
 }

@@ -38,8 +38,9 @@ pub struct Shape {
     pub taps: Vec<u32>,
     /// Per-position confidence thresholds (the last repeats), empty = none.
     pub thresholds: Vec<f32>,
-    /// The verify width for a prompt of this many tokens (`Args::ceiling`).
-    pub ceiling: Box<dyn Fn(usize) -> usize + Send + Sync>,
+    /// The full verify width and DSpark's sliding window (`config::ceiling`).
+    pub width: usize,
+    pub window: Option<usize>,
 }
 
 /// Context rows not yet in the cache: taps `[1, S, n·H]` from `first` on.
@@ -329,7 +330,8 @@ impl Drafter for BlockDrafter {
     fn prefill_states(&mut self, prompt: RSlice<'_, u32>, states: TargetStates<'_>) -> PResult<()> {
         guard(|| {
             self.reset()?;
-            self.proposals = (self.shape.ceiling)(prompt.len()).saturating_sub(1).min(self.shape.proposals);
+            let width = crate::config::ceiling(self.shape.width, self.shape.window, prompt.len());
+            self.proposals = width.saturating_sub(1).min(self.shape.proposals);
             if states.len > 0 && states.taps.len() == self.shape.taps.len() {
                 let taps = concat_taps(states.taps.as_slice())?;
                 self.push_context(states.first as usize, taps)?;
