@@ -1,37 +1,42 @@
 //! The view's gather on the GPU: every row's blocks copied out of the pool
-//! by a CUDA kernel of our own (model-kit's `cuda_kernel`), one thread per
-//! element, in place of MLX's `take` over `[H * capacity, block, D]`:
-//! batched steps 4-7% faster on an H200 (docs/benchmarks.md, "Paged K/V on
-//! the H200"). It is the same copy, so attention reads the same K/V bit for
-//! bit.
+//! by a CUDA kernel of our own (model-kit's `cuda_kernel`), one CUDA block
+//! per block of one head, in place of MLX's `take` over `[H * capacity,
+//! block, D]` (docs/benchmarks.md, "Paged K/V on the H200"). It is the same
+//! copy, so attention reads the same K/V bit for bit.
 
 use model_kit::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use model_kit::{error, Array, Result};
 
 /// `out[b, h, j * BLOCK + i, d] = pool[h, (flat[b, h, j] % cap) * BLOCK + i, d]`
-/// where `flat` holds `h * cap + block` (`Storage::flat_table`).
+/// where `flat` holds `h * cap + block` (`Storage::flat_table`). A block of
+/// one head is `BLOCK * D` contiguous elements on both sides, so each CUDA
+/// block copies one as a run of 16-byte words.
 const SOURCE: &str = r#"
-    const int B = flat_shape[0];
     const int H = flat_shape[1];
     const int NB = flat_shape[2];
     const int D = pool_shape[2];
-    const int T = NB * BLOCK;
-    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (size_t)B * H * T * D) return;
-    const int d = e % D;
-    const size_t bt = e / D;
-    const int t = bt % T;
-    const size_t bh = bt / T;
+    const int cap = pool_shape[1] / BLOCK;
+    const size_t blk = blockIdx.x;
+    const int j = blk % NB;
+    const size_t bh = blk / NB;
     const int h = bh % H;
     const int b = bh / H;
-    const int j = t / BLOCK;
-    const int cap = pool_shape[1] / BLOCK;
     const int f = flat[(size_t)b * flat_strides[0] + (size_t)h * flat_strides[1] + (size_t)j * flat_strides[2]];
-    const size_t s = (size_t)(f % cap) * BLOCK + t % BLOCK;
-    out[e] = pool[(size_t)(f / cap) * pool_strides[0] + s * pool_strides[1] + (size_t)d * pool_strides[2]];
+    const size_t src = (size_t)(f / cap) * pool_strides[0] + (size_t)(f % cap) * BLOCK * pool_strides[1];
+    const size_t dst = (bh * NB + j) * (size_t)BLOCK * D;
+    const int n = BLOCK * D;
+    constexpr int PER = 16 / sizeof(out[0]);
+    if (pool_strides[2] == 1 && pool_strides[1] == D && n % PER == 0) {
+        const uint4* from = reinterpret_cast<const uint4*>(pool + src);
+        uint4* to = reinterpret_cast<uint4*>(out + dst);
+        for (int i = threadIdx.x; i < n / PER; i += blockDim.x) to[i] = from[i];
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            out[dst + i] = pool[src + (size_t)(i / D) * pool_strides[1] + (size_t)(i % D) * pool_strides[2]];
+    }
 "#;
 
-const THREADS: i32 = 256;
+const THREADS: i32 = 128;
 
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
@@ -43,8 +48,8 @@ fn kernel() -> Result<&'static CudaKernel> {
 /// 2^31 threads (the caller takes MLX's gather).
 pub fn gather(pool: &Array, flat: &Array, rows: i32, nb: i32, block: i32) -> Result<Option<Array>> {
     let (h, d) = (pool.shape()[0], pool.shape()[2]);
-    let n = rows as i64 * h as i64 * (nb * block) as i64 * d as i64;
-    let Ok(grid) = i32::try_from((n + THREADS as i64 - 1) / THREADS as i64 * THREADS as i64) else {
+    // One CUDA block per (row, head, block of the table).
+    let Ok(grid) = i32::try_from(rows as i64 * h as i64 * nb as i64 * THREADS as i64) else {
         return Ok(None);
     };
     let flat = flat.reshape(&[rows, h, nb])?;
