@@ -15,6 +15,14 @@ Writes, under OUT:
                      block's slots 1..), config.json + model.safetensors;
   dspark/            a DSpark drafter (vanilla Markov head, drafts from
                      every slot, a confidence head);
+  dspark-gated/,
+  dspark-rnn/        DSpark drafters with speculators' gated and rnn Markov
+                     heads (`markov_head_type`), which mlx-vlm does not
+                     build: the heads here follow speculators 0.9's
+                     `GatedMarkovHead` and `RNNHead` (its
+                     `dspark/markov_head.py`) in MLX, and mlx-vlm's
+                     `draft_block` is extended to hand them the block's
+                     output at each draft's slot;
   deepspec/          a DeepSpec drafter (`Gemma4DSparkModel`: Gemma 4
                      layers with keys and values from one projection, its
                      own embedding and LM head, a flat config whose
@@ -115,7 +123,66 @@ CONFIGS = {
         enable_confidence_head=True,
     ),
 }
-KINDS = ("dflash", "dspark", "deepspec")
+CONFIGS["dspark-gated"] = dict(CONFIGS["dspark"], dflash_config=dict(CONFIGS["dspark"]["dflash_config"], markov_head_type="gated"))
+CONFIGS["dspark-rnn"] = dict(CONFIGS["dspark"], dflash_config=dict(CONFIGS["dspark"]["dflash_config"], markov_head_type="rnn"))
+KINDS = ("dflash", "dspark", "deepspec", "dspark-gated", "dspark-rnn")
+
+
+class SpeculatorsMarkov(nn.Module):
+    """speculators' `GatedMarkovHead` (`gated`) or `RNNHead` (`rnn`):
+    the bias of a draft step from the previous token's embedding `e` and
+    the block's output `h` at the draft's slot; the rnn head carries a
+    state across the block's steps, zero at its start."""
+
+    def __init__(self, kind, vocab, rank, hidden):
+        super().__init__()
+        self.kind = kind
+        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+        if kind == "gated":
+            self.gate_proj = nn.Linear(hidden + rank, rank)
+        else:
+            self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)
+
+    def get_prev_embeddings(self, token_ids):
+        return self.markov_w1(token_ids)
+
+    def apply_step_logits(self, logits, token_ids):
+        e = self.get_prev_embeddings(token_ids)
+        h = self._h
+        if self.kind == "gated":
+            latent = mx.sigmoid(self.gate_proj(mx.concatenate([h, e], axis=-1))) * e
+        else:
+            state = mx.zeros_like(e) if self._state is None else self._state
+            g, c, o = mx.split(self.joint_proj(mx.concatenate([state, e, h], axis=-1)), 3, axis=-1)
+            g = mx.sigmoid(g)
+            self._state = g * state + (1.0 - g) * mx.tanh(c)
+            latent = mx.tanh(o)
+        return logits + self.markov_w2(latent)
+
+    def sample_block(self, base_logits, *, first_prev_tokens, sampler, hidden):
+        previous, sampled, self._state = first_prev_tokens.reshape(-1), [], None
+        for step in range(base_logits.shape[1]):
+            self._h = hidden[:, step]
+            previous = sampler(self.apply_step_logits(base_logits[:, step], previous)).reshape(-1)
+            sampled.append(previous[:, None])
+        return mx.concatenate(sampled, axis=1)
+
+
+class SpeculatorsDSpark(DSparkDraftModel):
+    """mlx-vlm's DSpark drafter with a `SpeculatorsMarkov` head: its
+    `draft_block`, with the block's output per draft slot handed to the
+    head (mlx-vlm's vanilla head takes none)."""
+
+    def draft_block(self, last_bonus, hidden, cache, block_size, sampler, token_dtype=mx.int32):
+        anchor = mx.array([last_bonus], dtype=token_dtype)
+        masks = mx.full((1, block_size - 1 - int(self.config.sample_from_anchor)), int(self.config.mask_token_id), dtype=token_dtype)
+        draft_hidden = self._hidden(mx.concatenate([anchor[:, None], masks], axis=1), hidden, cache)
+        if not self.config.sample_from_anchor:
+            draft_hidden = draft_hidden[:, 1:]
+        return self.markov_head.sample_block(
+            self._logits(draft_hidden), first_prev_tokens=anchor, sampler=sampler, hidden=draft_hidden
+        ).astype(token_dtype)
 # How much of the anchor each slot carries (see the docstring).
 QUERY_NORM = 0.3
 CONTEXT_NORM = 0.05
@@ -133,13 +200,19 @@ def build(kind, cfg):
         return model
     if kind == "dspark":
         return DSparkDraftModel(DSparkConfig.from_dict(cfg))
+    if kind.startswith("dspark-"):
+        head = cfg["dflash_config"]["markov_head_type"]
+        vanilla = dict(cfg, dflash_config=dict(cfg["dflash_config"], markov_head_type="vanilla"))
+        model = SpeculatorsDSpark(DSparkConfig.from_dict(vanilla))
+        model.markov_head = SpeculatorsMarkov(head, cfg["vocab_size"], cfg["dflash_config"]["markov_rank"], cfg["hidden_size"])
+        return model
     return DFlashDraftModel(DFlashConfig.from_dict(cfg))
 
 
 def make_drafter(kind, lm):
     model = build(kind, CONFIGS[kind])
     model.set_dtype(mx.float32)
-    mx.random.seed({"dflash": 19, "dspark": 23, "deepspec": 29}[kind])
+    mx.random.seed({"dflash": 19, "dspark": 23, "deepspec": 29, "dspark-gated": 31, "dspark-rnn": 37}[kind])
     h = base.HIDDEN
     gemma = kind == "deepspec"
     # Head width and KV heads: Gemma 4 layers attend at global_head_dim

@@ -8,7 +8,8 @@
 //! (after the Markov correction for DSpark), the drafts, the accepted count
 //! and DSpark's confidences equal the reference's (float32, the parity
 //! tolerance); the emitted tokens equal the reference loop's and plain
-//! greedy decoding, 4-bit drafters too. Confidence thresholds prune rounds where the
+//! greedy decoding, 4-bit drafters too, and with speculators' gated and
+//! rnn Markov heads. Confidence thresholds prune rounds where the
 //! confidences say and stay lossless. A drafter that does not fit its
 //! target is refused at start, in one line.
 
@@ -69,6 +70,27 @@ fn block_rounds_match_the_reference_loop_and_greedy_decoding() {
             full.contains(&0) && full.iter().any(|a| (1..DRAFTS).contains(a)) && full.contains(&DRAFTS),
             "{kind}: full rounds accepted {full:?}: none, some and all should all happen"
         );
+    }
+}
+
+/// speculators' gated and rnn Markov heads (`markov_head_type`), which
+/// mlx-vlm does not build: the oracle's heads follow speculators' own
+/// definitions in MLX inside mlx-vlm's DSpark drafter and round loop. Per
+/// round the same logits, drafts and accepted counts; output plain greedy.
+#[test]
+fn speculators_markov_heads_match_the_reference_loop() {
+    let dir = Scratch::new("dspark-heads");
+    let reference = oracle(&dir.0);
+    let target = dir.0.join("target");
+    let plain = ids(&reference["plain"])[..MAX_TOKENS].to_vec();
+    for kind in ["dspark-gated", "dspark-rnn"] {
+        let drafter = dir.0.join(kind).to_string_lossy().into_owned();
+        let trace = dir.0.join(format!("{kind}.jsonl"));
+        let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
+        assert_eq!(ids(&out["tokens"]), plain, "{kind}: speculation changed the greedy output");
+        same_rounds(&ours, &rounds(&reference[kind]["rounds"]), ShortRounds::Unchecked, kind);
+        let (drafted, accepted) = totals(&ours);
+        assert!(accepted > 0 && accepted < drafted, "{kind}: drafted {drafted}, accepted {accepted}");
     }
 }
 
@@ -145,7 +167,9 @@ fn a_block_drafter_that_does_not_fit_its_target_is_refused_at_start() {
         ("cfg['vocab_size'] = 128", "vocabulary (128) differs from the target's (96)"),
         ("cfg['dflash_config']['num_target_layers'] = 6", "made for 6 target layers, the target has 4"),
         ("cfg['dflash_config']['target_layer_ids'] = [1, 9]", "taps layer 9, the target has 4 decoder layers"),
-        ("cfg['dflash_config']['markov_head_type'] = 'rnn'", "markov_head_type `rnn` is not built"),
+        ("cfg['dflash_config']['markov_head_type'] = 'lstm'", "markov_head_type `lstm` is not built"),
+        // An rnn head asked of a vanilla head's weights.
+        ("cfg['dflash_config']['markov_head_type'] = 'rnn'", "missing tensor `markov_head.joint_proj.weight`"),
         ("del w['fc.weight']", "missing tensor `fc.weight`"),
         (
             "w['markov_head.markov_w1.weight'] = w['markov_head.markov_w1.weight'][:, :4]",
@@ -160,7 +184,7 @@ fn a_block_drafter_that_does_not_fit_its_target_is_refused_at_start() {
         ("cfg['hidden_size'] = 32", "hidden size 32 differs from the target's 64"),
         ("cfg['target_layer_ids'] = [1, 9]", "taps layer 9, the target has 4 decoder layers"),
         ("cfg['layer_types'][1] = 'sliding_attention'", "`sliding_attention` is not built"),
-        ("cfg['markov_head_type'] = 'gated'", "markov_head_type `gated` is not built"),
+        ("cfg['markov_head_type'] = 'lstm'", "markov_head_type `lstm` is not built"),
         // Keys and values of their own: two KV heads, no `v_proj` on file.
         (
             "cfg['attention_k_eq_v'] = False",

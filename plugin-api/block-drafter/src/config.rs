@@ -10,7 +10,8 @@
 //!     more for the anchor unless `dspark_bonus_anchor`),
 //!     `runtime_block_size` defaults to 8, with `sample_from_anchor` every
 //!     slot's output (the anchor's included) is a draft, and a Markov head
-//!     corrects each draft's logits by the token before it.
+//!     corrects each draft's logits by the token before it (speculators'
+//!     `markov_head_type`: vanilla, gated or rnn).
 //! - `DeepSpec`: the `Gemma4DSparkModel` release (mlx-vlm's
 //!   `gemma4_dspark`): a DSpark over Gemma 4 layers (sandwich norms, a
 //!   layer scalar, GeGLU, keys and values from one projection on
@@ -45,10 +46,23 @@ pub enum Backbone {
     Gemma4,
 }
 
-/// The Markov head kinds speculators defines; only `Vanilla` is built.
+/// The Markov head kinds speculators defines (`markov_head_type`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MarkovKind {
     Vanilla,
+    Gated,
+    Rnn,
+}
+
+impl MarkovKind {
+    fn parse(name: Option<&str>) -> Result<Self> {
+        match name.unwrap_or("vanilla") {
+            "vanilla" => Ok(Self::Vanilla),
+            "gated" => Ok(Self::Gated),
+            "rnn" => Ok(Self::Rnn),
+            other => Err(error(format!("markov_head_type `{other}` is not built (vanilla, gated and rnn are)"))),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -168,14 +182,7 @@ impl Args {
         }
         let markov = if dspark {
             let rank = dflash.opt_usize("markov_rank")?.unwrap_or(256);
-            match dflash.str("markov_head_type").unwrap_or("vanilla") {
-                "vanilla" => Some((MarkovKind::Vanilla, rank)),
-                other => {
-                    return Err(error(format!(
-                        "markov_head_type `{other}` is not built (only `vanilla`; speculators' gated and rnn heads are not)"
-                    )))
-                }
-            }
+            Some((MarkovKind::parse(dflash.str("markov_head_type"))?, rank))
         } else {
             None
         };
@@ -296,14 +303,7 @@ impl Args {
             return Err(error(format!("a verify width of {width} leaves no proposals")));
         }
         let rank = source.opt_usize("markov_rank")?.unwrap_or(256);
-        match source.str("markov_head_type").unwrap_or("vanilla") {
-            "vanilla" => {}
-            other => {
-                return Err(error(format!(
-                    "markov_head_type `{other}` is not built (only `vanilla`; speculators' gated and rnn heads are not)"
-                )))
-            }
-        }
+        let markov_kind = MarkovKind::parse(source.str("markov_head_type"))?;
         let confidence = source
             .bool_or("enable_confidence_head", false)?
             .then(|| source.bool_or("confidence_head_with_markov", true))
@@ -334,7 +334,7 @@ impl Args {
             causal: cfg.bool_or("is_causal", false)?,
             sample_from_anchor: cfg.bool_or("sample_from_anchor", true)?,
             final_logit_softcapping,
-            markov: Some((MarkovKind::Vanilla, rank)),
+            markov: Some((markov_kind, rank)),
             confidence,
             own_vocab: Some((hidden as f32).sqrt()),
             window: match raw("sliding_window") {
@@ -423,9 +423,9 @@ mod tests {
     #[test]
     fn unbuilt_variants_and_bad_values_are_refused_by_name() {
         let bad = |extra: &str| args(extra).expect_err(extra).what().to_owned();
-        let e = bad(r#""dflash_config": {"markov_rank": 8, "markov_head_type": "rnn", "block_size": 3,
+        let e = bad(r#""dflash_config": {"markov_rank": 8, "markov_head_type": "lstm", "block_size": 3,
             "mask_token_id": 1, "target_layer_ids": [0]}"#);
-        assert!(e.contains("markov_head_type `rnn` is not built"), "{e}");
+        assert!(e.contains("markov_head_type `lstm` is not built"), "{e}");
         let e = bad(r#""dflash_config": {"mask_token_id": 96, "target_layer_ids": [0]}"#);
         assert!(e.contains("mask_token_id 96 is outside the vocabulary (96)"), "{e}");
         let e = bad(r#""dflash_config": {"mask_token_id": 1, "target_layer_ids": [2, 1]}"#);

@@ -44,7 +44,7 @@ impl Vocab {
 impl Net {
     pub fn load(ctx: &mut LoadCtx, a: &Args) -> model_kit::Result<Self> {
         let block = Block::load(ctx, a)?;
-        let markov = a.markov.map(|(_, rank)| Markov::load(ctx, a.vocab_size, rank)).transpose()?;
+        let markov = a.markov.map(|(kind, rank)| Markov::load(ctx, kind, a.vocab_size, rank, a.hidden)).transpose()?;
         let rank = a.markov.map_or(0, |m| m.1);
         let confidence = a.confidence.map(|with| Confidence::load(ctx, a.hidden, rank, with)).transpose()?;
         let vocab = match a.own_vocab {

@@ -181,7 +181,8 @@ impl BlockDrafter {
                 .multiply(&c)
                 .map_err(mlx_error)?;
         }
-        let mut chosen = self.choose(&logits, anchor, k, sampling)?;
+        let hidden = rows.reshape(&[k as i32, -1]).map_err(mlx_error)?;
+        let mut chosen = self.choose(&logits, &hidden, anchor, k, sampling)?;
         // The confidence head runs only where its values are used (pruning,
         // or the trace): it costs a forward and a host round trip.
         let wanted = !self.shape.thresholds.is_empty() || self.trace.is_some();
@@ -201,8 +202,16 @@ impl BlockDrafter {
     /// The drafts, the logits each was chosen from, and (when sampling)
     /// the distributions they were drawn from: greedy drafts at once, else
     /// one after another (the Markov head sees each draft's predecessor;
-    /// draws follow the request's sampling, `Picker`).
-    fn choose(&self, logits: &Array, anchor: u32, k: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
+    /// draws follow the request's sampling, `Picker`). `hidden` `[k, H]`:
+    /// the block's output at each draft's slot (the gated and rnn heads').
+    fn choose(
+        &self,
+        logits: &Array,
+        hidden: &Array,
+        anchor: u32,
+        k: usize,
+        sampling: DraftSampling,
+    ) -> Result<Chosen, PluginError> {
         let net = self.net.lock();
         if net.markov.is_none() && sampling.is_greedy() {
             let tokens = ops::indexing::argmax_axis(logits, -1, None).map_err(mlx_error)?;
@@ -218,10 +227,11 @@ impl BlockDrafter {
         let mut picker = Picker::new(sampling).map_err(mlx_error)?;
         let (mut tokens, mut rows) = (Vec::with_capacity(k), Vec::with_capacity(k));
         let mut previous = Array::from_slice(&[anchor as i32], &[1]);
+        let mut state = None;
         for i in 0..k as i32 {
             let row = index_rows(logits, i, i + 1)?;
             let step = match &net.markov {
-                Some(m) => m.step(&row, &previous).map_err(mlx_error)?,
+                Some(m) => m.step(&row, &previous, &index_rows(hidden, i, i + 1)?, &mut state).map_err(mlx_error)?,
                 None => row,
             };
             let t = picker.pick(&step).map_err(mlx_error)?.as_dtype(Dtype::Int32).map_err(mlx_error)?;
