@@ -419,6 +419,10 @@ fn a_client_that_leaves_a_message_stream_stops_its_generation() {
 #[test]
 fn a_full_queue_answers_529_overloaded_on_messages() {
     let s = Server::start(&model("tiny/tiny-llama-f32"), &["--queue", "1", "--batch", "1", "--debug-endpoints"]);
+    // Held once the engine waits on its queue: a hold in force before its
+    // loop first gets there parks it short of the queue, A is never taken
+    // and fills the queue of one itself (B is then refused, not queued).
+    s.wait_for("the engine to wait for work", |st| st["engine_idle"] == true);
     s.hold();
     std::thread::scope(|sc| {
         // A is taken by the held engine, B waits in the queue of one, C finds it full.
