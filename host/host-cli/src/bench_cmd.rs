@@ -5,6 +5,9 @@
 //! tokens/s (B*P over the time to the last first token), decode tokens/s
 //! (B*(G-1) over the time after it), time per decode step, and MLX's peak
 //! memory. Runs through the same worker and batch scheduler as `host serve`.
+//! `--ragged` gives the rows prompts of different lengths (from P down to
+//! about P/2), so the batch is left-padded and decodes with per-row
+//! positions and masks, as a server's rows of different conversations do.
 
 use anyhow::{bail, Result};
 use host_engine::plan::Planner;
@@ -20,6 +23,17 @@ pub struct BenchArgs {
     pub batches: Vec<usize>,
     pub trials: usize,
     pub json: bool,
+    pub ragged: bool,
+}
+
+/// Prompt length of row `i` of `batch`: all `p`, or with `ragged` spread
+/// evenly from `p` down towards `p / 2`.
+fn prompt_len_of(p: usize, i: usize, batch: usize, ragged: bool) -> usize {
+    if ragged {
+        (p - i * (p / 2) / batch.max(1)).max(1)
+    } else {
+        p
+    }
 }
 
 /// One batch size's figures (the median trial's, by decode rate).
@@ -57,19 +71,19 @@ enum Reached {
 fn trial(
     worker: &Worker,
     planner: &Planner,
-    shape: (usize, usize),
+    shape: (usize, usize, bool),
     batch: usize,
     vocab: u32,
     salt: u64,
 ) -> Result<(f64, f64)> {
-    let (prompt_len, gen_len) = shape;
+    let (prompt_len, gen_len, ragged) = shape;
     let (tx, rx) = mpsc::channel::<Reached>();
     worker.hold();
     for i in 0..batch {
         let tx = tx.clone();
         let mut first = true;
         let request = GenerateRequest {
-            prompt: prompt(prompt_len, vocab, salt * 1000 + i as u64),
+            prompt: prompt(prompt_len_of(prompt_len, i, batch, ragged), vocab, salt * 1000 + i as u64),
             max_tokens: gen_len,
             stop_on_eos: false,
             ..Default::default()
@@ -143,17 +157,18 @@ pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
         Worker::start(engine, most * 2, most.max(2), None)
     };
     // One-time costs (kernels compiled for this device) outside the figures.
-    trial(&worker, &planner, (a.prompt_len.min(32), 4), 1, vocab, 7)?;
+    trial(&worker, &planner, (a.prompt_len.min(32), 4, false), 1, vocab, 7)?;
     let mut rows = Vec::new();
     for (k, &b) in a.batches.iter().enumerate() {
         let mut trials = Vec::new();
         for t in 0..a.trials.max(1) {
             host_engine::runtime::reset_peak_memory();
             let (prefill_s, decode_s) =
-                trial(&worker, &planner, (a.prompt_len, a.gen_len), b, vocab, 100 + (k * 100 + t) as u64)?;
+                trial(&worker, &planner, (a.prompt_len, a.gen_len, a.ragged), b, vocab, 100 + (k * 100 + t) as u64)?;
+            let prompt_tokens: usize = (0..b).map(|i| prompt_len_of(a.prompt_len, i, b, a.ragged)).sum();
             trials.push(Row {
                 batch: b,
-                prefill_tps: (b * a.prompt_len) as f64 / prefill_s.max(1e-9),
+                prefill_tps: prompt_tokens as f64 / prefill_s.max(1e-9),
                 decode_tps: (b * (a.gen_len - 1)) as f64 / decode_s.max(1e-9),
                 step_ms: decode_s * 1e3 / (a.gen_len - 1) as f64,
                 peak: host_engine::runtime::peak_memory(),
@@ -177,7 +192,12 @@ pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
             .collect();
         println!("{}", serde_json::to_string(&out)?);
     } else {
-        println!("prompt {} tokens, {} generated, greedy, median of {} trials", a.prompt_len, a.gen_len, a.trials);
+        let lengths = if a.ragged {
+            format!("{} down to about {}", a.prompt_len, a.prompt_len / 2)
+        } else {
+            a.prompt_len.to_string()
+        };
+        println!("prompt {lengths} tokens, {} generated, greedy, median of {} trials", a.gen_len, a.trials);
         println!("| batch | prefill tok/s | decode tok/s | step ms | peak memory GiB |");
         println!("|---|---|---|---|---|");
         for r in &rows {

@@ -192,6 +192,9 @@ enum Command {
         /// Print a JSON list of rows instead of a table.
         #[arg(long)]
         json: bool,
+        /// Prompts of different lengths per row (from --prompt-len down to about half of it): a left-padded batch, as a server's.
+        #[arg(long)]
+        ragged: bool,
         #[command(flatten)]
         tp: tp_launch::TpArgs,
     },
@@ -372,7 +375,8 @@ fn main() -> Result<ExitCode> {
             };
             println!("largest context that fits: {most} tokens{ctx_cap}");
         }
-        Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json, tp }) => {
+        Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json, ragged, tp }) => {
+            init_tracing("warn");
             // Made before any rank starts, so the ranks find it.
             let model = ModelArgs { model: random_shape::resolve(&model.model)?, ..model };
             let check = |n| tp_launch::check_model(&model.dir.plugins, &model.model, n);
@@ -382,7 +386,7 @@ fn main() -> Result<ExitCode> {
                 tp_launch::Role::Rank { ranks } => ranks,
             };
             let engine = engine_over_ranks(&model, None, ranks)?;
-            let args = bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json };
+            let args = bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json, ragged };
             bench_cmd::run(engine, args, ranks)?
         }
         Some(Command::KvKl { model, text_file, tokens, chunk }) => {

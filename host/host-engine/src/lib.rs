@@ -41,6 +41,7 @@ pub mod stats;
 mod target_states;
 mod template_json;
 pub mod tokenizer;
+mod warm_up;
 pub mod worker;
 
 pub use config::{kv_scheme, paged_scheme, DraftSource, DtypeChoice, EngineConfig, SpeculationConfig};

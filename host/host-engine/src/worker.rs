@@ -67,6 +67,9 @@ impl Worker {
     pub fn start(engine: Engine, queue: usize, batch: usize, memory: Option<(MemoryModel, Budget)>) -> Self {
         Self::spawn(engine, queue, false, move |engine, rx, s, stop, h| {
             if batch > 1 {
+                if let Err(e) = crate::warm_up::padded_rows(&engine) {
+                    tracing::warn!("warming up padded rows failed: {e}");
+                }
                 Scheduler::new(&engine, s, stop, h, batch, memory).run(rx)
             } else {
                 run_serially(engine, rx, s, stop, h)

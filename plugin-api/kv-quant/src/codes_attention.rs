@@ -14,13 +14,15 @@
 //! query head sharing the K/V head; scores reduce across the warp, and an
 //! online softmax keeps each warp's running maximum, sum and weighted
 //! values. The block merges its warps; the slices (`splits`, so that short
-//! batches still fill the GPU) are merged by a second kernel. Longer queries
+//! batches still fill the GPU) are merged by model-kit's `merge_slices`
+//! (model-kit's masked decode kernel is this one over plain K/V). Longer queries
 //! (prompts, speculative verifies) and other masks take the dequantized
 //! route (`attention`).
 
 use crate::attention::QMask;
 use crate::codec::{Affine, Widths};
 use model_kit::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
+use model_kit::decode_attention::{merge_slices, splits, THREADS};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_sdk::mlx_rs;
 
@@ -119,47 +121,9 @@ const SOURCE: &str = r#"
     }
 "#;
 
-/// The slices' partial results as one: each slice's running maximum and
-/// sum rescaled to the overall maximum (a slice that saw no key, m = -inf,
-/// weighs nothing). One thread per output element.
-const MERGE_SOURCE: &str = r#"
-    const int SPLITS = splits[0];
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t n = (size_t)part_shape[0] / SPLITS * R * D;
-    if (i >= n) return;
-    const int d = i % D;
-    const size_t bq = i / D;
-    const size_t bh = bq / R;
-    const int r = bq % R;
-    float M = -INFINITY;
-    for (int s = 0; s < SPLITS; ++s) M = fmaxf(M, ml[((bh * SPLITS + s) * R + r) * 2]);
-    float L = 0.f, A = 0.f;
-    if (M > -INFINITY) {
-        for (int s = 0; s < SPLITS; ++s) {
-            const size_t at = (bh * SPLITS + s) * R + r;
-            const float c = __expf(ml[at * 2] - M);
-            L += ml[at * 2 + 1] * c;
-            A += part[at * D + d] * c;
-        }
-    }
-    out[i] = L > 0.f ? A / L : 0.f;
-"#;
-
-/// Threads per block (8 warps, as the source's WARPS).
-const THREADS: i32 = 256;
-/// Blocks the GPU should get at least: two per SM of an H200 (132 SMs).
-const TARGET_BLOCKS: i32 = 264;
-/// Keys a slice holds at least.
-const MIN_SLICE: i32 = 256;
-
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
     cached(&KERNEL, || CudaKernel::new("kv_codes_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], SOURCE))
-}
-
-fn merge_kernel() -> Result<&'static CudaKernel> {
-    static KERNEL: Cached = Cached::new();
-    cached(&KERNEL, || CudaKernel::new("kv_codes_merge_slices", &["part", "ml", "splits"], &["out"], MERGE_SOURCE))
 }
 
 /// Attention of one query per row, `q` `[B, Hq, 1, D]`, over the stored
@@ -205,8 +169,7 @@ pub fn decode_attention(
         QMask::Array(_) => return Ok(None),
     };
     let no_mask = Array::from_slice(&[false], &[1]);
-    let splits = (TARGET_BLOCKS + b * hkv - 1) / (b * hkv);
-    let splits = splits.min(t / MIN_SLICE).max(1);
+    let splits = splits(b, hkv, t);
     let blocks = b * hkv * splits;
     let scaled = q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?.reshape(&[b, hq, d])?;
     let per_word = if values_as == 2 { 1 } else { 2 };
@@ -229,14 +192,5 @@ pub fn decode_attention(
         },
     )?;
     let [part, ml]: [Array; 2] = outs.try_into().map_err(|_| error("the codes kernel returned other outputs"))?;
-    let merged = merge_kernel()?.apply(
-        &[&part, &ml, &Array::from_slice(&[splits], &[1])],
-        &Launch {
-            grid: [(b * hq * d + THREADS - 1) / THREADS * THREADS, 1, 1],
-            threads: [THREADS, 1, 1],
-            outputs: &[(&[b, hq, 1, d], q.dtype())],
-            template: &[Template::Int("D", d), Template::Int("R", r)],
-        },
-    )?;
-    merged.into_iter().next().map(Some).ok_or_else(|| error("the merge kernel returned nothing"))
+    merge_slices(&part, &ml, splits, [b, hq, 1, d], q.dtype()).map(Some)
 }

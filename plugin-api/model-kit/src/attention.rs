@@ -94,8 +94,17 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
 
 /// `mx.fast.scaled_dot_product_attention` with the mask's mode; multi-token
 /// queries on a GPU attend one by one (up to 16, causal) or unfused while
-/// their scores stay small (`short_attention` says why).
+/// their scores stay small (`short_attention` says why); a masked decode
+/// step on a GPU (rows of different lengths) goes to our kernel, where MLX
+/// has no fused one (`decode_attention` says why).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
+    if let Mask::Array(m) = mask {
+        if q.shape()[2] == 1 {
+            if let Some(out) = crate::decode_attention::masked(q, k, v, scale, m)? {
+                return Ok(out);
+            }
+        }
+    }
     if crate::short_attention::per_query_wanted(q.shape(), mask) {
         return crate::short_attention::per_query(q, k, v, scale, mask);
     }

@@ -15,6 +15,7 @@ pub mod checkpoint;
 pub mod compiled;
 pub mod config;
 pub mod cuda_kernel;
+pub mod decode_attention;
 pub mod depthwise_conv;
 pub mod gated_attention;
 pub mod graph;

@@ -1,0 +1,226 @@
+//! Decode attention under a boolean mask on the GPU: one query per row over
+//! the layer's K/V, read in place, with the rows' padding and holes masked,
+//! in a CUDA kernel of our own (`cuda_kernel`).
+//!
+//! Why: a batch of rows of different lengths is left-padded, so every
+//! decode step carries a `[B, 1, 1, T]` boolean mask. MLX 0.32's fused
+//! CUDA kernels take no array mask for a 1-token query (its vector kernel
+//! refuses masks, cuDNN is not used for masked decoding), so
+//! `fast::scaled_dot_product_attention` falls back to matmuls, a `where`
+//! and a softmax: several launches per layer and step, and scores written
+//! out, where equal-length rows take one fused launch.
+//!
+//! The kernel: one block of 8 warps per (row, K/V head, slice of the keys);
+//! a warp takes one key at a time, each lane holding `D / 32` of its
+//! dimensions (and of the value's) in float32, for every query head sharing
+//! the K/V head; scores reduce across the warp, and an online softmax keeps
+//! each warp's running maximum, sum and weighted values, as MLX's vector
+//! kernel does. The block merges its warps; the slices (`splits`, so that
+//! short batches still fill the GPU) are merged by [`merge_slices`], which
+//! kv-quant's kernel over affine codes shares.
+
+use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
+use crate::{error, Array, Dtype, Result};
+
+const SOURCE: &str = r#"
+    constexpr int WARPS = 8;
+    constexpr int DPL = D / 32;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int blk = blockIdx.x;
+    const int splits = gridDim.x / (q_shape[0] * HKV);
+    const int bh = blk / splits;
+    const int split = blk % splits;
+    const int b = bh / HKV;
+    const int h = bh % HKV;
+    const int T = k_shape[2];
+    const int per = (T + splits - 1) / splits;
+    const int t0 = split * per;
+    const int t1 = min(T, t0 + per);
+    const float sc = __int_as_float(SCALE_BITS);
+    float qv[R][DPL];
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < DPL; ++i)
+            qv[r][i] = sc * static_cast<float>(q[(size_t)b * q_strides[0] + (size_t)(h * R + r) * q_strides[1]
+                                                 + (size_t)(lane * DPL + i) * q_strides[3]]);
+    float m[R], l[R], acc[R][DPL];
+    for (int r = 0; r < R; ++r) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+        for (int i = 0; i < DPL; ++i) acc[r][i] = 0.f;
+    }
+    const size_t kb = (size_t)b * k_strides[0] + (size_t)h * k_strides[1];
+    const size_t vb = (size_t)b * v_strides[0] + (size_t)h * v_strides[1];
+    const size_t mb = (size_t)b * mask_strides[0];
+    for (int t = t0 + warp; t < t1; t += WARPS) {
+        if (!mask[mb + (size_t)t * mask_strides[1]]) continue;
+        const auto* krow = k + kb + (size_t)t * k_strides[2] + lane * DPL * k_strides[3];
+        const auto* vrow = v + vb + (size_t)t * v_strides[2] + lane * DPL * v_strides[3];
+        float s[R];
+        for (int r = 0; r < R; ++r) s[r] = 0.f;
+        float vv[DPL];
+        for (int i = 0; i < DPL; ++i) {
+            const float kval = static_cast<float>(krow[i * k_strides[3]]);
+            vv[i] = static_cast<float>(vrow[i * v_strides[3]]);
+            for (int r = 0; r < R; ++r) s[r] += qv[r][i] * kval;
+        }
+        for (int r = 0; r < R; ++r) {
+            for (int o = 16; o > 0; o >>= 1) s[r] += __shfl_xor_sync(0xffffffff, s[r], o);
+            const float mn = fmaxf(m[r], s[r]);
+            const float corr = __expf(m[r] - mn);
+            const float p = __expf(s[r] - mn);
+            l[r] = l[r] * corr + p;
+            for (int i = 0; i < DPL; ++i) acc[r][i] = acc[r][i] * corr + p * vv[i];
+            m[r] = mn;
+        }
+    }
+    __shared__ float sm_m[WARPS][R];
+    __shared__ float sm_l[WARPS][R];
+    __shared__ float sm_acc[WARPS][R][D];
+    for (int r = 0; r < R; ++r) {
+        if (lane == 0) {
+            sm_m[warp][r] = m[r];
+            sm_l[warp][r] = l[r];
+        }
+        for (int i = 0; i < DPL; ++i) sm_acc[warp][r][lane * DPL + i] = acc[r][i];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx % D;
+        float M = -INFINITY;
+        for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm_m[w][r]);
+        float L = 0.f, A = 0.f;
+        if (M > -INFINITY) {
+            for (int w = 0; w < WARPS; ++w) {
+                const float c = __expf(sm_m[w][r] - M);
+                L += sm_l[w][r] * c;
+                A += sm_acc[w][r][d] * c;
+            }
+        }
+        part[((size_t)blk * R + r) * D + d] = A;
+        if (d == 0) {
+            ml[((size_t)blk * R + r) * 2] = M;
+            ml[((size_t)blk * R + r) * 2 + 1] = L;
+        }
+    }
+"#;
+
+/// The slices' partial results as one: each slice's running maximum and
+/// sum rescaled to the overall maximum (a slice that saw no key, m = -inf,
+/// weighs nothing). One thread per output element. `part` comes as
+/// `[B * Hkv, splits, R, D]`, so the count of slices is a shape, not an
+/// array the host uploads every step.
+const MERGE_SOURCE: &str = r#"
+    const int SPLITS = part_shape[1];
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t n = (size_t)part_shape[0] * R * D;
+    if (i >= n) return;
+    const int d = i % D;
+    const size_t bq = i / D;
+    const size_t bh = bq / R;
+    const int r = bq % R;
+    float M = -INFINITY;
+    for (int s = 0; s < SPLITS; ++s) M = fmaxf(M, ml[((bh * SPLITS + s) * R + r) * 2]);
+    float L = 0.f, A = 0.f;
+    if (M > -INFINITY) {
+        for (int s = 0; s < SPLITS; ++s) {
+            const size_t at = (bh * SPLITS + s) * R + r;
+            const float c = __expf(ml[at * 2] - M);
+            L += ml[at * 2 + 1] * c;
+            A += part[at * D + d] * c;
+        }
+    }
+    out[i] = L > 0.f ? A / L : 0.f;
+"#;
+
+/// Threads per block (8 warps, as the sources' WARPS).
+pub const THREADS: i32 = 256;
+/// Blocks the GPU should get at least: two per SM of an H200 (132 SMs).
+const TARGET_BLOCKS: i32 = 264;
+/// Keys a slice holds at least.
+const MIN_SLICE: i32 = 256;
+
+fn kernel() -> Result<&'static CudaKernel> {
+    static KERNEL: Cached = Cached::new();
+    cached(&KERNEL, || CudaKernel::new("masked_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], SOURCE))
+}
+
+fn merge_kernel() -> Result<&'static CudaKernel> {
+    static KERNEL: Cached = Cached::new();
+    cached(&KERNEL, || CudaKernel::new("decode_attention_merge_slices", &["part", "ml"], &["out"], MERGE_SOURCE))
+}
+
+/// How many slices of the keys each (row, K/V head) is cut into: enough
+/// blocks for the GPU, slices of at least `MIN_SLICE` keys.
+pub fn splits(rows: i32, kv_heads: i32, keys: i32) -> i32 {
+    let want = (TARGET_BLOCKS + rows * kv_heads - 1) / (rows * kv_heads);
+    want.min(keys / MIN_SLICE).max(1)
+}
+
+/// The partial results `part` `[blocks, R, D]` and `ml` `[blocks, R, 2]`
+/// (running maximum, sum) of `splits` slices per (row, K/V head) merged
+/// into the attention output `[b, hq, 1, d]` in `dtype`.
+pub fn merge_slices(part: &Array, ml: &Array, splits: i32, out: [i32; 4], dtype: Dtype) -> Result<Array> {
+    let [b, hq, _, d] = out;
+    let pairs = part.shape()[0] / splits;
+    let r = hq / (pairs / b).max(1);
+    let part = part.reshape(&[pairs, splits, r, d])?;
+    let merged = merge_kernel()?.apply(
+        &[&part, ml],
+        &Launch {
+            grid: [(b * hq * d + THREADS - 1) / THREADS * THREADS, 1, 1],
+            threads: [THREADS, 1, 1],
+            outputs: &[(&out, dtype)],
+            template: &[Template::Int("D", d), Template::Int("R", r)],
+        },
+    )?;
+    merged.into_iter().next().ok_or_else(|| error("the merge kernel returned nothing"))
+}
+
+/// Attention of one query per row, `q` `[B, Hq, 1, D]`, over `k` / `v`
+/// `[B, Hkv, T, D]` (read in place, any strides) where the boolean `mask`
+/// (`[B, 1, 1, T]`, or one row for all) is true; None where the kernel does
+/// not apply (more queries, another mask dtype or shape, head sizes it was
+/// not built for, not on a GPU): the caller then attends through MLX.
+pub fn masked(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array) -> Result<Option<Array>> {
+    let (&[b, hq, l, d], &[kb, hkv, t, kd]) = (q.shape(), k.shape()) else { return Ok(None) };
+    let r = if hkv > 0 && hq % hkv == 0 { hq / hkv } else { 0 };
+    let fits = l == 1
+        && kb == b
+        && r > 0
+        && d % 32 == 0
+        && kd == d
+        && v.shape() == k.shape()
+        && r * d <= 1024
+        && t > 0
+        && mask.dtype() == Dtype::Bool
+        && (mask.size() as i32 == b * t || mask.size() as i32 == t)
+        && matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
+        && k.dtype() == q.dtype()
+        && v.dtype() == q.dtype()
+        && crate::ops::on_gpu();
+    if !fits {
+        return Ok(None);
+    }
+    let mask = mlx_rs::ops::broadcast_to(&mask.reshape(&[-1, t])?, &[b, t])?;
+    let splits = splits(b, hkv, t);
+    let blocks = b * hkv * splits;
+    let outs = kernel()?.apply(
+        &[q, k, v, &mask],
+        &Launch {
+            grid: [blocks * THREADS, 1, 1],
+            threads: [THREADS, 1, 1],
+            outputs: &[(&[blocks, r, d], Dtype::Float32), (&[blocks, r, 2], Dtype::Float32)],
+            // The scale as a compile-time constant (its bits): one per
+            // model, and nothing to upload per layer and step.
+            template: &[
+                Template::Int("D", d),
+                Template::Int("R", r),
+                Template::Int("HKV", hkv),
+                Template::Int("SCALE_BITS", scale.to_bits() as i32),
+            ],
+        },
+    )?;
+    let [part, ml]: [Array; 2] = outs.try_into().map_err(|_| error("the decode kernel returned other outputs"))?;
+    merge_slices(&part, &ml, splits, [b, hq, 1, d], q.dtype()).map(Some)
+}
