@@ -57,6 +57,7 @@ fn bench_runs_on_a_named_random_shape() {
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.as_array().map(Vec::len), Some(2), "{rows}");
     assert!(rows[1]["decode_tokens_per_s"].as_f64().unwrap() > 0.0, "{rows}");
+    assert_eq!(rows[1]["prompt_tokens"].as_u64(), Some(32), "{rows}");
     let dir = std::env::temp_dir().join("mlx-engine-shapes/qwen3-tiny");
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
@@ -65,4 +66,30 @@ fn bench_runs_on_a_named_random_shape() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("reading the shape file tests/bench/shapes/qwen3-70b.json"), "{err}");
+}
+
+/// `--ragged`: the rows' prompts run from `--prompt-len` down to about half
+/// of it (a left-padded batch, decoded under padding masks), and the rates
+/// count the tokens those prompts hold.
+#[test]
+fn ragged_rows_have_prompts_of_different_lengths() {
+    let out = run_ok(std::process::Command::new(host_bin()).current_dir(it::repo_root()).args([
+        "bench",
+        "--model",
+        "shape:tests/bench/shapes/qwen3-tiny.json",
+        "--prompt-len",
+        "16",
+        "--gen-len",
+        "4",
+        "--batch",
+        "4",
+        "--trials",
+        "1",
+        "--json",
+        "--ragged",
+    ]));
+    let rows: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    // 16, 14, 12 and 10 tokens.
+    assert_eq!(rows[0]["prompt_tokens"].as_u64(), Some(52), "{rows}");
+    assert!(rows[0]["decode_tokens_per_s"].as_f64().unwrap() > 0.0, "{rows}");
 }

@@ -39,6 +39,7 @@ fn prompt_len_of(p: usize, i: usize, batch: usize, ragged: bool) -> usize {
 /// One batch size's figures (the median trial's, by decode rate).
 struct Row {
     batch: usize,
+    prompt_tokens: usize,
     prefill_tps: f64,
     decode_tps: f64,
     step_ms: f64,
@@ -168,6 +169,7 @@ pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
             let prompt_tokens: usize = (0..b).map(|i| prompt_len_of(a.prompt_len, i, b, a.ragged)).sum();
             trials.push(Row {
                 batch: b,
+                prompt_tokens,
                 prefill_tps: prompt_tokens as f64 / prefill_s.max(1e-9),
                 decode_tps: (b * (a.gen_len - 1)) as f64 / decode_s.max(1e-9),
                 step_ms: decode_s * 1e3 / (a.gen_len - 1) as f64,
@@ -183,6 +185,7 @@ pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
             .map(|r| {
                 json!({
                     "batch": r.batch,
+                    "prompt_tokens": r.prompt_tokens,
                     "prefill_tokens_per_s": r.prefill_tps,
                     "decode_tokens_per_s": r.decode_tps,
                     "step_ms": r.step_ms,
