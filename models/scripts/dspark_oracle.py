@@ -31,6 +31,10 @@ Writes, under OUT:
                      mlx-vlm's `_project_context_kv` reads a `v_proj` these
                      layers do not have, so the reference runs with it
                      returning None, its per-layer path);
+  speculators-dflash/, speculators-dspark/, speculators-dspark-gated/,
+  speculators-dspark-rnn/
+                     the same drafters in speculators' layout
+                     (speculators_layout.py; not with BITS);
   reference.json     {"plain": greedy tokens of the target alone,
                       "dflash"|"dspark": {"emitted": tokens of the reference
                       loop, "rounds": [{"drafts", "accepted", "logits",
@@ -58,6 +62,7 @@ import mlx.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mtp_oracle as base  # noqa: E402  (also installs the mlx_vlm stub)
+import speculators_layout  # noqa: E402
 
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_vlm.speculative import dflash as rounds  # noqa: E402
@@ -375,6 +380,9 @@ def main():
             quantize(drafter, bits)
             config = dict(config, quantization={"group_size": base.QUANT_GROUP, "bits": bits})
         base.save(folder, dict(tree_flatten(drafter.parameters())), config)
+        if not bits and kind != "deepspec":
+            # speculators builds no Gemma 4 drafter.
+            speculators_layout.write_block(folder, os.path.join(out, f"speculators-{kind}"), config, base.TARGET["architectures"])
         emitted, trace = reference_rounds(lm, reload(kind, folder), prompt, max_tokens)
         result[kind] = {"emitted": emitted, "rounds": trace}
         margin = min(sorted(s, reverse=True)[0] - sorted(s, reverse=True)[1] for r in trace for s in r["logits"])

@@ -17,6 +17,8 @@ Writes, under OUT:
                    `sanitize` before the rounds run;
   inside/          the same target with the head as `mtp.*` tensors in its
                    checkpoint (Hugging Face layout: norms stored minus one);
+  speculators-mtp/ the head in speculators' layout (speculators_layout.py;
+                   not with BITS);
   reference.json   {"plain": greedy tokens of the target alone,
                     "emitted": tokens of the reference round loop,
                     "rounds": [{"drafts", "accepted", "logits"}]} where
@@ -50,6 +52,7 @@ stub.__path__ = list(spec.submodule_search_locations)
 sys.modules["mlx_vlm"] = stub
 
 from mlx.utils import tree_flatten  # noqa: E402
+import speculators_layout  # noqa: E402
 from mlx_vlm.models.qwen3_5.config import TextConfig  # noqa: E402
 from mlx_vlm.models.qwen3_5.language import LanguageModel  # noqa: E402
 from mlx_vlm.speculative import mtp as rounds  # noqa: E402
@@ -292,6 +295,7 @@ def main():
     if not bits:
         inside_dir = os.path.join(out, "inside")
         save(inside_dir, inside, dict(TARGET, mtp_num_hidden_layers=1))
+        speculators_layout.write_mtp(head_tensors, TARGET, os.path.join(out, "speculators-mtp"), cfg.block_size - 1)
         save_tokenizer(inside_dir)
         inside_head = reload_head(inside_dir)
         for a, b in zip(tree_flatten(mtp_head.parameters()), tree_flatten(inside_head.parameters())):

@@ -94,6 +94,61 @@ fn speculators_markov_heads_match_the_reference_loop() {
     }
 }
 
+/// speculators' on-disk layout (vLLM's drafter library): the oracle writes
+/// the same DFlash and DSpark drafters (vanilla, gated and rnn heads) with
+/// its config schema and tensor names (`models/scripts/speculators_layout.py`:
+/// `speculators_model_type`, `transformer_layer_config`, taps counting the
+/// embedding output, `block_size` counting slots). Detected as `dspark`
+/// from the folder, each gives the mlx-vlm folder's reference rounds and
+/// plain greedy output.
+#[test]
+fn speculators_folders_match_the_reference_loop() {
+    let dir = Scratch::new("dspark-speculators");
+    let reference = oracle(&dir.0);
+    let target = dir.0.join("target");
+    let plain = ids(&reference["plain"])[..MAX_TOKENS].to_vec();
+    for kind in ["dflash", "dspark", "dspark-gated", "dspark-rnn"] {
+        let drafter = dir.0.join(format!("speculators-{kind}")).to_string_lossy().into_owned();
+        let trace = dir.0.join(format!("speculators-{kind}.jsonl"));
+        let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
+        assert_eq!(ids(&out["tokens"]), plain, "{kind}: speculation changed the greedy output");
+        assert_eq!(out["speculation"]["kind"].as_str(), Some("dspark"), "{kind}: {}", out["speculation"]);
+        same_rounds(&ours, &rounds(&reference[kind]["rounds"]), ShortRounds::Unchecked, kind);
+        // Whole rounds (the width read right), accepting none, some and all.
+        let full: Vec<u64> = ours.iter().filter(|r| r.drafts.len() as u64 == DRAFTS).map(|r| r.accepted).collect();
+        assert!(
+            full.len() + 2 >= ours.len() && full.contains(&0) && full.iter().any(|a| (1..DRAFTS).contains(a)),
+            "{kind}: full rounds accepted {full:?} of {} rounds",
+            ours.len()
+        );
+        assert!(full.contains(&DRAFTS), "{kind}: full rounds accepted {full:?}");
+    }
+}
+
+/// What the block drafters do not build of speculators' format is refused
+/// at start in one line naming the key: a reduced draft vocabulary, a
+/// target hidden size of its own, the embedding output as a tap, another
+/// algorithm; a tap past the target's layers names the decoder layer the
+/// id means (speculators' ids count the embedding output).
+#[test]
+fn speculators_configs_the_block_drafters_do_not_build_are_refused_at_start() {
+    let dir = Scratch::new("dspark-speculators-refused");
+    oracle(&dir.0);
+    let cases = [
+        ("cfg['draft_vocab_size'] = 32", "draft_vocab_size 32 differs from the verifier's vocabulary 96"),
+        ("cfg['target_hidden_size'] = 128", "target_hidden_size 128 differs from the draft's hidden_size 64"),
+        ("cfg['aux_hidden_state_layer_ids'] = [0, 2]", "aux_hidden_state_layer_ids: 0 (the embedding output)"),
+        ("cfg['aux_hidden_state_layer_ids'] = [2, 5]", "taps layer 4, the target has 4 decoder layers"),
+        ("cfg['speculators_model_type'] = 'eagle3'", "speculators_model_type `eagle3` is not built"),
+        ("cfg['transformer_layer_config']['attention_bias'] = True", "attention_bias"),
+    ];
+    for (edit, want) in cases {
+        let line =
+            refusal(&dir.0.join("target"), &dir.0.join("speculators-dspark"), edit, &["`draft-dspark`", "`dspark`"]);
+        assert!(line.contains(want), "{edit}: {line}");
+    }
+}
+
 /// 4-bit drafters (their linear layers whose inputs split into groups of
 /// 32 affine-quantized, `quantization` in their configs): the rounds still
 /// equal the reference loop's over the same quantized drafters, and the

@@ -6,8 +6,9 @@
 //! tolerance 1e-4 + 1e-4|b|: the target's hidden states carry its own
 //! accumulation-order noise, up to 1.1e-4 on logits near 5), its drafts and the
 //! accepted count equal the reference's; the emitted tokens equal the
-//! reference loop's and plain greedy decoding. The head is read from both a
-//! `qwen3_5_mtp` folder and the `mtp.*` tensors of the target's checkpoint;
+//! reference loop's and plain greedy decoding. The head is read from a
+//! `qwen3_5_mtp` folder, the `mtp.*` tensors of the target's checkpoint and
+//! speculators' mtp folder;
 //! a 4-bit head matches the reference loop over the same quantized head.
 //! A head that does not fit its target is refused at start, in one line.
 //! Inside continuous batches and at temperature > 0 (rejection sampling)
@@ -48,9 +49,13 @@ fn mtp_rounds_match_the_reference_loop_and_greedy_decoding() {
 
     let head = target.join("mtp").to_string_lossy().into_owned();
     let inside = dir.0.join("inside");
+    // The same head in speculators' layout (speculators_layout.py): its
+    // config schema and `mtp_layers.0.*` names, detected as `mtp`.
+    let speculators = dir.0.join("speculators-mtp").to_string_lossy().into_owned();
     for (what, model, source) in [
         ("a qwen3_5_mtp folder", &target, vec!["--draft-model", head.as_str()]),
         ("mtp.* tensors in the target", &inside, vec!["--draft-kind", "mtp"]),
+        ("a speculators mtp folder", &target, vec!["--draft-model", speculators.as_str()]),
     ] {
         let trace = dir.0.join("trace.jsonl");
         let (out, ours) = speculate(model, PROMPT, MAX_TOKENS, &source, &trace);
@@ -58,6 +63,7 @@ fn mtp_rounds_match_the_reference_loop_and_greedy_decoding() {
         same_rounds(&ours, &want, ShortRounds::Prefix, what);
         let sp = &out["speculation"];
         assert!(sp["disabled"].is_null(), "{what}: {sp}");
+        assert_eq!(sp["kind"].as_str(), Some("mtp"), "{what}: {sp}");
         let drafted: u64 = ours.iter().map(|r| r.drafts.len() as u64).sum();
         let accepted: u64 = ours.iter().map(|r| r.accepted).sum();
         assert_eq!((sp["drafted"].as_u64(), sp["accepted"].as_u64()), (Some(drafted), Some(accepted)), "{what}: {sp}");
@@ -116,6 +122,16 @@ fn an_mtp_head_that_does_not_fit_its_target_is_refused_at_start() {
     assert!(line.contains("missing tensor `fc.weight`"), "{line}");
     let line = refused(&dir.0, "w['layers.0.self_attn.k_proj.weight'] = w['layers.0.self_attn.k_proj.weight'][:16]");
     assert!(line.contains("layers.0.self_attn.k_proj.weight"), "{line}");
+    // speculators' layout: what it has and draft-mtp does not build.
+    let speculators = dir.0.join("speculators-mtp");
+    for (edit, want) in [
+        ("cfg['transformer_layer_config']['model_type'] = 'qwen3'", "transformer_layer_config.model_type `qwen3`"),
+        ("cfg['num_nextn_predict_layers'] = 2", "num_nextn_predict_layers 2 is not built"),
+        ("del w['mtp_layers.0.input_proj.weight']", "missing tensor `mtp_layers.0.input_proj.weight`"),
+    ] {
+        let line = refusal(&dir.0.join("target"), &speculators, edit, &["drafter `draft-mtp`"]);
+        assert!(line.contains(want), "{edit}: {line}");
+    }
 }
 
 /// Inside continuous batches, as the block drafters (`speculation_dspark`):

@@ -20,6 +20,10 @@
 //!   unless the config says otherwise); the DSpark fields sit flat or under
 //!   `dflash_config`, `block_size` counts proposals.
 //!
+//! A `DFlash` folder may also be in speculators' layout (a
+//! `speculators_model_type` in config.json), mapped onto the same fields by
+//! `speculators.rs`.
+//!
 //! Only the fixed block policy is built: the width never adapts to
 //! acceptance, so rounds are reproducible (mlx-vlm's `adaptive` policy is
 //! not followed; a config asking for it drafts at the fixed width). DSpark
@@ -55,7 +59,7 @@ pub enum MarkovKind {
 }
 
 impl MarkovKind {
-    fn parse(name: Option<&str>) -> Result<Self> {
+    pub(crate) fn parse(name: Option<&str>) -> Result<Self> {
         match name.unwrap_or("vanilla") {
             "vanilla" => Ok(Self::Vanilla),
             "gated" => Ok(Self::Gated),
@@ -117,6 +121,8 @@ impl Args {
 
     pub fn from_config(text: &str, layout: Layout) -> Result<Self> {
         match layout {
+            // The same network in speculators' layout (`speculators.rs`).
+            Layout::DFlash if crate::speculators::declared(text) => crate::speculators::args(text),
             Layout::DFlash => Self::from_dflash(text),
             Layout::DeepSpec => Self::from_deepspec(text),
         }

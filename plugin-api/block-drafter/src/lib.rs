@@ -7,7 +7,8 @@
 //! Markov head and a confidence head (`markov.rs`). The embedding and LM
 //! head are the target's (through `HostServices`) or the drafter's own
 //! (DeepSpec). The round loop follows mlx-vlm 0.7.10's `_dflash_rounds`
-//! (`rounds.rs`).
+//! (`rounds.rs`). Configs are read in mlx-vlm's layouts (`config.rs`) or
+//! speculators' (`speculators.rs`).
 
 mod block;
 pub mod config;
@@ -15,6 +16,7 @@ mod markov;
 mod net;
 mod open;
 mod rounds;
+pub mod speculators;
 
 pub use config::Layout;
 

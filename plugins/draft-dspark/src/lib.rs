@@ -1,7 +1,8 @@
 //! Drafter `draft-dspark` (kinds `dspark`, `dflash`): mlx-vlm's block
-//! drafters in its `dflash_config` layout (a Qwen3-shaped network over the
-//! target's hidden taps; DSpark adds the Markov and confidence heads). The
-//! network and the round loop are the `block-drafter` crate's.
+//! drafters in its `dflash_config` layout or speculators' (a Qwen3-shaped
+//! network over the target's hidden taps; DSpark adds the Markov and
+//! confidence heads). The network and the round loop are the
+//! `block-drafter` crate's.
 
 use plugin_api::*;
 use plugin_sdk::rstrings;
@@ -23,14 +24,25 @@ fn manifest() -> PluginManifest {
     )
 }
 
-/// `dspark.json` is this kind's own file; a config with a `dflash_config`
-/// (and not a DeepSpec release, whose architecture another plugin claims)
-/// is a model type's confidence.
+/// `dspark.json` is this kind's own file; speculators' config naming
+/// `dflash` or `dspark` in `speculators_model_type` is as sure as an
+/// architecture name; a config with a `dflash_config` (and not a DeepSpec
+/// release, whose architecture another plugin claims) is a model type's
+/// confidence. speculators' other algorithms (eagle3, ...; not `mtp`,
+/// draft-mtp's) are claimed at that level too, so that opening refuses them
+/// by name instead of a model plugin failing on a folder of draft layers.
 fn detect(dir: &str, config: &str) -> u32 {
     if Path::new(dir).join("dspark.json").is_file() {
         return detect::DEDICATED_FILE;
     }
     let Ok(v) = serde_json::from_str::<serde_json::Value>(config) else { return 0 };
+    if let Some(kind) = v["speculators_model_type"].as_str() {
+        return match kind {
+            "dflash" | "dspark" => detect::ARCHITECTURE,
+            "mtp" => 0,
+            _ => detect::MODEL_TYPE,
+        };
+    }
     let deepspec = v["architectures"].as_array().is_some_and(|a| a.iter().any(|x| x == "Gemma4DSparkModel"));
     if v.get("dflash_config").is_some_and(|d| d.is_object()) && !deepspec {
         detect::MODEL_TYPE

@@ -126,12 +126,12 @@ pub struct Head {
 }
 
 impl Head {
-    /// `prefix` is `mtp.` inside a target checkpoint (whose norms are
-    /// stored minus one: `shift`), else empty.
-    pub fn load(ctx: &mut LoadCtx, a: &Args, prefix: &str, shift: bool) -> Result<Self> {
+    /// `at` gives a tensor's stored name from its `qwen3_5_mtp` name
+    /// (`mtp.` in front inside a target checkpoint, speculators' names);
+    /// `shift`: the norms are stored minus one (Hugging Face's layout).
+    pub fn load(ctx: &mut LoadCtx, a: &Args, at: &dyn Fn(&str) -> String, shift: bool) -> Result<Self> {
         let h = a.hidden;
-        let norm =
-            |ctx: &mut LoadCtx, name: &str| RmsNorm::load_shifted(ctx, &format!("{prefix}{name}"), h, a.eps, shift);
+        let norm = |ctx: &mut LoadCtx, name: &str| RmsNorm::load_shifted(ctx, &at(name), h, a.eps, shift);
         let shape = GatedAttentionShape {
             hidden: h,
             heads: a.heads,
@@ -146,16 +146,15 @@ impl Head {
         };
         let mut layers = Vec::with_capacity(a.layers);
         for i in 0..a.layers {
-            let p = format!("{prefix}layers.{i}");
             layers.push(Layer {
-                attn: GatedAttention::load(ctx, &format!("{p}.self_attn"), &shape)?,
-                mlp: Mlp::load(ctx, &format!("{p}.mlp"), h, a.intermediate, false)?,
+                attn: GatedAttention::load(ctx, &at(&format!("layers.{i}.self_attn")), &shape)?,
+                mlp: Mlp::load(ctx, &at(&format!("layers.{i}.mlp")), h, a.intermediate, false)?,
                 input_norm: norm(ctx, &format!("layers.{i}.input_layernorm"))?,
                 post_norm: norm(ctx, &format!("layers.{i}.post_attention_layernorm"))?,
             });
         }
         Ok(Self {
-            fc: Linear::load(ctx, &format!("{prefix}fc"), h, 2 * h, false)?,
+            fc: Linear::load(ctx, &at("fc"), h, 2 * h, false)?,
             norm_embed: norm(ctx, "pre_fc_norm_embedding")?,
             norm_hidden: norm(ctx, "pre_fc_norm_hidden")?,
             layers,

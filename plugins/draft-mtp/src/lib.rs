@@ -4,6 +4,8 @@
 //! (`HostServices`), and keeps one KV cache of its own per layer (from the
 //! cache-layout plugins, `HostServices::new_cache`). The round loop and
 //! cache maintenance follow mlx-vlm 0.7.10's `_mtp_rounds` (`rounds.rs`).
+//! Heads are read in mlx-vlm's and Hugging Face's layouts (`source.rs`) or
+//! speculators' (`speculators.rs`).
 
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::*;
@@ -14,6 +16,7 @@ mod head;
 mod open;
 mod rounds;
 mod source;
+mod speculators;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -32,9 +35,11 @@ fn manifest() -> PluginManifest {
 
 /// A `*_mtp` folder, a model folder with an `mtp/` folder, or a checkpoint
 /// holding `mtp.*` tensors: a model type's confidence (over two-model's
-/// "any model folder").
+/// "any model folder"); speculators' `speculators_model_type: "mtp"` names
+/// the kind as surely as an architecture name.
 fn detect(dir: &str, _config: &str) -> u32 {
     match source::locate(Path::new(dir)) {
+        Some(s) if s.speculators => detect::ARCHITECTURE,
         Some(_) => detect::MODEL_TYPE,
         None => 0,
     }

@@ -26,7 +26,12 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<Mtp, Plugin
             dir.display()
         ))
     })?;
-    let a = Args::from_config(&src.config).map_err(|e| bad(format!("mtp: {}", e.what())))?;
+    let config = match src.speculators {
+        true => crate::speculators::config(&src.config),
+        false => Ok(src.config.clone()),
+    };
+    let config = config.map_err(|e| bad(format!("mtp: {}", e.what())))?;
+    let a = Args::from_config(&config).map_err(|e| bad(format!("mtp: {}", e.what())))?;
     let plan = host.target_plan().into_result()?;
     if a.hidden != plan.hidden_size as usize {
         return Err(bad(format!(
@@ -45,16 +50,23 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox) -> Result<Mtp, Plugin
     // One head per folder and dtype, shared by every instance (batch rows).
     let key = format!("{}|{}|{dtype:?}", src.dir.display(), src.inside_target);
     let head = plugin_sdk::shared::shared(&key, || {
-        let cfg = Config::parse(&src.config).map_err(|e| bad(format!("mtp: {}", e.what())))?;
+        let cfg = Config::parse(&config).map_err(|e| bad(format!("mtp: {}", e.what())))?;
         let quant = cfg.quantization().map_err(|e| bad(format!("mtp: {}", e.what())))?;
         let mut weights = Weights::load(&src.dir).map_err(|e| PluginError::io(format!("mtp: {}", e.what())))?;
         let prefixed = src.inside_target || tensor_names(&src.dir).iter().any(|n| n.starts_with("mtp."));
         if src.inside_target {
             weights.drop_matching(|k| !k.starts_with("mtp."));
         }
-        let prefix = if prefixed { "mtp." } else { "" };
+        // Tensor names by layout; speculators' and the `mtp.*` tensors
+        // keep Hugging Face's norms (stored minus one).
+        let name = |n: &str| match (src.speculators, prefixed) {
+            (true, _) => crate::speculators::tensor(n),
+            (false, true) => format!("mtp.{n}"),
+            (false, false) => n.to_owned(),
+        };
         let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), Some(dtype));
-        let head = Head::load(&mut ctx, &a, prefix, prefixed).map_err(|e| bad(format!("mtp: {}", e.what())))?;
+        let shift = prefixed || src.speculators;
+        let head = Head::load(&mut ctx, &a, &name, shift).map_err(|e| bad(format!("mtp: {}", e.what())))?;
         ctx.materialize().map_err(|e| PluginError::io(format!("mtp: {}", e.what())))?;
         let left = weights.remaining();
         if !left.is_empty() {

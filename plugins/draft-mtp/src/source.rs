@@ -2,7 +2,8 @@
 //! Qwen3.5 releases and mlx-vlm use: a drafter folder (`model_type` ending
 //! in `_mtp`, tensors unprefixed), a `<model>/mtp/` folder beside the
 //! target's weights, or the `mtp.*` tensors inside the target checkpoint
-//! itself (Hugging Face layout: the norms stored minus one).
+//! itself (Hugging Face layout: the norms stored minus one); and
+//! speculators' MTP folder (`speculators.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,8 @@ pub struct Source {
     pub config: String,
     /// Only tensors under `mtp.` belong to the head (inside the target).
     pub inside_target: bool,
+    /// speculators' layout (`speculators.rs`): its config and tensor names.
+    pub speculators: bool,
 }
 
 fn read_config(dir: &Path) -> Option<String> {
@@ -63,18 +66,34 @@ fn header_names(path: &Path) -> Option<Vec<String>> {
     Some(v.as_object()?.keys().filter(|k| *k != "__metadata__").cloned().collect())
 }
 
-/// The head `dir` holds, in the order the ancestor detects them.
+/// speculators' `speculators_model_type`, when the config is one of its.
+pub fn speculators_type(config: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(config).ok()?;
+    v.get("speculators_model_type").map(|t| t.as_str().unwrap_or("?").to_owned())
+}
+
+/// The head `dir` holds: speculators' MTP folder, then the layouts in the
+/// order the ancestor detects them. speculators' other algorithms are
+/// not heads.
 pub fn locate(dir: &Path) -> Option<Source> {
     let config = read_config(dir)?;
+    let own = |dir: &Path, config: String, inside_target, speculators| {
+        Some(Source { dir: dir.into(), config, inside_target, speculators })
+    };
+    match speculators_type(&config).as_deref() {
+        Some("mtp") => return own(dir, config, false, true),
+        Some(_) => return None,
+        None => {}
+    }
     if model_type(&config).ends_with("_mtp") {
-        return Some(Source { dir: dir.into(), config, inside_target: false });
+        return own(dir, config, false, false);
     }
     let sub = dir.join("mtp");
     if let Some(c) = read_config(&sub) {
-        return Some(Source { dir: sub, config: c, inside_target: false });
+        return own(&sub, c, false, false);
     }
     if tensor_names(dir).iter().any(|n| n.starts_with("mtp.")) {
-        return Some(Source { dir: dir.into(), config, inside_target: true });
+        return own(dir, config, true, false);
     }
     None
 }
@@ -122,11 +141,18 @@ mod tests {
         let s = locate(&inside).unwrap();
         assert!(s.inside_target && s.dir == inside);
 
+        let spec = folder("speculators");
+        std::fs::write(spec.join("config.json"), r#"{"speculators_model_type": "mtp"}"#).unwrap();
+        let s = locate(&spec).unwrap();
+        assert!(s.speculators && !s.inside_target && s.dir == spec);
+        std::fs::write(spec.join("config.json"), r#"{"speculators_model_type": "dflash"}"#).unwrap();
+        assert!(locate(&spec).is_none());
+
         let plain = folder("plain");
         std::fs::write(plain.join("config.json"), r#"{"model_type": "qwen3_5"}"#).unwrap();
         safetensors(&plain.join("model.safetensors"), &["model.embed_tokens.weight"]);
         assert!(locate(&plain).is_none());
-        for d in [own, beside, inside, plain] {
+        for d in [own, beside, inside, spec, plain] {
             let _ = std::fs::remove_dir_all(d);
         }
     }
