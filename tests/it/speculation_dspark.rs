@@ -59,7 +59,7 @@ fn block_rounds_match_the_reference_loop_and_greedy_decoding() {
         // DeepSpec's architecture name).
         let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
         assert_eq!(ids(&out["tokens"]), plain, "{kind}: speculation changed the greedy output");
-        same_rounds(&ours, &want, ShortRounds::Unchecked, kind);
+        same_rounds(&ours, &want, ShortRounds::Unchecked { max_tokens: MAX_TOKENS }, kind);
         let sp = &out["speculation"];
         assert!(sp["disabled"].is_null(), "{kind}: {sp}");
         assert_eq!(sp["kind"].as_str(), Some(detected), "{kind}: {sp}");
@@ -88,7 +88,12 @@ fn speculators_markov_heads_match_the_reference_loop() {
         let trace = dir.0.join(format!("{kind}.jsonl"));
         let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
         assert_eq!(ids(&out["tokens"]), plain, "{kind}: speculation changed the greedy output");
-        same_rounds(&ours, &rounds(&reference[kind]["rounds"]), ShortRounds::Unchecked, kind);
+        same_rounds(
+            &ours,
+            &rounds(&reference[kind]["rounds"]),
+            ShortRounds::Unchecked { max_tokens: MAX_TOKENS },
+            kind,
+        );
         let (drafted, accepted) = totals(&ours);
         assert!(accepted > 0 && accepted < drafted, "{kind}: drafted {drafted}, accepted {accepted}");
     }
@@ -113,7 +118,12 @@ fn speculators_folders_match_the_reference_loop() {
         let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
         assert_eq!(ids(&out["tokens"]), plain, "{kind}: speculation changed the greedy output");
         assert_eq!(out["speculation"]["kind"].as_str(), Some("dspark"), "{kind}: {}", out["speculation"]);
-        same_rounds(&ours, &rounds(&reference[kind]["rounds"]), ShortRounds::Unchecked, kind);
+        same_rounds(
+            &ours,
+            &rounds(&reference[kind]["rounds"]),
+            ShortRounds::Unchecked { max_tokens: MAX_TOKENS },
+            kind,
+        );
         // Whole rounds (the width read right), accepting none, some and all.
         let full: Vec<u64> = ours.iter().filter(|r| r.drafts.len() as u64 == DRAFTS).map(|r| r.accepted).collect();
         assert!(
@@ -167,7 +177,12 @@ fn quantized_block_drafters_match_the_reference_loop() {
         let trace = dir.0.join(format!("{kind}.jsonl"));
         let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
         assert_eq!(ids(&out["tokens"]), plain, "{kind}: speculation changed the greedy output");
-        same_rounds(&ours, &rounds(&reference[kind]["rounds"]), ShortRounds::Unchecked, kind);
+        same_rounds(
+            &ours,
+            &rounds(&reference[kind]["rounds"]),
+            ShortRounds::Unchecked { max_tokens: MAX_TOKENS },
+            kind,
+        );
         let (drafted, accepted) = totals(&ours);
         assert!(accepted > 0 && accepted < drafted, "{kind}: drafted {drafted}, accepted {accepted}");
     }

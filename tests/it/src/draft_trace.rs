@@ -78,7 +78,11 @@ pub enum ShortRounds {
     /// whose steps do not see the round's width).
     Prefix,
     /// Not comparable: a block drafter's width changes every slot's output.
-    Unchecked,
+    /// Only the count is checked: a round is short only where the request's
+    /// `max_tokens` left room for no more (its drafts plus the token it
+    /// verifies fill what is left), so a drafter that drafts too few anywhere
+    /// else fails.
+    Unchecked { max_tokens: usize },
 }
 
 pub fn close(a: &[f64], b: &[f64]) -> Option<(f64, f64)> {
@@ -92,12 +96,19 @@ pub fn same_rounds(ours: &[Round], reference: &[Round], short: ShortRounds, what
     assert!(!ours.is_empty(), "{what}: the drafter traced no rounds");
     assert!(ours.len() <= reference.len(), "{what}: {} rounds, the reference ran {}", ours.len(), reference.len());
     let mut cut = false;
+    // Tokens out before the round: the prompt's first, then each round's
+    // accepted drafts and the token after them.
+    let mut emitted = 1;
     for (i, (o, r)) in ours.iter().zip(reference).enumerate() {
         let k = o.drafts.len();
         assert!(k >= 1 && k <= r.drafts.len(), "{what} round {i}: {k} drafts, the reference drafted {:?}", r.drafts);
+        let before = emitted;
+        emitted += o.accepted as usize + 1;
         if k < r.drafts.len() {
             cut = true;
-            if short == ShortRounds::Unchecked {
+            if let ShortRounds::Unchecked { max_tokens } = short {
+                let room = max_tokens.saturating_sub(before + 1);
+                assert_eq!(k, room, "{what} round {i}: {k} drafts where the budget left room for {room}");
                 continue;
             }
         } else {
