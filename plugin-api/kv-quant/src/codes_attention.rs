@@ -22,10 +22,12 @@
 use crate::attention::QMask;
 use crate::codec::{Affine, Widths};
 use model_kit::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
-use model_kit::decode_attention::{merge_slices, splits, THREADS};
+use model_kit::decode_attention::{merge_slices, splits, SOFTMAX_TAIL, THREADS};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_sdk::mlx_rs;
 
+/// The kernel up to the key loop's softmax update: each key scored from
+/// affine codes dequantized in registers; `SOFTMAX_TAIL` completes it.
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;
     constexpr int DPL = D / 32;
@@ -80,50 +82,14 @@ const SOURCE: &str = r#"
             vv[i] = value_of(vrow[NWS + g]) * vq + value_of(vrow[NWS + NG + g]);
             for (int r = 0; r < R; ++r) s[r] += qv[r][i] * kval;
         }
-        for (int r = 0; r < R; ++r) {
-            for (int o = 16; o > 0; o >>= 1) s[r] += __shfl_xor_sync(0xffffffff, s[r], o);
-            const float mn = fmaxf(m[r], s[r]);
-            const float corr = __expf(m[r] - mn);
-            const float p = __expf(s[r] - mn);
-            l[r] = l[r] * corr + p;
-            for (int i = 0; i < DPL; ++i) acc[r][i] = acc[r][i] * corr + p * vv[i];
-            m[r] = mn;
-        }
-    }
-    __shared__ float sm_m[WARPS][R];
-    __shared__ float sm_l[WARPS][R];
-    __shared__ float sm_acc[WARPS][R][D];
-    for (int r = 0; r < R; ++r) {
-        if (lane == 0) {
-            sm_m[warp][r] = m[r];
-            sm_l[warp][r] = l[r];
-        }
-        for (int i = 0; i < DPL; ++i) sm_acc[warp][r][lane * DPL + i] = acc[r][i];
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
-        const int r = idx / D, d = idx % D;
-        float M = -INFINITY;
-        for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm_m[w][r]);
-        float L = 0.f, A = 0.f;
-        if (M > -INFINITY) {
-            for (int w = 0; w < WARPS; ++w) {
-                const float c = __expf(sm_m[w][r] - M);
-                L += sm_l[w][r] * c;
-                A += sm_acc[w][r][d] * c;
-            }
-        }
-        part[((size_t)blk * R + r) * D + d] = A;
-        if (d == 0) {
-            ml[((size_t)blk * R + r) * 2] = M;
-            ml[((size_t)blk * R + r) * 2 + 1] = L;
-        }
-    }
 "#;
 
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
-    cached(&KERNEL, || CudaKernel::new("kv_codes_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], SOURCE))
+    cached(&KERNEL, || {
+        let source = format!("{SOURCE}{SOFTMAX_TAIL}");
+        CudaKernel::new("kv_codes_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], &source)
+    })
 }
 
 /// Attention of one query per row, `q` `[B, Hq, 1, D]`, over the stored

@@ -22,6 +22,8 @@
 use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use crate::{error, Array, Dtype, Result};
 
+/// The kernel up to the key loop's softmax update: each key scored from
+/// plain K/V read in place; `SOFTMAX_TAIL` completes it.
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;
     constexpr int DPL = D / 32;
@@ -64,7 +66,15 @@ const SOURCE: &str = r#"
             vv[i] = static_cast<float>(vrow[i * v_strides[3]]);
             for (int r = 0; r < R; ++r) s[r] += qv[r][i] * kval;
         }
-        for (int r = 0; r < R; ++r) {
+"#;
+
+/// What every decode kernel of this shape ends with, after the key
+/// loop has scored one key per warp into `s[R]` and loaded its values into
+/// `vv[DPL]`: the online softmax update, the loop's close, then the
+/// block's warps merged through shared memory into this block's partial
+/// output `part` and running maximum and sum `ml` (merged across slices by
+/// [`merge_slices`]). kv-quant's kernel over affine codes ends the same.
+pub const SOFTMAX_TAIL: &str = r#"        for (int r = 0; r < R; ++r) {
             for (int o = 16; o > 0; o >>= 1) s[r] += __shfl_xor_sync(0xffffffff, s[r], o);
             const float mn = fmaxf(m[r], s[r]);
             const float corr = __expf(m[r] - mn);
@@ -142,7 +152,10 @@ const MIN_SLICE: i32 = 256;
 
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
-    cached(&KERNEL, || CudaKernel::new("masked_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], SOURCE))
+    cached(&KERNEL, || {
+        let source = format!("{SOURCE}{SOFTMAX_TAIL}");
+        CudaKernel::new("masked_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], &source)
+    })
 }
 
 fn merge_kernel() -> Result<&'static CudaKernel> {
