@@ -99,10 +99,8 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
 /// has no fused one (`decode_attention` says why).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
     if let Mask::Array(m) = mask {
-        if q.shape()[2] == 1 {
-            if let Some(out) = crate::decode_attention::masked(q, k, v, scale, m)? {
-                return Ok(out);
-            }
+        if let Some(out) = crate::decode_attention::masked(q, k, v, scale, m)? {
+            return Ok(out);
         }
     }
     if crate::short_attention::per_query_wanted(q.shape(), mask) {
