@@ -22,8 +22,11 @@
 use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use crate::{error, Array, Dtype, Result};
 
-/// The kernel up to the key loop's softmax update: each key scored from
-/// plain K/V read in place; `SOFTMAX_TAIL` completes it.
+/// The kernel up to the key loop's softmax update, each key scored from
+/// K/V read in place; `SOFTMAX_TAIL` completes it. `KEYS` (where the keys
+/// of row `b`, K/V head `h` are: `T`, and `KROW(t)` / `VROW(t)` pointing at
+/// key `t`'s first dimension with `KS` / `VS` between dimensions) is spliced
+/// in, once per kind of K/V storage (`DENSE`, `PAGED`).
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;
     constexpr int DPL = D / 32;
@@ -35,7 +38,7 @@ const SOURCE: &str = r#"
     const int split = blk % splits;
     const int b = bh / HKV;
     const int h = bh % HKV;
-    const int T = k_shape[2];
+    KEYS
     const int per = (T + splits - 1) / splits;
     const int t0 = split * per;
     const int t1 = min(T, t0 + per);
@@ -51,19 +54,17 @@ const SOURCE: &str = r#"
         l[r] = 0.f;
         for (int i = 0; i < DPL; ++i) acc[r][i] = 0.f;
     }
-    const size_t kb = (size_t)b * k_strides[0] + (size_t)h * k_strides[1];
-    const size_t vb = (size_t)b * v_strides[0] + (size_t)h * v_strides[1];
     const size_t mb = (size_t)b * mask_strides[0];
     for (int t = t0 + warp; t < t1; t += WARPS) {
         if (!mask[mb + (size_t)t * mask_strides[1]]) continue;
-        const auto* krow = k + kb + (size_t)t * k_strides[2] + lane * DPL * k_strides[3];
-        const auto* vrow = v + vb + (size_t)t * v_strides[2] + lane * DPL * v_strides[3];
+        const auto* krow = KROW(t) + lane * DPL * KS;
+        const auto* vrow = VROW(t) + lane * DPL * VS;
         float s[R];
         for (int r = 0; r < R; ++r) s[r] = 0.f;
         float vv[DPL];
         for (int i = 0; i < DPL; ++i) {
-            const float kval = static_cast<float>(krow[i * k_strides[3]]);
-            vv[i] = static_cast<float>(vrow[i * v_strides[3]]);
+            const float kval = static_cast<float>(krow[i * KS]);
+            vv[i] = static_cast<float>(vrow[i * VS]);
             for (int r = 0; r < R; ++r) s[r] += qv[r][i] * kval;
         }
 "#;
@@ -115,6 +116,30 @@ pub const SOFTMAX_TAIL: &str = r#"        for (int r = 0; r < R; ++r) {
     }
 "#;
 
+/// `k` / `v` `[B, Hkv, T, D]`, any strides.
+const DENSE: &str = r#"
+    const int T = k_shape[2];
+    const size_t kb = (size_t)b * k_strides[0] + (size_t)h * k_strides[1];
+    const size_t vb = (size_t)b * v_strides[0] + (size_t)h * v_strides[1];
+    const size_t KS = k_strides[3], VS = v_strides[3];
+    #define KROW(t) (k + kb + (size_t)(t) * k_strides[2])
+    #define VROW(t) (v + vb + (size_t)(t) * v_strides[2])
+"#;
+
+/// `k` / `v` a block pool `[Hkv, capacity * BLOCK, D]`; `flat` `[B, Hkv,
+/// nb]` names each row's blocks as `h * capacity + block` (kv-paged's
+/// gather indices), so key `t` of the row is slot `t % BLOCK` of its
+/// `t / BLOCK`-th block.
+const PAGED: &str = r#"
+    const int T = flat_shape[2] * BLOCK;
+    const int cap = k_shape[1] / BLOCK;
+    const size_t fb = (size_t)b * flat_strides[0] + (size_t)h * flat_strides[1];
+    const size_t KS = k_strides[2], VS = v_strides[2];
+    #define SLOT(t) ((size_t)(flat[fb + (size_t)((t) / BLOCK) * flat_strides[2]] % cap) * BLOCK + (t) % BLOCK)
+    #define KROW(t) (k + (size_t)h * k_strides[0] + SLOT(t) * k_strides[1])
+    #define VROW(t) (v + (size_t)h * v_strides[0] + SLOT(t) * v_strides[1])
+"#;
+
 /// The slices' partial results as one: each slice's running maximum and
 /// sum rescaled to the overall maximum (a slice that saw no key, m = -inf,
 /// weighs nothing). One thread per output element. `part` comes as
@@ -153,8 +178,16 @@ const MIN_SLICE: i32 = 256;
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
     cached(&KERNEL, || {
-        let source = format!("{SOURCE}{SOFTMAX_TAIL}");
+        let source = format!("{}{SOFTMAX_TAIL}", SOURCE.replace("KEYS", DENSE));
         CudaKernel::new("masked_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], &source)
+    })
+}
+
+fn paged_kernel() -> Result<&'static CudaKernel> {
+    static KERNEL: Cached = Cached::new();
+    cached(&KERNEL, || {
+        let source = format!("{}{SOFTMAX_TAIL}", SOURCE.replace("KEYS", PAGED));
+        CudaKernel::new("paged_decode_attention", &["q", "k", "v", "mask", "flat"], &["part", "ml"], &source)
     })
 }
 
@@ -190,50 +223,100 @@ pub fn merge_slices(part: &Array, ml: &Array, splits: i32, out: [i32; 4], dtype:
     merged.into_iter().next().ok_or_else(|| error("the merge kernel returned nothing"))
 }
 
+/// Whether one query per row `q` `[B, Hq, 1, D]` over K/V of `hkv` heads
+/// and `t` keys under a boolean `mask` (`[B, .., T]` or one row for all)
+/// is what the kernels were built for, on the current device.
+fn fits(q: &Array, hkv: i32, dims: (i32, i32), t: i32, mask: &Array, kv_dtype: Dtype) -> bool {
+    let &[b, hq, l, d] = q.shape() else { return false };
+    l == 1
+        && hkv > 0
+        && hq % hkv == 0
+        && d % 32 == 0
+        && dims == (d, d)
+        && (hq / hkv) * d <= 1024
+        && t > 0
+        && mask.dtype() == Dtype::Bool
+        && (mask.size() as i32 == b * t || mask.size() as i32 == t)
+        && matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
+        && kv_dtype == q.dtype()
+        && crate::ops::on_gpu()
+}
+
+/// Launches `kernel` over `inputs` (`q`, `k`, `v`, then the mask as
+/// `[B, T]` is appended, then `extra`) and merges its slices.
+fn launch(
+    kernel: &CudaKernel,
+    q: &Array,
+    kv: (&Array, &Array),
+    mask: &Array,
+    extra: &[&Array],
+    (hkv, t, scale): (i32, i32, f32),
+    more: &[Template],
+) -> Result<Array> {
+    let &[b, hq, _, d] = q.shape() else { return Err(error("the decode kernel takes [B, Hq, 1, D] queries")) };
+    let r = hq / hkv;
+    let mask = mlx_rs::ops::broadcast_to(&mask.reshape(&[-1, t])?, &[b, t])?;
+    let splits = splits(b, hkv, t);
+    let blocks = b * hkv * splits;
+    let mut inputs = vec![q, kv.0, kv.1, &mask];
+    inputs.extend_from_slice(extra);
+    // The scale as a compile-time constant (its bits): one per model, and
+    // nothing to upload per layer and step.
+    let mut template = vec![
+        Template::Int("D", d),
+        Template::Int("R", r),
+        Template::Int("HKV", hkv),
+        Template::Int("SCALE_BITS", scale.to_bits() as i32),
+    ];
+    template.extend(more.iter().map(|t| match *t {
+        Template::Int(n, v) => Template::Int(n, v),
+        Template::Bool(n, v) => Template::Bool(n, v),
+    }));
+    let outs = kernel.apply(
+        &inputs,
+        &Launch {
+            grid: [blocks * THREADS, 1, 1],
+            threads: [THREADS, 1, 1],
+            outputs: &[(&[blocks, r, d], Dtype::Float32), (&[blocks, r, 2], Dtype::Float32)],
+            template: &template,
+        },
+    )?;
+    let [part, ml]: [Array; 2] = outs.try_into().map_err(|_| error("the decode kernel returned other outputs"))?;
+    merge_slices(&part, &ml, splits, [b, hq, 1, d], q.dtype())
+}
+
 /// Attention of one query per row, `q` `[B, Hq, 1, D]`, over `k` / `v`
 /// `[B, Hkv, T, D]` (read in place, any strides) where the boolean `mask`
 /// (`[B, 1, 1, T]`, or one row for all) is true; None where the kernel does
 /// not apply (more queries, another mask dtype or shape, head sizes it was
 /// not built for, not on a GPU): the caller then attends through MLX.
 pub fn masked(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array) -> Result<Option<Array>> {
-    let (&[b, hq, l, d], &[kb, hkv, t, kd]) = (q.shape(), k.shape()) else { return Ok(None) };
-    let r = if hkv > 0 && hq % hkv == 0 { hq / hkv } else { 0 };
-    let fits = l == 1
-        && kb == b
-        && r > 0
-        && d % 32 == 0
-        && kd == d
-        && v.shape() == k.shape()
-        && r * d <= 1024
-        && t > 0
-        && mask.dtype() == Dtype::Bool
-        && (mask.size() as i32 == b * t || mask.size() as i32 == t)
-        && matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
-        && k.dtype() == q.dtype()
-        && v.dtype() == q.dtype()
-        && crate::ops::on_gpu();
-    if !fits {
+    let (&[b, ..], &[kb, hkv, t, kd]) = (q.shape(), k.shape()) else { return Ok(None) };
+    if kb != b || v.shape() != k.shape() || !fits(q, hkv, (kd, v.shape()[3]), t, mask, k.dtype()) {
         return Ok(None);
     }
-    let mask = mlx_rs::ops::broadcast_to(&mask.reshape(&[-1, t])?, &[b, t])?;
-    let splits = splits(b, hkv, t);
-    let blocks = b * hkv * splits;
-    let outs = kernel()?.apply(
-        &[q, k, v, &mask],
-        &Launch {
-            grid: [blocks * THREADS, 1, 1],
-            threads: [THREADS, 1, 1],
-            outputs: &[(&[blocks, r, d], Dtype::Float32), (&[blocks, r, 2], Dtype::Float32)],
-            // The scale as a compile-time constant (its bits): one per
-            // model, and nothing to upload per layer and step.
-            template: &[
-                Template::Int("D", d),
-                Template::Int("R", r),
-                Template::Int("HKV", hkv),
-                Template::Int("SCALE_BITS", scale.to_bits() as i32),
-            ],
-        },
-    )?;
-    let [part, ml]: [Array; 2] = outs.try_into().map_err(|_| error("the decode kernel returned other outputs"))?;
-    merge_slices(&part, &ml, splits, [b, hq, 1, d], q.dtype()).map(Some)
+    launch(kernel()?, q, (k, v), mask, &[], (hkv, t, scale), &[]).map(Some)
+}
+
+/// As [`masked`], over a block pool read in place: `k` / `v` `[Hkv,
+/// capacity * block, D]`, `flat` `[B, Hkv, nb]` each row's blocks as
+/// `h * capacity + block` (kv-paged's gather indices), the row's key `t`
+/// being slot `t % block` of its `t / block`-th block, and `mask` over
+/// the `nb * block` keys of each row.
+pub fn paged(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    flat: &Array,
+    block: i32,
+    scale: f32,
+    mask: &Array,
+) -> Result<Option<Array>> {
+    let (&[b, ..], &[hkv, slots, kd], &[fb, fh, nb]) = (q.shape(), k.shape(), flat.shape()) else { return Ok(None) };
+    let t = nb * block;
+    let even = block > 0 && slots % block == 0 && fb == b && fh == hkv && v.shape()[..2] == k.shape()[..2];
+    if !even || !fits(q, hkv, (kd, v.shape()[2]), t, mask, k.dtype()) {
+        return Ok(None);
+    }
+    launch(paged_kernel()?, q, (k, v), mask, &[flat], (hkv, t, scale), &[Template::Int("BLOCK", block)]).map(Some)
 }

@@ -9,7 +9,7 @@ use model_kit::ops::dtype_size;
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
-use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, quietly};
+use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, quietly, to_array};
 use std::sync::atomic::Ordering;
 
 pub struct PagedKv {
@@ -87,6 +87,17 @@ impl PagedKv {
     }
 
     fn store(&mut self, k: Array, v: Array) -> Result<(Array, Array)> {
+        let aligned = self.write(&k, &v)?;
+        let shared = self.pool();
+        let p = pool::lock(&shared);
+        let dims = (self.geometry.k_dim, self.geometry.v_dim);
+        view::gather(&self.rows, &p, aligned, &mut self.table, dims, k.dtype())
+    }
+
+    /// Writes a step's keys and values `[B, H, L, D]` into the rows'
+    /// blocks; returns whether the rows were uneven before it (the view is
+    /// then aligned by blocks, as the mask asked before it assumed).
+    fn write(&mut self, k: &Array, v: &Array) -> Result<bool> {
         let (b, l) = (k.shape()[0] as usize, k.shape()[2] as usize);
         if b != self.rows.len() {
             return Err(error(format!("kv-paged: {b} rows given, cache holds {}", self.rows.len())));
@@ -107,10 +118,39 @@ impl PagedKv {
         }
         if !slots.is_empty() {
             let all = slots.len() == b * l;
-            p.storage_mut()?.put(&slots, &k, &v, if all { None } else { Some(&from) })?;
+            p.storage_mut()?.put(&slots, k, v, if all { None } else { Some(&from) })?;
         }
+        Ok(aligned)
+    }
+
+    /// A decode step of uneven rows on the GPU (`CacheLayout::attend`):
+    /// the new token stored, then attention read straight out of the pool
+    /// through the block table (`decode_attention::paged`), so no view is
+    /// gathered. Anything else (prompts, verifies, rows of one length, whose
+    /// view is kv-plain's K/V exactly, the CPU) declines: the graph then
+    /// stores and attends over the gathered view.
+    fn attend_paged(&mut self, q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array) -> Result<Option<Array>> {
+        let l = k.shape()[2];
+        if q.shape()[2] != 1 || l != 1 || !model_kit::ops::on_gpu() || !view::uneven(&self.rows, &self.pending) {
+            return Ok(None);
+        }
+        let aligned = self.write(k, v)?;
+        let shared = self.pool();
+        let p = pool::lock(&shared);
+        if let Some((flat, nb)) = view::flat_table(&self.rows, &p, aligned, &mut self.table)? {
+            let storage = p.storage()?;
+            let (keys, values) = storage.arrays();
+            let flat = flat.reshape(&[self.rows.len() as i32, self.geometry.heads, nb as i32])?;
+            let block = self.block() as i32;
+            if let Some(out) = model_kit::decode_attention::paged(q, keys, values, &flat, block, scale, mask)? {
+                return Ok(Some(out));
+            }
+        }
+        // Stored already: attend over the gathered view instead.
         let dims = (self.geometry.k_dim, self.geometry.v_dim);
-        view::gather(&self.rows, &p, aligned, &mut self.table, dims, k.dtype())
+        let (keys, values) = view::gather(&self.rows, &p, aligned, &mut self.table, dims, k.dtype())?;
+        let mask = model_kit::attention::Mask::Array(mask.clone());
+        model_kit::attention::sdpa(q, &keys, &values, scale, &mask).map(Some)
     }
 
     fn export(&self, rows: &[&Row]) -> Result<CacheState> {
@@ -368,6 +408,24 @@ impl CacheLayout for PagedKv {
             self.pending = pads.iter().map(|&p| p as usize).collect();
             self.mark = None;
             Ok(())
+        })
+    }
+
+    fn attend(
+        &mut self,
+        queries: TensorRef<'_>,
+        keys: TensorRef<'_>,
+        values: TensorRef<'_>,
+        scale: f32,
+        mask: MaskRef<'_>,
+    ) -> PResult<ROption<Tensor>> {
+        guard_mlx(|| {
+            let (MaskMode::ARRAY, ROption::RSome(m)) = (mask.mode, mask.array) else { return Ok(ROption::RNone) };
+            let (q, k, v, m) = (to_array(queries), to_array(keys), to_array(values), to_array(m));
+            Ok(match self.attend_paged(&q, &k, &v, scale, &m)? {
+                Some(out) => ROption::RSome(into_tensor(out)),
+                None => ROption::RNone,
+            })
         })
     }
 

@@ -44,6 +44,12 @@ impl Storage {
         })
     }
 
+    /// The keys and values `[H, S, D]`, for attention that reads the pool
+    /// in place (`PagedKv::attend`).
+    pub fn arrays(&self) -> (&Array, &Array) {
+        (&self.keys, &self.values)
+    }
+
     pub fn capacity(&self) -> usize {
         self.capacity as usize
     }

@@ -79,6 +79,31 @@ fn table(rows: &[Row], aligned: bool, block: usize) -> (Vec<i32>, usize) {
 /// enters a new block, so most steps upload nothing.
 pub type Table = (Vec<i32>, usize, Array);
 
+/// The view's gather indices (`Storage::flat_table`, `[B * H * nb]`) and
+/// `nb`, or None when the pool holds nothing to read.
+pub fn flat_table(
+    rows: &[Row],
+    pool: &Pool,
+    aligned: bool,
+    cached: &mut Option<Table>,
+) -> Result<Option<(Array, usize)>> {
+    let (table, nb) = table(rows, aligned, pool.geometry.block);
+    let storage = match pool.storage() {
+        Ok(s) if nb > 0 => s,
+        _ => return Ok(None),
+    };
+    let cap = storage.capacity();
+    let flat = match cached {
+        Some((t, c, a)) if *t == table && *c == cap => a.clone(),
+        _ => {
+            let a = storage.flat_table(&table, rows.len(), pool.geometry.heads)?;
+            *cached = Some((table, cap, a.clone()));
+            a
+        }
+    };
+    Ok(Some((flat, nb)))
+}
+
 /// Everything the rows hold, `[B, H, W, D]` keys and values: one gather
 /// per array, cut to the rows' length when they are even.
 pub fn gather(
@@ -90,21 +115,11 @@ pub fn gather(
     dtype: Dtype,
 ) -> Result<(Array, Array)> {
     let g = pool.geometry;
-    let (table, nb) = table(rows, aligned, g.block);
-    let storage = match pool.storage() {
-        Ok(s) if nb > 0 => s,
-        _ => return zeros_view(rows.len(), if aligned { nb * g.block } else { 0 }, g.heads, dims, dtype),
+    let Some((flat, nb)) = flat_table(rows, pool, aligned, cached)? else {
+        let nb = table(rows, aligned, g.block).1;
+        return zeros_view(rows.len(), if aligned { nb * g.block } else { 0 }, g.heads, dims, dtype);
     };
-    let cap = storage.capacity();
-    let flat = match cached {
-        Some((t, c, a)) if *t == table && *c == cap => a.clone(),
-        _ => {
-            let a = storage.flat_table(&table, rows.len(), g.heads)?;
-            *cached = Some((table, cap, a.clone()));
-            a
-        }
-    };
-    let (k, v) = storage.blocks(&flat, rows.len() as i32, nb as i32)?;
+    let (k, v) = pool.storage()?.blocks(&flat, rows.len() as i32, nb as i32)?;
     let len = rows[0].len() as i32;
     if aligned || len == (nb * g.block) as i32 {
         return Ok((k, v));

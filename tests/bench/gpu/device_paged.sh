@@ -6,7 +6,8 @@
 # each row's blocks per layer and step shows where K/V traffic dominates;
 # first, greedy output with `--paged-kv` against plain K/V's for 8 rows of
 # one length (must be equal: the GPU's gather kernel copies the same K/V)
-# and of different lengths (paged_parity.py).
+# and of different lengths (paged_parity.py); then rows of different
+# lengths (--ragged), plain against paged.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 qwen06b
@@ -17,3 +18,9 @@ for kv in "" "--paged-kv" "--paged-kv --kv-block-size 64"; do
   echo "## host bench ${kv:-(plain K/V)}"
   $H bench --plugins $P --model /tmp/m/qwen3-0.6b --prompt-len 4096 --gen-len 128 --batch 1,8,32 --trials 2 $kv
 done | tee $OUT/paged_host.md
+# Rows of different lengths (--ragged): on the GPU kv-paged's decode steps
+# then attend out of the pool through the block table, no view gathered.
+for kv in "" "--paged-kv"; do
+  echo "## host bench --ragged ${kv:-(plain K/V)}"
+  $H bench --plugins $P --model /tmp/m/qwen3-0.6b --prompt-len 4096 --gen-len 128 --batch 8,32 --trials 2 --ragged $kv
+done | tee $OUT/paged_ragged.md
