@@ -11,6 +11,11 @@ Writes, under OUT:
                    proportional RoPE, soft-capped tied logits), float32, in
                    the `gemma4_text` layout model-gemma4 loads, with a
                    word-level tokenizer of its vocabulary;
+  target-w8/       the same target with a sliding window of 8 (the same
+                   weights; its rings wrap, for the batched tests);
+  target-full/     a Gemma 4 target with full-attention layers only (for
+                   the refusal of a head whose sliding layers have no
+                   target layer to attend);
   assistant/       a tied-embedding assistant (`gemma4_assistant`: width 48
                    over the target's 64, layers S S S F, sliding window 8);
   centroids/       the same head with the centroid LM head
@@ -243,6 +248,14 @@ def main():
     target_dir = os.path.join(out, "target")
     base.save(target_dir, dict(tree_flatten(lm.parameters())), TARGET)
     base.save_tokenizer(target_dir)
+    w8 = os.path.join(out, "target-w8")
+    base.save(w8, dict(tree_flatten(lm.parameters())), dict(TARGET, sliding_window=DRAFT_WINDOW))
+    base.save_tokenizer(w8)
+    full_cfg = dict(TARGET, layer_types=["full_attention"] * len(TARGET["layer_types"]))
+    full = LanguageModel(TextConfig.from_dict(full_cfg))
+    mx.eval(full.parameters())
+    base.save(os.path.join(out, "target-full"), dict(tree_flatten(full.parameters())), full_cfg)
+    base.save_tokenizer(os.path.join(out, "target-full"))
     plain = greedy(lm, prompt, max_tokens)
     result = {"plain": plain}
     summary = {}

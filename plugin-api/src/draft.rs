@@ -189,7 +189,8 @@ pub struct TargetKv<'a> {
     pub kind: NeedKind,
     /// The sliding window (SLIDING; 0 otherwise).
     pub window: u32,
-    /// `[1, H_kv, L, D_k]` and `[1, H_kv, L, D_v]`.
+    /// `[1, H_kv, L, D_k]` and `[1, H_kv, L, D_v]` (L is 0 for a row that
+    /// holds no tokens yet: a one-token prompt before its first verify).
     pub keys: TensorRef<'a>,
     pub values: TensorRef<'a>,
     pub first: u64,

@@ -349,7 +349,11 @@ impl PlainKv {
             return Err(error(format!("kv_view: row {r} out of range (rows = {})", self.rows())));
         }
         let (Some(k), Some(v)) = (&self.keys, &self.values) else {
-            return Err(error("kv_view: the cache holds no tokens"));
+            let (k, v) = (
+                zeros(&[1, self.heads, 0, self.k_dim], self.dtype)?,
+                zeros(&[1, self.heads, 0, self.v_dim], self.dtype)?,
+            );
+            return Ok(KvView { keys: into_tensor(k), values: into_tensor(v), first: 0 });
         };
         let (ks, vs) = (k.shape(), v.shape());
         let (pad, end) = (self.left_pad[r] as i32, self.idx as i32);

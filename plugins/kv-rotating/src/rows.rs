@@ -144,8 +144,13 @@ impl Ring {
         if r >= self.rows() {
             return Err(PluginError::invalid_input(format!("kv_view: row {r} out of range (rows = {})", self.rows())));
         }
-        let Some((k, v)) = self.row_columns(r).map_err(mlx_error)? else {
-            return Err(PluginError::invalid_input(format!("kv_view: row {r} holds no tokens")));
+        let none = || -> Result<(Array, Array)> {
+            let g = &self.geo;
+            Ok((blank_of(g.heads, g.k_dim, g.dtype)?, blank_of(g.heads, g.v_dim, g.dtype)?))
+        };
+        let (k, v) = match self.row_columns(r).map_err(mlx_error)? {
+            Some(kv) => kv,
+            None => none().map_err(mlx_error)?,
         };
         let first = (self.offsets[r].max(0) as u64).saturating_sub(len(&k) as u64);
         Ok(KvView { keys: into_tensor(k), values: into_tensor(v), first })
@@ -204,4 +209,9 @@ impl Ring {
         }
         Ok(())
     }
+}
+
+/// `[1, heads, 0, dim]`: the view of a row that holds no tokens yet.
+fn blank_of(heads: i32, dim: i32, dtype: model_kit::Dtype) -> Result<Array> {
+    mlx_rs::ops::zeros_dtype(&[1, heads, 0, dim], dtype)
 }
