@@ -50,7 +50,7 @@ pub fn resolve(kind: &str, picks: &[KvPick], target: &ComposedModel) -> Result<V
             let scheme = &target.layer_schemes[layer];
             let scheme_name = scheme.split(':').next().unwrap_or(scheme);
             let tag = format!("{}{scheme_name}", caps::KV_VIEW_PREFIX);
-            let lends = target.layout_caps.iter().any(|(n, c)| n == plugin && c.iter().any(|t| *t == tag));
+            let lends = target.layout_caps.iter().any(|(n, c)| n == plugin && c.contains(&tag));
             if !lends {
                 return Err(EngineError::Config(format!(
                     "the `{kind}` drafter reads the K/V of cached layer {layer}, which its cache layout `{plugin}` \

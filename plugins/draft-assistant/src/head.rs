@@ -34,7 +34,7 @@ impl Head {
         let centroids = match a.centroids {
             None => None,
             Some((c, k)) => {
-                if c == 0 || a.vocab_size % c != 0 || k == 0 || k > c {
+                if c == 0 || !a.vocab_size.is_multiple_of(c) || k == 0 || k > c {
                     return Err(error(format!(
                         "centroid head: {c} centroids (top {k}) do not split the vocabulary of {}",
                         a.vocab_size
