@@ -216,6 +216,31 @@ pub trait CacheLayout: Send {
     fn pool_usage(&self) -> ROption<PoolUsage> {
         ROption::RNone
     }
+
+    // --- v2.5: appended after the prefix.
+
+    /// Row `row`'s keys and values as attention reads them, oldest first,
+    /// without its padding or holes, for a drafter to read (`TargetKv`):
+    /// slices (or, where a row's columns are not contiguous, a gather) of
+    /// the layout's storage, never written by it. A layout advertising
+    /// `kv-view:<scheme>` lends them in that scheme; others decline (the
+    /// default: an error saying so).
+    fn kv_view(&self, row: u32) -> PResult<KvView> {
+        let _ = row;
+        abi_stable::std_types::RResult::RErr(crate::error::PluginError::unsupported(
+            "this cache layout lends no K/V views",
+        ))
+    }
+}
+
+/// One row's K/V (`CacheLayout::kv_view`): `[1, H, L, D]` each, column
+/// `j` at position `first + j`.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct KvView {
+    pub keys: Tensor,
+    pub values: Tensor,
+    pub first: u64,
 }
 
 /// A block pool's counts ([`CacheLayout::pool_usage`]).

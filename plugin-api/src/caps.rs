@@ -62,6 +62,9 @@ pub const STATE_IO: &str = "state-io";
 /// reads): a family that attends itself (no `layout-attention`) works over
 /// it, and batches over it.
 pub const PLAIN_FETCH: &str = "plain-fetch";
+/// `kv-view:<scheme>`: `CacheLayout::kv_view` lends a row's plain K/V in
+/// that scheme (`kv-view:plain`), so drafters may read the layer (v2.5).
+pub const KV_VIEW_PREFIX: &str = "kv-view:";
 /// `need:<kind>`: the layer needs this layout serves (full, sliding, recurrent).
 pub const NEED_PREFIX: &str = "need:";
 /// `scheme:<name>`: a storage scheme this layout implements (`plain`,

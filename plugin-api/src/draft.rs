@@ -15,10 +15,16 @@
 //! `commit_states` (instead of `commit`, and after every verify, also one
 //! of 0 drafts). Those three are appended after the prefix (ABI 2.1): a
 //! drafter that does not override them keeps the plain protocol.
+//!
+//! Drafters that attend the target's own keys and values (Gemma 4's
+//! assistant heads) name the layers in `target_kv`, by role or index; the
+//! host resolves them against the target's plan once, and at every round
+//! lends the row's K/V of those layers to `draft_kv` (instead of `draft`)
+//! as read-only views the cache layouts make (ABI 2.5).
 
 use crate::cache::CacheBox;
 use crate::error::PResult;
-use crate::model::{LayerNeed, ModelBox, ModelPlan};
+use crate::model::{LayerNeed, ModelBox, ModelPlan, NeedKind};
 use crate::tensor::{Tensor, TensorRef};
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RSlice, RStr, RString, RVec, Tuple2};
@@ -134,6 +140,62 @@ pub struct TargetStates<'a> {
     pub taps: RSlice<'a, TensorRef<'a>>,
 }
 
+/// How a drafter names a target layer whose K/V it reads: by its role
+/// among the target's cached attention layers (the plan's `layers`, in
+/// forward order), or by its index there.
+#[repr(transparent)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvRole(pub u8);
+
+impl KvRole {
+    /// The last plan layer of kind `FULL`.
+    pub const LAST_FULL: Self = Self(1);
+    /// The last plan layer of kind `SLIDING`.
+    pub const LAST_SLIDING: Self = Self(2);
+    /// The plan layer `KvPick::index`.
+    pub const INDEX: Self = Self(3);
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LAST_FULL => "the last full-attention layer",
+            Self::LAST_SLIDING => "the last sliding-window layer",
+            Self::INDEX => "a layer by index",
+            _ => "an unknown role",
+        }
+    }
+}
+
+/// One target layer a drafter reads K/V from (`Drafter::target_kv`).
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvPick {
+    pub role: KvRole,
+    /// The plan layer, for `KvRole::INDEX` (ignored otherwise).
+    pub index: u32,
+}
+
+/// One target layer's K/V as lent to `draft_kv` for one round: one row's
+/// keys and values after the target's norms and RoPE, exactly as its
+/// attention reads them, oldest first. Column `j` holds position
+/// `first + j`; every column is a token of this row (no padding, no
+/// holes), so it needs no mask of the layout's. A sliding layer's view
+/// holds at least the last `window` positions (or all, when fewer); which
+/// of them a query sees is the drafter's rule.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct TargetKv<'a> {
+    /// The plan layer the pick resolved to.
+    pub layer: u32,
+    pub kind: NeedKind,
+    /// The sliding window (SLIDING; 0 otherwise).
+    pub window: u32,
+    /// `[1, H_kv, L, D_k]` and `[1, H_kv, L, D_v]` (L is 0 for a row that
+    /// holds no tokens yet: a one-token prompt before its first verify).
+    pub keys: TensorRef<'a>,
+    pub values: TensorRef<'a>,
+    pub first: u64,
+}
+
 #[sabi_trait]
 pub trait Drafter: Send {
     fn prefill(&mut self, prompt: RSlice<'_, u32>) -> PResult<()>;
@@ -166,6 +228,25 @@ pub trait Drafter: Send {
     fn commit_states(&mut self, accepted: u32, states: TargetStates<'_>) -> PResult<()> {
         let _ = states;
         self.commit(accepted)
+    }
+
+    // --- v2.5: appended after the prefix.
+
+    /// The target layers whose K/V this drafter reads, in the order
+    /// `draft_kv` receives them; asked once after opening. None by default.
+    /// The host refuses to start when a pick resolves to no layer or the
+    /// layer's cache layout lends no views in its scheme (`caps::KV_VIEW_PREFIX`).
+    fn target_kv(&self) -> RVec<KvPick> {
+        RVec::new()
+    }
+
+    /// `draft` with this row's K/V of the `target_kv` layers (one view per
+    /// pick, in order), as the target's caches hold them when the round
+    /// starts: every verified token, the pending one not yet. Called
+    /// instead of `draft` when `target_kv` names any layer.
+    fn draft_kv(&mut self, args: DraftArgs<'_>, kv: RSlice<'_, TargetKv<'_>>) -> PResult<Draft> {
+        let _ = kv;
+        self.draft(args)
     }
 }
 

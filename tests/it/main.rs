@@ -34,6 +34,7 @@ mod reasoning;
 mod responses;
 mod sampling_oracle;
 mod speculation;
+mod speculation_assistant;
 mod speculation_batched;
 mod speculation_dspark;
 mod speculation_mtp;

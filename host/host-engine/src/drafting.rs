@@ -4,6 +4,7 @@
 
 use crate::config::{DraftSource, SpeculationConfig};
 use crate::engine::EngineError;
+use crate::target_kv::KvLayer;
 use crate::tokenizer::TextSide;
 use host_loader::compose::ComposedModel;
 use host_loader::services::DrafterFactory;
@@ -35,6 +36,8 @@ pub struct Drafting {
     pub always: bool,
     /// The target states the drafter reads (none for the plain protocol).
     pub wants: TargetWants,
+    /// The target layers whose K/V the drafter reads, resolved.
+    pub kv: Vec<KvLayer>,
 }
 
 impl Drafting {
@@ -52,6 +55,7 @@ impl Drafting {
                 let wants = drafter.target_wants();
                 return Ok(Self {
                     wants,
+                    kv: Vec::new(),
                     shared: Mutex::new(drafter),
                     kind,
                     plugin: "test".into(),
@@ -112,8 +116,10 @@ impl Drafting {
                 target_layers(target)
             )));
         }
+        let kv = crate::target_kv::resolve(&kind, &drafter.target_kv(), target)?;
         Ok(Self {
             wants,
+            kv,
             shared: Mutex::new(drafter),
             kind,
             plugin: factory.plugin.clone(),
@@ -141,7 +147,7 @@ impl Drafting {
     /// them all, or the host can open one per row (always, for drafters that
     /// read the target's states: each row's states go to its own instance).
     pub fn batchable(&self) -> bool {
-        self.factory.is_some() || (self.history_only() && !self.wants.any())
+        self.factory.is_some() || (self.history_only() && !self.wants.any() && self.kv.is_empty())
     }
 
     /// The target states this drafter reads, if any.

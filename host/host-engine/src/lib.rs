@@ -38,6 +38,7 @@ pub mod serial;
 pub mod speculation;
 pub mod ssd_cache;
 pub mod stats;
+mod target_kv;
 mod target_states;
 mod template_json;
 pub mod tokenizer;

@@ -46,7 +46,7 @@ fn manifest() -> PluginManifest {
             cache_schemes: rstrings(&["plain", Scheme::AFFINE[0], Scheme::AFFINE[1], Scheme::TURBO]),
             ..Default::default()
         },
-        &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS],
+        &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS, "kv-view:plain"],
     )
 }
 
@@ -341,6 +341,34 @@ impl PlainKv {
         Ok(())
     }
 
+    /// Row r's live columns, from position 0: a slice of the storage, or a
+    /// gather where the row has holes.
+    fn view(&self, row: u32) -> Result<KvView> {
+        let r = row as usize;
+        if r >= self.rows() {
+            return Err(error(format!("kv_view: row {r} out of range (rows = {})", self.rows())));
+        }
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            let (k, v) = (
+                zeros(&[1, self.heads, 0, self.k_dim], self.dtype)?,
+                zeros(&[1, self.heads, 0, self.v_dim], self.dtype)?,
+            );
+            return Ok(KvView { keys: into_tensor(k), values: into_tensor(v), first: 0 });
+        };
+        let (ks, vs) = (k.shape(), v.shape());
+        let (pad, end) = (self.left_pad[r] as i32, self.idx as i32);
+        let row_k = slice(k, &[r as i32, 0, pad, 0], &[r as i32 + 1, ks[1], end, ks[3]])?;
+        let row_v = slice(v, &[r as i32, 0, pad, 0], &[r as i32 + 1, vs[1], end, vs[3]])?;
+        let (keys, values) = if self.holes.count(r) == 0 {
+            (row_k, row_v)
+        } else {
+            let live: Vec<i32> =
+                self.holes.live_columns(r, self.left_pad[r], self.idx).iter().map(|c| c - pad).collect();
+            (gather_columns(&row_k, std::slice::from_ref(&live))?, gather_columns(&row_v, &[live])?)
+        };
+        Ok(KvView { keys: into_tensor(keys), values: into_tensor(values), first: 0 })
+    }
+
     fn extract(&self, row: u32) -> Result<CacheState> {
         let r = row as usize;
         if r >= self.rows() {
@@ -564,6 +592,10 @@ impl CacheLayout for PlainKv {
 
     fn set_slot(&mut self, _i: u32, _value: Tensor) -> PResult<()> {
         PResult::RErr(PluginError::unsupported("kv-plain has no recurrent slots"))
+    }
+
+    fn kv_view(&self, row: u32) -> PResult<KvView> {
+        guard_mlx(|| self.view(row))
     }
 
     fn begin_padded(&mut self, pads: RSlice<'_, u32>) -> PResult<()> {

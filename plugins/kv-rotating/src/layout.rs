@@ -223,6 +223,10 @@ impl CacheLayout for RotatingKv {
         guard(|| Err(PluginError::unsupported("kv-rotating has no recurrent slots")))
     }
 
+    fn kv_view(&self, row: u32) -> PResult<KvView> {
+        guard(|| self.ring.view(row as usize))
+    }
+
     fn begin_padded(&mut self, pads: RSlice<'_, u32>) -> PResult<()> {
         guard(|| {
             self.batch_only("this cache layout cannot start left-padded rows")?;

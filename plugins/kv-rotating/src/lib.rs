@@ -57,7 +57,7 @@ fn manifest() -> PluginManifest {
             cache_schemes: rstrings(&["plain", Scheme::AFFINE[0], Scheme::AFFINE[1]]),
             ..Default::default()
         },
-        &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS],
+        &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS, "kv-view:plain"],
     )
 }
 

@@ -9,8 +9,8 @@ use crate::columns::{blank, cols, len, pad_cols, roll, row_of};
 use crate::geometry::Geometry;
 use crate::ring::Ring;
 use model_kit::{error, Array, Result};
-use plugin_api::{CacheState, ErrorCode, PluginError};
-use plugin_sdk::{mlx_error, mlx_rs};
+use plugin_api::{CacheState, ErrorCode, KvView, PluginError};
+use plugin_sdk::{into_tensor, mlx_error, mlx_rs};
 
 /// mlx-lm `BatchRotatingKVCache.merge`: a new batch of 1-row states.
 pub fn merged(geo: Geometry, states: Vec<CacheState>) -> std::result::Result<Ring, PluginError> {
@@ -120,6 +120,42 @@ impl Ring {
         Ok(())
     }
 
+    /// Row `r`'s stored columns in temporal order, without its padding:
+    /// slices of the storage (a roll first when the ring has wrapped).
+    pub fn row_columns(&self, r: usize) -> Result<Option<(Array, Array)>> {
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else { return Ok(None) };
+        let (mut k, mut v) = (row_of(k, r)?, row_of(v, r)?);
+        let mut end = self.idx;
+        if self.rotated {
+            k = roll(&k, -(self.idx as isize))?;
+            v = roll(&v, -(self.idx as isize))?;
+            end = self.geo.max_size;
+        }
+        let start = self.left_pad[r].min(end);
+        if start == end {
+            return Ok(None);
+        }
+        Ok(Some((cols(&k, start, end)?, cols(&v, start, end)?)))
+    }
+
+    /// Row `r`'s K/V for a drafter (`CacheLayout::kv_view`): its columns,
+    /// the last of them at its newest position.
+    pub fn view(&self, r: usize) -> std::result::Result<KvView, PluginError> {
+        if r >= self.rows() {
+            return Err(PluginError::invalid_input(format!("kv_view: row {r} out of range (rows = {})", self.rows())));
+        }
+        let none = || -> Result<(Array, Array)> {
+            let g = &self.geo;
+            Ok((blank_of(g.heads, g.k_dim, g.dtype)?, blank_of(g.heads, g.v_dim, g.dtype)?))
+        };
+        let (k, v) = match self.row_columns(r).map_err(mlx_error)? {
+            Some(kv) => kv,
+            None => none().map_err(mlx_error)?,
+        };
+        let first = (self.offsets[r].max(0) as u64).saturating_sub(len(&k) as u64);
+        Ok(KvView { keys: into_tensor(k), values: into_tensor(v), first })
+    }
+
     /// mlx-lm `extract`: row `r` as a serial state, in temporal order,
     /// without its padding (copied, so it does not hold the batch storage).
     pub fn extract(&self, r: usize) -> std::result::Result<CacheState, PluginError> {
@@ -131,19 +167,8 @@ impl Ring {
         }
         let mut one = Ring::empty(self.geo, 1);
         let row = || -> Result<Option<(Array, Array)>> {
-            let (Some(k), Some(v)) = (&self.keys, &self.values) else { return Ok(None) };
-            let (mut k, mut v) = (row_of(k, r)?, row_of(v, r)?);
-            let mut end = self.idx;
-            if self.rotated {
-                k = roll(&k, -(self.idx as isize))?;
-                v = roll(&v, -(self.idx as isize))?;
-                end = self.geo.max_size;
-            }
-            let start = self.left_pad[r].min(end);
-            if start == end {
-                return Ok(None);
-            }
-            Ok(Some((cols(&k, start, end)?.contiguous()?, cols(&v, start, end)?.contiguous()?)))
+            let Some((k, v)) = self.row_columns(r)? else { return Ok(None) };
+            Ok(Some((k.contiguous()?, v.contiguous()?)))
         };
         if let Some((k, v)) = row().map_err(mlx_error)? {
             one.idx = len(&k);
@@ -184,4 +209,9 @@ impl Ring {
         }
         Ok(())
     }
+}
+
+/// `[1, heads, 0, dim]`: the view of a row that holds no tokens yet.
+fn blank_of(heads: i32, dim: i32, dtype: model_kit::Dtype) -> Result<Array> {
+    mlx_rs::ops::zeros_dtype(&[1, heads, 0, dim], dtype)
 }

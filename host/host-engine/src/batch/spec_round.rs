@@ -118,10 +118,12 @@ impl Scheduler<'_> {
         let mut guard = drafting.shared.lock().ok()?;
         let shared = &mut *guard;
         let none = || RowDraft { tokens: Vec::new(), q: None, masks: None };
+        let caches: &[plugin_api::CacheBox] = self.batch.as_deref().unwrap_or(&[]);
         let drafts: Vec<RowDraft> = self
             .rows
             .iter_mut()
-            .map(|r| {
+            .enumerate()
+            .map(|(row, r)| {
                 let room = r.job.request.max_tokens - r.out.len();
                 let Some(s) = r.spec.as_mut().filter(|s| s.active() && room >= 2) else { return none() };
                 let n = s.depth.min(room - 1);
@@ -129,14 +131,12 @@ impl Scheduler<'_> {
                     Some(own) => own,
                     None => &mut *shared,
                 };
-                match drafter
-                    .draft(DraftArgs {
-                        history: RSlice::from_slice(&r.history),
-                        max_tokens: n as u32,
-                        sampling: draft_sampling(&r.sampler, r.history.len()),
-                    })
-                    .into_result()
-                {
+                let args = DraftArgs {
+                    history: RSlice::from_slice(&r.history),
+                    max_tokens: n as u32,
+                    sampling: draft_sampling(&r.sampler, r.history.len()),
+                };
+                match crate::target_kv::draft(drafter, args, &drafting.kv, caches, row as u32) {
                     Ok(d) => {
                         let mut tokens: Vec<u32> = d.tokens.into_iter().take(n).collect();
                         let mut q = draft_probability_rows(d.probabilities, &r.sampler, tokens.len());

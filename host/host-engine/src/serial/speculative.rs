@@ -127,7 +127,7 @@ pub(crate) fn decode(
             max_tokens: n as u32,
             sampling: draft_sampling(&d.sampler, d.history.len()),
         };
-        let (mut drafts, mut q) = match drafter.draft(args).into_result() {
+        let (mut drafts, mut q) = match crate::target_kv::draft(drafter, args, &drafting.kv, caches, 0) {
             Ok(r) => {
                 let tokens: Vec<u32> = r.tokens.into_iter().take(n).collect();
                 let q = draft_probability_rows(r.probabilities, &d.sampler, tokens.len());
