@@ -60,7 +60,7 @@ fn mtp_rounds_match_the_reference_loop_and_greedy_decoding() {
         let trace = dir.0.join("trace.jsonl");
         let (out, ours) = speculate(model, PROMPT, MAX_TOKENS, &source, &trace);
         assert_eq!(ids(&out["tokens"]), plain_tokens, "{what}: speculation changed the greedy output");
-        same_rounds(&ours, &want, ShortRounds::Prefix, what);
+        same_rounds(&ours, &want, ShortRounds::Prefix { max_tokens: MAX_TOKENS }, what);
         let sp = &out["speculation"];
         assert!(sp["disabled"].is_null(), "{what}: {sp}");
         assert_eq!(sp["kind"].as_str(), Some("mtp"), "{what}: {sp}");
@@ -88,7 +88,7 @@ fn a_quantized_mtp_head_matches_the_reference_loop() {
     let trace = dir.0.join("trace.jsonl");
     let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", head.as_str()], &trace);
     assert_eq!(ids(&out["tokens"]), ids(&reference["plain"])[..MAX_TOKENS], "speculation changed the greedy output");
-    same_rounds(&ours, &rounds(&reference["rounds"]), ShortRounds::Prefix, "a 4-bit head");
+    same_rounds(&ours, &rounds(&reference["rounds"]), ShortRounds::Prefix { max_tokens: MAX_TOKENS }, "a 4-bit head");
     let counts: Vec<u64> = ours.iter().map(|r| r.accepted).collect();
     assert!(counts.contains(&0) && counts.iter().any(|&n| n > 0), "accepted {counts:?}");
 }

@@ -73,15 +73,15 @@ pub fn speculate(target: &Path, prompt: &str, max_tokens: usize, source: &[&str]
 /// How a round the budget cut short compares with the reference's round
 /// at its index (the reference runs a few tokens longer).
 #[derive(Clone, Copy, PartialEq)]
+/// Either way a round may be short only where the request's `max_tokens`
+/// left room for no more (its drafts plus the token it verifies fill what
+/// is left), so a drafter that drafts too few anywhere else fails.
 pub enum ShortRounds {
     /// Its drafts and logits are the reference's first ones (a drafter
     /// whose steps do not see the round's width).
-    Prefix,
+    Prefix { max_tokens: usize },
     /// Not comparable: a block drafter's width changes every slot's output.
-    /// Only the count is checked: a round is short only where the request's
-    /// `max_tokens` left room for no more (its drafts plus the token it
-    /// verifies fill what is left), so a drafter that drafts too few anywhere
-    /// else fails.
+    /// Only the count is checked.
     Unchecked { max_tokens: usize },
 }
 
@@ -106,9 +106,10 @@ pub fn same_rounds(ours: &[Round], reference: &[Round], short: ShortRounds, what
         emitted += o.accepted as usize + 1;
         if k < r.drafts.len() {
             cut = true;
-            if let ShortRounds::Unchecked { max_tokens } = short {
-                let room = max_tokens.saturating_sub(before + 1);
-                assert_eq!(k, room, "{what} round {i}: {k} drafts where the budget left room for {room}");
+            let (ShortRounds::Prefix { max_tokens } | ShortRounds::Unchecked { max_tokens }) = short;
+            let room = max_tokens.saturating_sub(before + 1);
+            assert_eq!(k, room, "{what} round {i}: {k} drafts where the budget left room for {room}");
+            if let ShortRounds::Unchecked { .. } = short {
                 continue;
             }
         } else {
