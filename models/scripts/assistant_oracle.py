@@ -3,7 +3,13 @@ model (`models/gemma4/language.py:LanguageModel`), its own assistant head
 (`speculative/drafters/gemma4_assistant`) and its own round loop
 (`speculative/mtp.py:_mtp_rounds`), run greedily.
 
-    assistant_oracle.py OUT PROMPT_IDS MAX_TOKENS
+    assistant_oracle.py OUT PROMPT_IDS MAX_TOKENS [BITS]
+
+BITS (4 or 8): only the tied head is written, as `assistant/`, its linear
+layers affine-quantized (groups of 32) where their input width allows it,
+as MLX's `nn.quantize` skips the others by default (the head is 48 wide:
+its q, gate, up and post projections stay dense), `quantization` in its
+config; the reference runs the quantized head.
 
 Writes, under OUT:
   target/          a tiny random Gemma 4 text model (layers S F S F, sliding
@@ -54,6 +60,7 @@ import os
 import sys
 
 import mlx.core as mx
+import mlx.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mtp_oracle as base  # noqa: E402  (also installs the mlx_vlm stub)
@@ -169,12 +176,24 @@ def make_head(lm, centroids):
     return head, cfg
 
 
+def quantize(head, bits):
+    """The linear layers whose input width is a whole number of groups."""
+    nn.quantize(
+        head,
+        group_size=base.QUANT_GROUP,
+        bits=bits,
+        class_predicate=lambda _, m: isinstance(m, nn.Linear) and m.weight.shape[-1] % base.QUANT_GROUP == 0,
+    )
+
+
 def reload_head(folder):
     """The head as the reference loads a checkpoint: its config class, its
-    `sanitize`, strict weights."""
+    `sanitize`, strict weights (quantized first when its config says so)."""
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
     head = Gemma4AssistantDraftModel(ModelConfig.from_dict(config))
+    if "quantization" in config:
+        quantize(head, config["quantization"]["bits"])
     weights = mx.load(os.path.join(folder, "model.safetensors"))
     head.load_weights(list(head.sanitize(weights).items()), strict=True)
     mx.eval(head.parameters())
@@ -243,6 +262,7 @@ def reference_rounds(lm, head, prompt, max_tokens):
 
 def main():
     out, prompt, max_tokens = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
+    bits = int(sys.argv[4]) if len(sys.argv) > 4 else None
     assert all(0 <= t < VOCAB for t in prompt), f"prompt ids must be below {VOCAB}"
     lm = make_target()
     target_dir = os.path.join(out, "target")
@@ -259,8 +279,13 @@ def main():
     plain = greedy(lm, prompt, max_tokens)
     result = {"plain": plain}
     summary = {}
-    for name, centroids in (("assistant", False), ("centroids", True)):
+    variants = (("assistant", False),) if bits else (("assistant", False), ("centroids", True))
+    for name, centroids in variants:
         head, cfg = make_head(lm, centroids)
+        if bits:
+            quantize(head, bits)
+            mx.eval(head.parameters())
+            cfg = dict(cfg, quantization={"group_size": base.QUANT_GROUP, "bits": bits})
         folder = os.path.join(out, name)
         tensors = dict(tree_flatten(head.parameters()))
         if centroids:

@@ -15,8 +15,8 @@
 //! a target whose layouts lend no K/V, is refused at start in one line.
 
 use it::draft_trace::{
-    batched_matches_serial, generate, ids, refusal, rounds, run_oracle, same_rounds, sample_four, speculate,
-    ShortRounds,
+    batched_matches_serial, generate, ids, refusal, rounds, run_oracle, run_oracle_with, same_rounds, sample_four,
+    speculate, ShortRounds,
 };
 use it::{rejection_keeps_the_distribution, Scratch, Server};
 use serde_json::Value;
@@ -67,6 +67,31 @@ fn assistant_rounds_match_the_reference_loop_and_greedy_decoding() {
 /// The line the host refuses `dir/target` with, its `assistant/` head changed by `edit`.
 fn refused(dir: &Path, target: &str, edit: &str) -> String {
     refusal(&dir.join(target), &dir.join("assistant"), edit, &["drafter `draft-assistant`"])
+}
+
+/// A 4-bit head (its linear layers affine-quantized in groups of 32,
+/// `quantization` in its config): the drafter reads the codes, and its
+/// rounds still equal the reference loop's over the same quantized head;
+/// the output stays plain greedy.
+#[test]
+fn a_quantized_assistant_head_matches_the_reference_loop() {
+    let dir = Scratch::new("assistant-oracle-q4");
+    let reference = run_oracle_with("assistant_oracle.py", &dir.0, PROMPT, MAX_TOKENS + REFERENCE_EXTRA, &["4"]);
+    let head = dir.0.join("assistant");
+    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(head.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["quantization"]["bits"], 4, "{cfg}");
+    let head = head.to_string_lossy().into_owned();
+    let trace = dir.0.join("trace.jsonl");
+    let (out, ours) = speculate(&dir.0.join("target"), PROMPT, MAX_TOKENS, &["--draft-model", &head], &trace);
+    assert_eq!(ids(&out["tokens"]), ids(&reference["plain"])[..MAX_TOKENS], "speculation changed the greedy output");
+    same_rounds(
+        &ours,
+        &rounds(&reference["assistant"]["rounds"]),
+        ShortRounds::Prefix { max_tokens: MAX_TOKENS },
+        "a 4-bit head",
+    );
+    let counts: Vec<u64> = ours.iter().map(|r| r.accepted).collect();
+    assert!(counts.contains(&0) && counts.iter().any(|&n| n > 0), "accepted {counts:?}");
 }
 
 #[test]
