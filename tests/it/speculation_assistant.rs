@@ -166,6 +166,33 @@ fn assistant_inside_continuous_batches_is_lossless() {
     }
 }
 
+/// Each batched row drafts as it would alone: over a target whose rings
+/// never wrap (serial rounds go on to the end there), every speculating
+/// request's drafted and accepted counts in a batch with staggered
+/// arrivals equal the same request's served alone. A view lent for the
+/// wrong row or the wrong span changes the drafts, whatever the output.
+#[test]
+fn batched_rows_draft_as_they_would_alone() {
+    let dir = Scratch::new("assistant-rows");
+    oracle(&dir.0);
+    let target = dir.0.join("target");
+    let head = dir.0.join("assistant").to_string_lossy().into_owned();
+    let bodies = it::draft_trace::mixed_bodies();
+    let counts = |v: &Value| {
+        let sp = &v["usage"]["speculation"];
+        (sp["drafted"].as_u64(), sp["accepted"].as_u64())
+    };
+    let alone: Vec<_> = {
+        let s = Server::start(&target, &["--batch", "1", "--speculate-always", "--draft-model", &head]);
+        bodies.iter().map(|b| counts(&s.post("/v1/completions", b).json())).collect()
+    };
+    let s =
+        Server::start(&target, &["--batch", "8", "--speculate-always", "--debug-endpoints", "--draft-model", &head]);
+    let together: Vec<_> = s.post_joining("/v1/completions", &bodies, 3).iter().map(counts).collect();
+    assert_eq!(together, alone, "(drafted, accepted) per request: batched, then alone");
+    assert!(together.iter().any(|c| c.0.unwrap_or(0) > 0), "nothing drafted: {together:?}");
+}
+
 /// At temperature > 0 the head draws its drafts from the request's
 /// processed distribution and returns it: rejection sampling keeps the
 /// target's distribution (four sampled tokens, 400 seeds per arm,
