@@ -8,7 +8,10 @@
 //! `prefill_states` and each verify's in `commit_states`; this drafter
 //! checks that they sit where the protocol says (the verify's first row at
 //! the pending token's position, one row per verified token, the target's
-//! hidden width) and fails the round loudly if not.
+//! hidden width) and fails the round loudly if not. And it reads the K/V
+//! of the target's last full-attention layer (`target_kv`, plugin-api
+//! 2.5): each round's view must hold every verified token of the row, from
+//! position 0, the pending one not yet (`draft_kv`).
 
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
@@ -159,6 +162,28 @@ impl Drafter for Repeat {
             }
             self.drafted = 0;
             Ok(())
+        })
+    }
+
+    fn target_kv(&self) -> RVec<KvPick> {
+        RVec::from(vec![KvPick { role: KvRole::LAST_FULL, index: 0 }])
+    }
+
+    fn draft_kv(&mut self, args: DraftArgs<'_>, kv: RSlice<'_, TargetKv<'_>>) -> PResult<Draft> {
+        guard(|| {
+            let [view] = kv.as_slice() else {
+                return Err(PluginError::invalid_input(format!("asked for 1 K/V view, lent {}", kv.len())));
+            };
+            let (keys, values) =
+                (plugin_sdk::view(view.keys).shape().to_vec(), plugin_sdk::view(view.values).shape().to_vec());
+            let verified = args.history.len().saturating_sub(1) as i32;
+            if keys.len() != 4 || keys[0] != 1 || keys[2] != verified || values[2] != verified || view.first != 0 {
+                return Err(PluginError::invalid_input(format!(
+                    "K/V view of shape {keys:?} from position {} for {verified} verified tokens",
+                    view.first
+                )));
+            }
+            self.draft(args).into_result()
         })
     }
 
