@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Speculative rounds of the target-state drafters on the H200 (second of two
 # device calls: .gpu_a first, then .gpu_b + .devpack running this), at the
-# Qwen3-8B scale with random weights (make_drafter_shapes.py): targets that
+# Qwen3-8B scale with random weights (make_drafter_shapes.py; the assistant
+# over a Gemma 4 target of that scale, make_assistant_shape.py): targets that
 # repeat their input, drafters that are always rejected (`-rand`: the cost of
 # a round in target steps) or always accepted (`-agree`: the speedup at full
 # acceptance). `host generate`, 256 tokens after a 64-token prompt, bf16.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 [ -d /tmp/d/qwen3-8b ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --tokenizer-from .device/tok > /dev/null
+[ -d /tmp/d/gemma4-8b ] || python3 tests/bench/make_assistant_shape.py --out /tmp/d --tokenizer-from .device/tok > /dev/null
 gen() { $H generate --plugins $P --model "$1" --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup "${@:2}" 2>/dev/null | tail -1; }
 row() {
   python3 -c "
@@ -22,9 +24,10 @@ print(f\"| {sys.argv[3]} | {p:.1f} | {s:.1f} | {sp['drafted'] / max(sp['rounds']
 }
 echo "| target + drafter | plain tok/s | speculative tok/s | drafts/round | acceptance | round cost (target steps) | speedup |"
 echo "|---|---|---|---|---|---|---|"
-for t in qwen3-8b qwen3_5-8b; do
+for t in qwen3-8b qwen3_5-8b gemma4-8b; do
   plain=$(gen /tmp/d/$t)
   for d in /tmp/d/$t/*-rand /tmp/d/$t/*-agree; do
+    [ -d "$d" ] || continue
     for depth in "" "--num-draft-tokens 2"; do
       [[ $d == *dflash* || $d == *dspark* || $d == *deepspec* || -z $depth ]] || continue
       spec=$(gen /tmp/d/$t --draft-model $d --speculate-always $depth)
