@@ -260,7 +260,6 @@ fn engine_over_ranks(m: &ModelArgs, speculation: Option<SpeculationConfig>, rank
 fn main() -> Result<ExitCode> {
     runtime_switch::apply()?;
     let _idle = MlxIdleAtExit;
-    host_engine::runtime::map_large_buffers();
     let cli = Cli::parse();
     let _ = &cli.mlx_lib; // consumed by runtime_switch before parsing
     match cli.command {

@@ -113,27 +113,66 @@ pub fn set_cache_limit(bytes: usize) -> usize {
     old
 }
 
-/// Returns every cached buffer to the system (or the device).
+/// Returns every cached buffer to the system (or the device), then the C
+/// heap's free pages: MLX's CPU buffers come from `malloc`, and glibc keeps
+/// freed ones (and the gaps between live ones) resident until trimmed.
+/// Buffers stay in the heap between these points, so a step reuses the
+/// pages the one before it freed; mapping each large buffer on its own
+/// instead (a 1 MiB mmap threshold) faulted in fresh zeroed pages for every
+/// array, 20% of a batched step on the CPU (docs/benchmarks.md, "The server
+/// comparison, CPU").
 pub fn clear_cache() {
     unsafe { mlx_sys::mlx_clear_cache() };
+    trim_heap();
 }
 
-/// Large buffers (MLX's arrays on the CPU) are mapped and unmapped one by
-/// one by the C allocator instead of carved from its heap. glibc otherwise
-/// raises its mmap threshold after the first large free (up to 32 MiB), so
-/// arrays of a few MiB land in the heap, where freed ones stay resident
-/// between live ones: a server's resident memory crept up by hundreds of MB
-/// while MLX's own count stayed flat (docs/benchmarks.md, memory).
-pub fn map_large_buffers() {
+/// `malloc_trim(0)`: every whole free page of the C heap back to the system.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn trim_heap() {
     extern "C" {
-        fn mallopt(param: i32, value: i32) -> i32;
+        fn malloc_trim(pad: usize) -> i32;
     }
-    const M_MMAP_THRESHOLD: i32 = -3;
-    unsafe { mallopt(M_MMAP_THRESHOLD, LARGE_BUFFER as i32) };
+    // SAFETY: glibc's malloc_trim takes no pointer and is thread-safe.
+    unsafe { malloc_trim(0) };
 }
 
-/// Allocations from this size up are mapped on their own (`map_large_buffers`).
-pub const LARGE_BUFFER: usize = 1 << 20;
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn trim_heap() {}
+
+/// Trims the C heap at most once per `HeapTrim::INTERVAL` while work runs.
+/// Rows join and leave every few steps, each time freeing and allocating
+/// batch-wide K/V, so between clearings of the buffer cache the heap's
+/// free pages would pile up to the largest batch since the last one. A trim
+/// costs the step after it the page faults of its buffers; by time rather
+/// than by steps, so that cost stays a small share of a CPU's slow steps
+/// and a GPU's fast ones alike.
+pub struct HeapTrim {
+    last: std::time::Instant,
+}
+
+impl HeapTrim {
+    pub const INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+    pub fn new() -> Self {
+        Self { last: std::time::Instant::now() }
+    }
+
+    /// Trims if the last trim is `INTERVAL` old.
+    pub fn tick(&mut self) {
+        if self.last.elapsed() >= Self::INTERVAL {
+            let t = std::time::Instant::now();
+            trim_heap();
+            tracing::trace!(target: "host_engine::batch", ms = t.elapsed().as_secs_f64() * 1e3, "heap trimmed");
+            self.last = std::time::Instant::now();
+        }
+    }
+}
+
+impl Default for HeapTrim {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// Waits until every MLX stream has run everything queued on it (work may
 /// still be running after the last result was read: a step queued ahead, a

@@ -73,6 +73,8 @@ pub struct Scheduler<'a> {
     pub(super) memory: Option<(MemoryModel, Budget)>,
     /// Decode steps since MLX's buffer cache was last cleared.
     pub(super) steps_since_clear: u32,
+    /// Trims the C heap now and then while rows run (`runtime::HeapTrim`).
+    pub(super) heap: crate::runtime::HeapTrim,
     /// Plain and speculative step times, for the batched cost rule.
     pub(super) spec_clock: BatchClock,
     /// Per batch cache: whether its layout rolls back by snapshot and replay.
@@ -105,6 +107,7 @@ impl<'a> Scheduler<'a> {
             waiting: None,
             memory,
             steps_since_clear: 0,
+            heap: crate::runtime::HeapTrim::new(),
             spec_clock: BatchClock::default(),
             replay_layers: engine.replay_layers(),
             ahead: None,

@@ -57,6 +57,8 @@ impl Scheduler<'_> {
             // As mlx-lm's batch generator: freed buffers go back every 512 steps.
             crate::runtime::clear_cache();
             self.steps_since_clear = 0;
+        } else {
+            self.heap.tick();
         }
         if self.ahead.is_none() {
             if let Some(drafts) = self.draft_rows() {
