@@ -176,16 +176,6 @@ def make_head(lm, centroids):
     return head, cfg
 
 
-def quantize(head, bits):
-    """The linear layers whose input width is a whole number of groups."""
-    nn.quantize(
-        head,
-        group_size=base.QUANT_GROUP,
-        bits=bits,
-        class_predicate=lambda _, m: isinstance(m, nn.Linear) and m.weight.shape[-1] % base.QUANT_GROUP == 0,
-    )
-
-
 def reload_head(folder):
     """The head as the reference loads a checkpoint: its config class, its
     `sanitize`, strict weights (quantized first when its config says so)."""
@@ -193,7 +183,7 @@ def reload_head(folder):
         config = json.load(f)
     head = Gemma4AssistantDraftModel(ModelConfig.from_dict(config))
     if "quantization" in config:
-        quantize(head, config["quantization"]["bits"])
+        base.quantize_whole_groups(head, config["quantization"]["bits"])
     weights = mx.load(os.path.join(folder, "model.safetensors"))
     head.load_weights(list(head.sanitize(weights).items()), strict=True)
     mx.eval(head.parameters())
@@ -283,7 +273,7 @@ def main():
     for name, centroids in variants:
         head, cfg = make_head(lm, centroids)
         if bits:
-            quantize(head, bits)
+            base.quantize_whole_groups(head, bits)
             mx.eval(head.parameters())
             cfg = dict(cfg, quantization={"group_size": base.QUANT_GROUP, "bits": bits})
         folder = os.path.join(out, name)

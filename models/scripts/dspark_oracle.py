@@ -262,15 +262,6 @@ def make_drafter(kind, lm):
     return model
 
 
-def quantize(model, bits):
-    nn.quantize(
-        model,
-        group_size=base.QUANT_GROUP,
-        bits=bits,
-        class_predicate=lambda _, m: isinstance(m, nn.Linear) and m.weight.shape[-1] % base.QUANT_GROUP == 0,
-    )
-
-
 def reload(kind, folder):
     """The drafter as the reference loads a checkpoint: its config class,
     its `sanitize`, strict weights."""
@@ -278,7 +269,7 @@ def reload(kind, folder):
         config = json.load(f)
     model = build(kind, config)
     if "quantization" in config:
-        quantize(model, config["quantization"]["bits"])
+        base.quantize_whole_groups(model, config["quantization"]["bits"])
     weights = mx.load(os.path.join(folder, "model.safetensors"))
     model.load_weights(list(model.sanitize(weights).items()), strict=True)
     mx.eval(model.parameters())
@@ -377,7 +368,7 @@ def main():
         folder = os.path.join(out, kind)
         drafter, config = make_drafter(kind, lm), CONFIGS[kind]
         if bits:
-            quantize(drafter, bits)
+            base.quantize_whole_groups(drafter, bits)
             config = dict(config, quantization={"group_size": base.QUANT_GROUP, "bits": bits})
         base.save(folder, dict(tree_flatten(drafter.parameters())), config)
         if not bits and kind != "deepspec":

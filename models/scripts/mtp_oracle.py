@@ -157,6 +157,17 @@ def quantize(head, bits):
     nn.quantize(head, group_size=QUANT_GROUP, bits=bits, class_predicate=lambda _, m: isinstance(m, nn.Linear))
 
 
+def quantize_whole_groups(model, bits):
+    """The linear layers whose input width is a whole number of groups (the
+    others stay dense, as a checkpoint quantized by nn.quantize leaves them)."""
+    nn.quantize(
+        model,
+        group_size=QUANT_GROUP,
+        bits=bits,
+        class_predicate=lambda _, m: isinstance(m, nn.Linear) and m.weight.shape[-1] % QUANT_GROUP == 0,
+    )
+
+
 def save(folder, tensors, config):
     os.makedirs(folder, exist_ok=True)
     mx.save_safetensors(os.path.join(folder, "model.safetensors"), tensors)
