@@ -24,7 +24,20 @@ commands:
   test  [ARGS] everything above plus the test models, then run the whole test suite
   gpu-pack     lay out the CUDA MLX runtime for the device machine (.gpu_a, .gpu_b)";
 
-fn main() -> Result<()> {
+/// Errors end with one line and exit code 1: no backtrace (CI sets
+/// RUST_BACKTRACE for the tests), so that a log's tail keeps the suite's
+/// own summary of why tests failed.
+fn main() -> std::process::ExitCode {
+    match dispatch() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let cmd = args.next().unwrap_or_default();
     let rest: Vec<String> = args.collect();

@@ -444,13 +444,19 @@ impl Server {
     }
 
     /// POSTs every body together: they are queued while the engine is held
-    /// and admitted in one iteration when it is released (a burst).
+    /// and admitted in one iteration when it is released (a burst). They
+    /// are queued in the order given, so each run gives every request the
+    /// same row of the batch (a row's rounding can depend on its place in
+    /// a batched kernel).
     pub fn post_burst(&self, path: &str, bodies: &[serde_json::Value]) -> Vec<serde_json::Value> {
         self.hold();
         std::thread::scope(|sc| {
-            let hs: Vec<_> = bodies.iter().map(|b| sc.spawn(move || self.post(path, b).json())).collect();
-            let n = bodies.len() as u64;
-            self.wait_for("the burst to be queued", |st| st["queued"].as_u64() == Some(n));
+            let mut hs = Vec::new();
+            for (i, b) in bodies.iter().enumerate() {
+                hs.push(sc.spawn(move || self.post(path, b).json()));
+                let n = i as u64 + 1;
+                self.wait_for("the burst's next request to be queued", |st| st["queued"].as_u64() == Some(n));
+            }
             self.release();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         })
