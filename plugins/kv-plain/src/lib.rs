@@ -240,16 +240,12 @@ impl PlainKv {
         format!("kv:plain:{:?}:h{}:k{}:v{}", self.dtype, self.heads, self.k_dim, self.v_dim).to_lowercase().into()
     }
 
-    /// Appends 1-row states, left-padding everyone to a common length.
+    /// Appends 1-row states, left-padding everyone to a common length, in
+    /// one copy of the batch that keeps room for the next tokens: rows
+    /// concatenated to exactly the merged length would make the next update
+    /// regrow the buffer, a second copy of the whole batch at every join.
+    /// Columns that are padding in every row are left out.
     fn merge(&mut self, rows: Vec<CacheState>) -> Result<()> {
-        let mut parts: Vec<(Array, Array, usize)> = Vec::new(); // (k, v, left pad before alignment)
-        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            if self.rows() > 0 && self.idx > 0 {
-                parts.push((self.used(k)?, self.used(v)?, usize::MAX));
-            }
-        }
-        let existing_pad = self.left_pad.clone();
-        let mut holes = Holes::none(0);
         let mut new_rows = Vec::new();
         for st in rows {
             let mut one = PlainKv {
@@ -267,43 +263,74 @@ impl PlainKv {
             }
             new_rows.push(one);
         }
-        let len = new_rows.iter().map(|r| r.idx).chain(std::iter::once(self.idx)).max().unwrap_or(0);
-        let mut pads = Vec::new();
-        let mut ks = Vec::new();
-        let mut vs = Vec::new();
-        let pad_front = |a: Array, n: usize, dim: i32, b: i32| -> Result<Array> {
-            if n == 0 {
-                return Ok(a);
-            }
-            let z = zeros(&[b, self.heads, n as i32, dim], self.dtype)?;
-            mlx_rs::ops::concatenate(&[z, a], 2)
+        let old = match (self.keys.take(), self.values.take()) {
+            (Some(k), Some(v)) if self.rows() > 0 && self.idx > 0 => Some((k, v)),
+            _ => None,
         };
-        if let Some((k, v, _)) = parts.pop() {
-            let extra = len - self.idx;
-            let b = k.shape()[0];
-            ks.push(pad_front(k, extra, self.k_dim, b)?);
-            vs.push(pad_front(v, extra, self.v_dim, b)?);
-            pads.extend(existing_pad.iter().map(|p| p + extra));
-            holes = self.holes.clone();
-            holes.shift_right(extra);
-        }
-        for r in new_rows {
-            let extra = len - r.idx;
-            match (r.keys, r.values) {
-                (Some(k), Some(v)) => {
-                    ks.push(pad_front(r_used(k, r.idx)?, extra, self.k_dim, 1)?);
-                    vs.push(pad_front(r_used(v, r.idx)?, extra, self.v_dim, 1)?);
+        let kept = old.is_some();
+        let common = if kept { self.left_pad.iter().copied().min().unwrap_or(0) } else { 0 };
+        let old_len = if kept { self.idx - common } else { 0 };
+        let len = new_rows.iter().map(|r| r.idx).chain(std::iter::once(old_len)).max().unwrap_or(0);
+        let (heads, kd, vd, dtype) = (self.heads, self.k_dim, self.v_dim, self.dtype);
+        let spare = old.as_ref().map_or(0, |(k, _)| k.shape()[2] as usize - self.idx);
+        let (keys, values) = match old {
+            // The joiners fit under the batch's length: the batch, from its
+            // first column in use to the end of its capacity, and each
+            // joiner padded to that width.
+            Some((k, v)) if len == old_len && spare > 0 => {
+                let width = len + spare;
+                let mut ks = vec![self.from_column(&k, common)?];
+                let mut vs = vec![self.from_column(&v, common)?];
+                for r in &new_rows {
+                    ks.push(padded_row(r.keys.as_ref(), r.idx, len, width, heads, kd, dtype)?);
+                    vs.push(padded_row(r.values.as_ref(), r.idx, len, width, heads, vd, dtype)?);
                 }
-                _ => {
-                    ks.push(zeros(&[1, self.heads, len as i32, self.k_dim], self.dtype)?);
-                    vs.push(zeros(&[1, self.heads, len as i32, self.v_dim], self.dtype)?);
-                }
+                (mlx_rs::ops::concatenate(&ks, 0)?, mlx_rs::ops::concatenate(&vs, 0)?)
             }
-            pads.push(extra + r.left_pad[0]);
+            // Otherwise every row is written, right-aligned at `len`, into
+            // zeros with `step`-rounded room.
+            old => {
+                let total = (self.rows() * usize::from(kept) + new_rows.len()) as i32;
+                let cap = ((len / self.step + 1) * self.step) as i32;
+                let mut keys = zeros(&[total, heads, cap, kd], dtype)?;
+                let mut values = zeros(&[total, heads, cap, vd], dtype)?;
+                let mut place = |k: Array, v: Array, r0: i32, r1: i32, n: usize| -> Result<()> {
+                    let first = (len - n) as i32;
+                    keys = slice_update(&keys, &k, &[r0, 0, first, 0], &[r1, heads, len as i32, kd])?;
+                    values = slice_update(&values, &v, &[r0, 0, first, 0], &[r1, heads, len as i32, vd])?;
+                    Ok(())
+                };
+                let mut row = 0;
+                if let Some((k, v)) = old {
+                    let (k, v) = (self.used(&k)?, self.used(&v)?);
+                    let (k, v) = (self.from_column(&k, common)?, self.from_column(&v, common)?);
+                    row = self.rows() as i32;
+                    place(k, v, 0, row, old_len)?;
+                }
+                for r in &new_rows {
+                    if let (Some(k), Some(v)) = (&r.keys, &r.values) {
+                        place(r_used(k.clone(), r.idx)?, r_used(v.clone(), r.idx)?, row, row + 1, r.idx)?;
+                    }
+                    row += 1;
+                }
+                (keys, values)
+            }
+        };
+        let mut pads = Vec::new();
+        let mut holes = Holes::none(0);
+        if kept {
+            let shift = len - old_len;
+            pads.extend(self.left_pad.iter().map(|p| p - common + shift));
+            holes = self.holes.clone();
+            holes.shift_left(common);
+            holes.shift_right(shift);
+        }
+        for r in &new_rows {
+            pads.push(len - r.idx + r.left_pad[0]);
             holes.0.push(Vec::new());
         }
-        self.keys = Some(mlx_rs::ops::concatenate(&ks, 0)?);
-        self.values = Some(mlx_rs::ops::concatenate(&vs, 0)?);
+        self.keys = Some(keys);
+        self.values = Some(values);
         self.idx = len;
         self.left_pad = pads;
         self.holes = holes;
@@ -314,31 +341,35 @@ impl PlainKv {
         self
     }
 
+    /// Keeps rows `keep`, in that order, in one copy: the columns that are
+    /// padding in every kept row are left out of it, and the spare
+    /// capacity is kept, so the next update writes in place.
     fn filter(&mut self, keep: &[u32]) -> Result<()> {
         if keep.iter().any(|&r| r as usize >= self.rows()) {
             return Err(error(format!("filter_rows: row out of range (rows = {})", self.rows())));
         }
         let idx: Vec<i32> = keep.iter().map(|&r| r as i32).collect();
         let sel = Array::from_slice(&idx, &[idx.len() as i32]);
-        if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
-            self.keys = Some(k.take_axis(&sel, 0)?);
-            self.values = Some(v.take_axis(&sel, 0)?);
-        }
         self.left_pad = keep.iter().map(|&r| self.left_pad[r as usize]).collect();
         self.holes = Holes(keep.iter().map(|&r| self.holes.0[r as usize].clone()).collect());
-        // Drop columns that are padding in every remaining row.
         let common = self.left_pad.iter().copied().min().unwrap_or(0);
-        if common > 0 {
-            if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
-                let (ks, vs) = (k.shape().to_vec(), v.shape().to_vec());
-                self.keys = Some(slice(&k, &[0, 0, common as i32, 0], &[ks[0], ks[1], self.idx as i32, ks[3]])?);
-                self.values = Some(slice(&v, &[0, 0, common as i32, 0], &[vs[0], vs[1], self.idx as i32, vs[3]])?);
-            }
-            self.idx -= common;
-            self.left_pad.iter_mut().for_each(|p| *p -= common);
-            self.holes.shift_left(common);
+        if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
+            self.keys = Some(self.from_column(&k, common)?.take_axis(&sel, 0)?);
+            self.values = Some(self.from_column(&v, common)?.take_axis(&sel, 0)?);
         }
+        self.idx -= common;
+        self.left_pad.iter_mut().for_each(|p| *p -= common);
+        self.holes.shift_left(common);
         Ok(())
+    }
+
+    /// Storage `a` from column `c` to the end of its capacity (a view).
+    fn from_column(&self, a: &Array, c: usize) -> Result<Array> {
+        if c == 0 {
+            return Ok(a.clone());
+        }
+        let s = a.shape();
+        slice(a, &[0, 0, c as i32, 0], &[s[0], s[1], s[2], s[3]])
     }
 
     /// Row r's live columns, from position 0: a slice of the storage, or a
@@ -424,6 +455,27 @@ impl Columns for PlainKv {
         (self.k_dim, self.v_dim, self.dtype) = (w.k, w.v, w.dtype);
         Ok(())
     }
+}
+
+/// A 1-row buffer `[1, H, width, D]` holding `row`'s first `n` columns at
+/// `len - n .. len` (zeros elsewhere; all zeros when the row is empty).
+fn padded_row(
+    row: Option<&Array>,
+    n: usize,
+    len: usize,
+    width: usize,
+    heads: i32,
+    dim: i32,
+    dtype: Dtype,
+) -> Result<Array> {
+    let Some(a) = row.filter(|_| n > 0) else { return zeros(&[1, heads, width as i32, dim], dtype) };
+    let mut parts = Vec::new();
+    if len > n {
+        parts.push(zeros(&[1, heads, (len - n) as i32, dim], dtype)?);
+    }
+    parts.push(r_used(a.clone(), n)?);
+    parts.push(zeros(&[1, heads, (width - len) as i32, dim], dtype)?);
+    mlx_rs::ops::concatenate(&parts, 2)
 }
 
 fn r_used(a: Array, idx: usize) -> Result<Array> {

@@ -83,3 +83,39 @@ fn holes_survive_filter_and_merge_and_compaction_keeps_the_tokens() {
     assert_eq!(values(c.extract(0).unwrap()), vec![1.0, 2.0]);
     assert_eq!(values(c.extract(1).unwrap()), vec![21.0, 22.0, 23.0, 24.0]);
 }
+
+/// Columns of storage (capacity), not of tokens.
+fn capacity(c: &PlainKv) -> i32 {
+    c.keys.as_ref().unwrap().shape()[2]
+}
+
+#[test]
+fn joins_and_leaves_keep_room_for_the_next_token_and_drop_common_padding() {
+    let mut c = cache(2);
+    push(&mut c, &[&[1.0, 2.0, 3.0], &[11.0, 12.0, 13.0]]);
+    assert_eq!(capacity(&c), 4);
+    // A shorter joiner: appended under the batch's length, the room kept.
+    let mut one = cache(1);
+    push(&mut one, &[&[21.0, 22.0]]);
+    c.merge(vec![one.state().unwrap()]).unwrap();
+    assert_eq!((c.idx, capacity(&c)), (3, 4));
+    assert_eq!((c.row_len(0), c.row_len(2)), (3, 2));
+    assert_eq!(bools(c.mask_array(1).unwrap())[8..], [false, true, true, true]);
+    push(&mut c, &[&[4.0], &[14.0], &[23.0]]);
+    assert_eq!(capacity(&c), 4, "the next token is written in place");
+    assert_eq!(values(c.extract(2).unwrap()), vec![21.0, 22.0, 23.0]);
+    // The longest rows leave: the joiner's padding column goes with them.
+    c.filter(&[2]).unwrap();
+    assert_eq!((c.idx, c.left_pad.clone()), (3, vec![0]));
+    assert_eq!(values(c.state().unwrap()), vec![21.0, 22.0, 23.0]);
+    // A longer joiner: everyone is padded to its length, with room past it.
+    let mut long = cache(1);
+    push(&mut long, &[&[31.0, 32.0, 33.0, 34.0, 35.0, 36.0]]);
+    c.merge(vec![long.state().unwrap()]).unwrap();
+    assert_eq!((c.idx, capacity(&c), c.left_pad.clone()), (6, 8, vec![3, 0]));
+    assert_eq!(values(c.extract(0).unwrap()), vec![21.0, 22.0, 23.0]);
+    assert_eq!(values(c.extract(1).unwrap()), vec![31.0, 32.0, 33.0, 34.0, 35.0, 36.0]);
+    push(&mut c, &[&[24.0], &[37.0]]);
+    assert_eq!(capacity(&c), 8);
+    assert_eq!(values(c.extract(0).unwrap()), vec![21.0, 22.0, 23.0, 24.0]);
+}
