@@ -279,8 +279,8 @@ impl PlainKv {
             // joiner padded to that width.
             Some((k, v)) if len == old_len && spare > 0 => {
                 let width = len + spare;
-                let mut ks = vec![self.from_column(&k, common)?];
-                let mut vs = vec![self.from_column(&v, common)?];
+                let mut ks = vec![columns_from(&k, common)?];
+                let mut vs = vec![columns_from(&v, common)?];
                 for r in &new_rows {
                     ks.push(padded_row(r.keys.as_ref(), r.idx, len, width, heads, kd, dtype)?);
                     vs.push(padded_row(r.values.as_ref(), r.idx, len, width, heads, vd, dtype)?);
@@ -303,7 +303,7 @@ impl PlainKv {
                 let mut row = 0;
                 if let Some((k, v)) = old {
                     let (k, v) = (self.used(&k)?, self.used(&v)?);
-                    let (k, v) = (self.from_column(&k, common)?, self.from_column(&v, common)?);
+                    let (k, v) = (columns_from(&k, common)?, columns_from(&v, common)?);
                     row = self.rows() as i32;
                     place(k, v, 0, row, old_len)?;
                 }
@@ -354,22 +354,13 @@ impl PlainKv {
         self.holes = Holes(keep.iter().map(|&r| self.holes.0[r as usize].clone()).collect());
         let common = self.left_pad.iter().copied().min().unwrap_or(0);
         if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
-            self.keys = Some(self.from_column(&k, common)?.take_axis(&sel, 0)?);
-            self.values = Some(self.from_column(&v, common)?.take_axis(&sel, 0)?);
+            self.keys = Some(columns_from(&k, common)?.take_axis(&sel, 0)?);
+            self.values = Some(columns_from(&v, common)?.take_axis(&sel, 0)?);
         }
         self.idx -= common;
         self.left_pad.iter_mut().for_each(|p| *p -= common);
         self.holes.shift_left(common);
         Ok(())
-    }
-
-    /// Storage `a` from column `c` to the end of its capacity (a view).
-    fn from_column(&self, a: &Array, c: usize) -> Result<Array> {
-        if c == 0 {
-            return Ok(a.clone());
-        }
-        let s = a.shape();
-        slice(a, &[0, 0, c as i32, 0], &[s[0], s[1], s[2], s[3]])
     }
 
     /// Row r's live columns, from position 0: a slice of the storage, or a
@@ -455,6 +446,15 @@ impl Columns for PlainKv {
         (self.k_dim, self.v_dim, self.dtype) = (w.k, w.v, w.dtype);
         Ok(())
     }
+}
+
+/// Storage `a` from column `c` to the end of its capacity (a view).
+fn columns_from(a: &Array, c: usize) -> Result<Array> {
+    if c == 0 {
+        return Ok(a.clone());
+    }
+    let s = a.shape();
+    slice(a, &[0, 0, c as i32, 0], &[s[0], s[1], s[2], s[3]])
 }
 
 /// A 1-row buffer `[1, H, width, D]` holding `row`'s first `n` columns at
