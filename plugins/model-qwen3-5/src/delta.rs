@@ -1,8 +1,9 @@
 //! The gated DeltaNet mixer (mlx-lm `qwen3_5.GatedDeltaNet` with
 //! `gated_delta.py`'s ops path, the one mlx-lm runs off Metal): projections,
 //! a depthwise causal conv over a window kept by the cache layout, L2-normed
-//! q/k, the gated delta recurrence one token at a time on a float32 state,
-//! and a gated RMSNorm before the output projection.
+//! q/k, the gated delta recurrence on a float32 state (on the GPU one
+//! kernel for all tokens, `delta_kernel`; elsewhere one compiled step per
+//! token), and a gated RMSNorm before the output projection.
 //!
 //! Cache protocol (plugins/state-recurrent): `attention_mask(L)` first, a
 //! bool `[B, L]` mask while a left-padded cohort's padding is pending (as
@@ -10,10 +11,11 @@
 //! window and advances the layer; slot 1 holds the SSM state.
 
 use crate::args::Linear as Geometry;
+use crate::delta_kernel;
 use model_kit::compiled::{self, silu, Compiled};
 use model_kit::depthwise_conv::DepthwiseConv;
 use model_kit::layers::{Linear, LoadCtx};
-use model_kit::ops::{scalar, slice, zeros};
+use model_kit::ops::{on_gpu, scalar, slice, zeros};
 use model_kit::shape::expect_shape;
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::ROption;
@@ -104,8 +106,15 @@ impl DeltaNet {
         let (q, k) = normalize_qk(&q, &k, (g.k_dim as f64).powf(-0.5))?;
         let beta = ops::sigmoid(&beta_in)?;
         let decay = compute_g(&self.a_log, &a, &self.dt_bias)?;
-        let (q, k) = repeat_heads(&q, &k, g.v_heads / g.k_heads)?;
-        let (y, state) = recurrence(&q, &k, &v, &decay, &beta, state, mask.as_ref())?;
+        let on_kernel =
+            if on_gpu() { delta_kernel::recurrence(&q, &k, &v, &decay, &beta, &state, mask.as_ref())? } else { None };
+        let (y, state) = match on_kernel {
+            Some(done) => done,
+            None => {
+                let (q, k) = repeat_heads(&q, &k, g.v_heads / g.k_heads)?;
+                recurrence(&q, &k, &v, &decay, &beta, state, mask.as_ref())?
+            }
+        };
         boundary(cache.set_slot(SSM_SLOT, into_tensor(state)))?;
         let y = self.gated_norm(&y, &z)?;
         self.out.forward(&y.reshape(&[b, s, -1])?)

@@ -14,6 +14,7 @@
 
 mod args;
 mod delta;
+mod delta_kernel;
 mod moe;
 
 use args::Args;
