@@ -113,6 +113,7 @@ pub fn recurrence(
         && state.shape() == [b, hv, dv, dk]
         && state.dtype() == Dtype::Float32
         && (1..=256).contains(&dk)
+        && b * hv <= 65535 // CUDA's limit on a grid's third axis
         && t > 0;
     if !fits {
         return Ok(None);
