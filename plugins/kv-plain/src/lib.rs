@@ -119,21 +119,13 @@ impl PlainKv {
     fn compact(&mut self) -> Result<()> {
         let (rows, pads) = compact_plan(&self.holes, &self.left_pad, self.idx);
         if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
-            self.keys = Some(gather_columns(&self.used(&k)?, &rows)?);
-            self.values = Some(gather_columns(&self.used(&v)?, &rows)?);
+            self.keys = Some(gather_columns(&columns_to(&k, self.idx)?, &rows)?);
+            self.values = Some(gather_columns(&columns_to(&v, self.idx)?, &rows)?);
         }
         self.idx = rows.first().map_or(0, Vec::len);
         self.left_pad = pads;
         self.holes = Holes::none(self.left_pad.len());
         Ok(())
-    }
-
-    fn used(&self, a: &Array) -> Result<Array> {
-        let s = a.shape();
-        if s[2] as usize == self.idx {
-            return Ok(a.clone());
-        }
-        slice(a, &[0, 0, 0, 0], &[s[0], s[1], self.idx as i32, s[3]])
     }
 
     fn store(&mut self, k: Array, v: Array) -> Result<(Array, Array)> {
@@ -147,8 +139,11 @@ impl PlainKv {
             let nv = zeros(&[b, self.heads, grow, self.v_dim], v.dtype())?;
             match (self.keys.take(), self.values.take()) {
                 (Some(ok), Some(ov)) => {
-                    let (ok, ov) =
-                        if !prev.is_multiple_of(self.step) { (self.used(&ok)?, self.used(&ov)?) } else { (ok, ov) };
+                    let (ok, ov) = if !prev.is_multiple_of(self.step) {
+                        (columns_to(&ok, self.idx)?, columns_to(&ov, self.idx)?)
+                    } else {
+                        (ok, ov)
+                    };
                     self.keys = Some(mlx_rs::ops::concatenate(&[ok, nk], 2)?);
                     self.values = Some(mlx_rs::ops::concatenate(&[ov, nv], 2)?);
                 }
@@ -163,7 +158,7 @@ impl PlainKv {
         let end = self.idx as i32;
         let ks = slice_update(&ks, &k, &[0, 0, prev as i32, 0], &[b, self.heads, end, self.k_dim])?;
         let vs = slice_update(&vs, &v, &[0, 0, prev as i32, 0], &[b, self.heads, end, self.v_dim])?;
-        let out = (self.used(&ks)?, self.used(&vs)?);
+        let out = (columns_to(&ks, self.idx)?, columns_to(&vs, self.idx)?);
         self.keys = Some(ks);
         self.values = Some(vs);
         Ok(out)
@@ -192,8 +187,8 @@ impl PlainKv {
         }
         let mut tensors = RVec::new();
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            tensors.push(into_tensor(self.used(k)?));
-            tensors.push(into_tensor(self.used(v)?));
+            tensors.push(into_tensor(columns_to(k, self.idx)?));
+            tensors.push(into_tensor(columns_to(v, self.idx)?));
         }
         let mut meta: RVec<u64> = RVec::new();
         meta.push(self.idx as u64);
@@ -302,14 +297,14 @@ impl PlainKv {
                 };
                 let mut row = 0;
                 if let Some((k, v)) = old {
-                    let (k, v) = (self.used(&k)?, self.used(&v)?);
+                    let (k, v) = (columns_to(&k, self.idx)?, columns_to(&v, self.idx)?);
                     let (k, v) = (columns_from(&k, common)?, columns_from(&v, common)?);
                     row = self.rows() as i32;
                     place(k, v, 0, row, old_len)?;
                 }
                 for r in &new_rows {
                     if let (Some(k), Some(v)) = (&r.keys, &r.values) {
-                        place(r_used(k.clone(), r.idx)?, r_used(v.clone(), r.idx)?, row, row + 1, r.idx)?;
+                        place(columns_to(k, r.idx)?, columns_to(v, r.idx)?, row, row + 1, r.idx)?;
                     }
                     row += 1;
                 }
@@ -448,6 +443,15 @@ impl Columns for PlainKv {
     }
 }
 
+/// Storage `a`'s first `c` columns (a view; `a` itself when that is all).
+fn columns_to(a: &Array, c: usize) -> Result<Array> {
+    let s = a.shape();
+    if s[2] as usize == c {
+        return Ok(a.clone());
+    }
+    slice(a, &[0, 0, 0, 0], &[s[0], s[1], c as i32, s[3]])
+}
+
 /// Storage `a` from column `c` to the end of its capacity (a view).
 fn columns_from(a: &Array, c: usize) -> Result<Array> {
     if c == 0 {
@@ -473,17 +477,9 @@ fn padded_row(
     if len > n {
         parts.push(zeros(&[1, heads, (len - n) as i32, dim], dtype)?);
     }
-    parts.push(r_used(a.clone(), n)?);
+    parts.push(columns_to(a, n)?);
     parts.push(zeros(&[1, heads, (width - len) as i32, dim], dtype)?);
     mlx_rs::ops::concatenate(&parts, 2)
-}
-
-fn r_used(a: Array, idx: usize) -> Result<Array> {
-    let s = a.shape().to_vec();
-    if s[2] as usize == idx {
-        return Ok(a);
-    }
-    slice(&a, &[0, 0, 0, 0], &[s[0], s[1], idx as i32, s[3]])
 }
 
 impl Clone for PlainKv {
