@@ -136,6 +136,26 @@ fn generate(prompt: &str, extra: &[&str]) -> Value {
     serde_json::from_str(&run_ok(&mut cmd)).unwrap()
 }
 
+/// The family's own `delta` model option (the DeltaNet route on a GPU;
+/// the CPU runs the ops route either way): `delta=ops` opens and decodes
+/// as the default does, and a value the family does not know stops the
+/// start with one line naming it.
+#[test]
+fn qwen3_5_delta_option() {
+    let prompt = "1,2,3,4,5,6,7,8";
+    assert_eq!(generate(prompt, &["--model-option", "delta=ops"])["tokens"], generate(prompt, &[])["tokens"]);
+    let out = std::process::Command::new(host_bin())
+        .current_dir(it::repo_root())
+        .args(["generate", "--model"])
+        .arg(model("tiny/tiny-qwen3_5-f32"))
+        .args(["--prompt-ids", prompt, "--max-tokens", "4", "--model-option", "delta=fast"])
+        .output()
+        .expect("spawn");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bad delta value was accepted");
+    assert!(err.contains("`delta=fast`") && err.contains("delta=kernel or delta=ops"), "{err}");
+}
+
 /// Speculation over a recurrent layout is snapshot and replay
 /// (`caps::SPEC_REPLAY`): after a rejected draft the state is back at the
 /// round's start and the host replays the kept tokens. Greedy output must

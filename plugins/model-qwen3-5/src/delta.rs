@@ -41,6 +41,9 @@ pub struct DeltaNet {
     eps: f32,
     out: Linear,
     g: Geometry,
+    /// Whether a GPU runs the recurrence through `delta_kernel` (the
+    /// family's `delta` model option).
+    kernel: bool,
 }
 
 fn boundary<T>(r: plugin_api::PResult<T>) -> Result<T> {
@@ -49,8 +52,16 @@ fn boundary<T>(r: plugin_api::PResult<T>) -> Result<T> {
 
 impl DeltaNet {
     /// `conv` is the layer's conv1d weight, already in MLX's layout;
-    /// `hidden` the model width.
-    pub fn load(ctx: &mut LoadCtx, p: &str, g: Geometry, hidden: usize, eps: f32, conv: Array) -> Result<Self> {
+    /// `hidden` the model width; `kernel` whether a GPU takes `delta_kernel`.
+    pub fn load(
+        ctx: &mut LoadCtx,
+        p: &str,
+        g: Geometry,
+        hidden: usize,
+        eps: f32,
+        conv: Array,
+        kernel: bool,
+    ) -> Result<Self> {
         expect_shape(&format!("{p}.conv1d.weight"), conv.shape(), &[g.conv_dim(), g.conv_kernel, 1])?;
         let conv = DepthwiseConv::new(ctx.cast(conv)?)?;
         let a_log = ctx.take(&format!("{p}.A_log"), &[g.v_heads])?;
@@ -73,6 +84,7 @@ impl DeltaNet {
             eps,
             out: proj(ctx, "out_proj", hidden, g.value_dim())?,
             g,
+            kernel,
         })
     }
 
@@ -106,8 +118,11 @@ impl DeltaNet {
         let (q, k) = normalize_qk(&q, &k, (g.k_dim as f64).powf(-0.5))?;
         let beta = ops::sigmoid(&beta_in)?;
         let decay = compute_g(&self.a_log, &a, &self.dt_bias)?;
-        let on_kernel =
-            if on_gpu() { delta_kernel::recurrence(&q, &k, &v, &decay, &beta, &state, mask.as_ref())? } else { None };
+        let on_kernel = if self.kernel && on_gpu() {
+            delta_kernel::recurrence(&q, &k, &v, &decay, &beta, &state, mask.as_ref())?
+        } else {
+            None
+        };
         let (y, state) = match on_kernel {
             Some(done) => done,
             None => {

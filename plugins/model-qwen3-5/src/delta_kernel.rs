@@ -16,6 +16,30 @@
 use model_kit::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use model_kit::{error, Array, Dtype, Result};
 
+/// The family's own model option (`--model-option delta=kernel|ops`):
+/// `kernel` (the default) takes this kernel on a GPU; `ops` keeps the ops
+/// route there too, mlx-lm's on CUDA, for parity checks and A/B runs. The
+/// CPU always runs the ops route.
+pub const OPTION: &str = "delta";
+
+/// Whether the `delta` options given (the last one wins) ask for the
+/// kernel; a value other than `kernel` or `ops` is refused, naming it.
+pub fn wanted(options: &[(String, String)]) -> Result<bool> {
+    let mut kernel = true;
+    for (key, value) in options {
+        kernel = match value.as_str() {
+            "kernel" => true,
+            "ops" => false,
+            _ => {
+                return Err(error(format!(
+                    "model option `{key}={value}`: the qwen3_5 family takes delta=kernel or delta=ops"
+                )))
+            }
+        };
+    }
+    Ok(kernel)
+}
+
 const SOURCE: &str = r#"
     constexpr int NP = (DK + 31) / 32;
     const int lane = threadIdx.x;
@@ -131,4 +155,22 @@ pub fn recurrence(
     )?;
     let [y, state]: [Array; 2] = outs.try_into().map_err(|_| error("the delta kernel returned other outputs"))?;
     Ok(Some((y, state)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wanted;
+
+    fn opts(values: &[&str]) -> Vec<(String, String)> {
+        values.iter().map(|v| ("delta".to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn the_delta_option_picks_the_route_and_refuses_other_values() {
+        assert!(wanted(&[]).unwrap());
+        assert!(!wanted(&opts(&["ops"])).unwrap());
+        assert!(wanted(&opts(&["ops", "kernel"])).unwrap());
+        let e = wanted(&opts(&["fast"])).unwrap_err();
+        assert!(e.what().contains("`delta=fast`"), "{}", e.what());
+    }
 }

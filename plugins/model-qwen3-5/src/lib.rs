@@ -25,6 +25,7 @@ use model_kit::config::Config;
 use model_kit::gated_attention::GatedAttention as Attention;
 use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, LmHead, LoadCtx, Mlp, RmsNorm as Norm};
+use model_kit::routes::take_options;
 use model_kit::taps::Taps;
 use model_kit::weights::Weights;
 use model_kit::{error, Array, Result};
@@ -69,6 +70,10 @@ fn plan_model(config: &str) -> std::result::Result<ModelPlan, PluginError> {
 }
 
 fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
+    let mut a = a.clone();
+    let mine = take_options(&mut a.options, &[delta_kernel::OPTION]);
+    let kernel = delta_kernel::wanted(&mine).map_err(|e| PluginError::invalid_input(e.what()))?;
+    let a = &a;
     let mut ck = Checkpoint::open(a)?;
     let args = Args::from_config(&ck.cfg).map_err(config_error)?;
     let names = Names::of(&ck.weights);
@@ -79,7 +84,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
         let head = names.head.clone();
         ck.weights.drop_matching(|k| k.strip_prefix(head.as_str()).is_some_and(|r| r.starts_with('.')));
     }
-    let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, &names))?;
+    let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, &names, kernel))?;
     into_model(model, a)
 }
 
@@ -153,7 +158,9 @@ struct Model {
 }
 
 impl Model {
-    fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config, names: &Names) -> Result<Self> {
+    /// `kernel`: whether a GPU runs the DeltaNet layers' recurrence
+    /// through `delta_kernel`.
+    fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config, names: &Names, kernel: bool) -> Result<Self> {
         let body = &names.body;
         // mlx-lm's sanitize: a conv1d weight in Hugging Face's layout
         // `[C, 1, K]` marks an unsanitized checkpoint, whose conv weights are
@@ -171,7 +178,7 @@ impl Model {
             let p = format!("{body}.layers.{i}");
             let mixer = if args.is_linear[i] {
                 let conv = convs.next().ok_or_else(|| error("conv1d weights out of step"))??;
-                Mixer::Delta(DeltaNet::load(ctx, &format!("{p}.linear_attn"), args.linear, hidden, eps, conv)?)
+                Mixer::Delta(DeltaNet::load(ctx, &format!("{p}.linear_attn"), args.linear, hidden, eps, conv, kernel)?)
             } else {
                 Mixer::Attention(Attention::load(ctx, &format!("{p}.self_attn"), &args.attention_shape(raw_hf))?)
             };

@@ -1,32 +1,33 @@
 #!/usr/bin/env bash
 # H200: the gated DeltaNet kernel (model-qwen3-5's delta_kernel) against the
-# ops route it replaces on the GPU. OPS_ROUTE_LIB (default .scratch/ops-route-qwen3-5.so) is a build of the qwen3_5
-# plugin without the kernel; it is swapped into a copy of the plugins folder
-# so both routes run in one lease. `device_delta.sh tiny` runs the tiny
-# parity only; `device_delta.sh` all of it, after device_drafters.sh made
+# ops route it replaces on the GPU (`--model-option delta=ops`, mlx-lm's
+# route), in one lease. `device_delta.sh tiny` runs the tiny parity only;
+# `device_delta.sh` all of it, after device_drafters.sh made
 # /tmp/d/qwen3_5-8b (the Qwen3.5 hybrid at the 8B scale, random weights).
-#   1. parity: greedy 64 tokens and last-prompt logits on TINY (a tiny
-#      qwen3_5 bf16 folder) against mlx-lm (oracle.py); the same against the
-#      ops route on the 8B-scale hybrid; batched rows of different lengths
-#      (padding masks) against serial (batch_parity.py).
+# TINY is a tiny qwen3_5 bf16 folder carried with the call (default
+# models/tiny/tiny-qwen3_5-bf16, made by `cargo xtask build`).
+#   1. parity: greedy 64 tokens and last-prompt logits on TINY against
+#      mlx-lm (oracle.py), both routes; the kernel against the ops route on
+#      the 8B-scale hybrid; batched rows of different lengths (padding
+#      masks) against serial (batch_parity.py), both routes.
 #   2. speed: `host bench` prefill and decode at batch 1 and 8, both routes,
 #      and mlx_lm.benchmark at batch 1 (mlx-lm runs the ops route on CUDA).
-TINY=${TINY:-.scratch/tiny-qwen3_5-bf16}
+TINY=${TINY:-models/tiny/tiny-qwen3_5-bf16}
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
-OPS=/tmp/p_ops && rm -rf $OPS && cp -r $P $OPS && cp "${OPS_ROUTE_LIB:-.scratch/ops-route-qwen3-5.so}" $OPS/model-qwen3-5/libmodel_qwen3_5.so
+route_args() { [ $1 = kernel ] || echo "--model-option delta=ops"; }
 HY=/tmp/d/qwen3_5-8b
 LONG=$(python3 -c "import random; r=random.Random(1); print(','.join(str(r.randrange(100,49000)) for _ in range(300)))")
 {
   echo "## parity"
   python3 models/scripts/oracle.py --model $TINY --prompt-ids $LONG --max-tokens 64 --out /tmp/tiny.ref.json > /dev/null
   for route in kernel ops; do
-    pl=$([ $route = kernel ] && echo $P || echo $OPS)
-    $H generate --plugins $pl --model $TINY --prompt-ids $LONG --max-tokens 64 --ignore-eos --dtype native --json > /tmp/tiny.$route.json
-    $H logits --plugins $pl --model $TINY --prompt-ids $LONG --dtype native > /tmp/tiny.$route.logits.json
+    ra=$(route_args $route)
+    $H generate --plugins $P --model $TINY --prompt-ids $LONG --max-tokens 64 --ignore-eos --dtype native --json $ra > /tmp/tiny.$route.json
+    $H logits --plugins $P --model $TINY --prompt-ids $LONG --dtype native $ra > /tmp/tiny.$route.logits.json
     [ "${1:-}" = tiny ] && continue
-    $H generate --plugins $pl --model $HY --prompt-ids $LONG --max-tokens 64 --ignore-eos --json > /tmp/hy.$route.json
-    $H logits --plugins $pl --model $HY --prompt-ids $LONG > /tmp/hy.$route.logits.json
+    $H generate --plugins $P --model $HY --prompt-ids $LONG --max-tokens 64 --ignore-eos --json $ra > /tmp/hy.$route.json
+    $H logits --plugins $P --model $HY --prompt-ids $LONG $ra > /tmp/hy.$route.logits.json
   done
   python3 - "${1:-all}" <<'PY'
 import json, sys
@@ -45,15 +46,18 @@ if sys.argv[1] != "tiny":
   cmp("qwen3_5-8b shape, kernel vs ops", L("/tmp/hy.kernel.logits.json")["logits"], L("/tmp/hy.ops.logits.json")["logits"],
     L("/tmp/hy.kernel.json")["tokens"], L("/tmp/hy.ops.json")["tokens"])
 PY
-  echo "batched (left-padded rows) vs serial, kernel route, tiny: $(python3 tests/bench/batch_parity.py --host $H --plugins $P --model $TINY --clients 8 --max-tokens 32 | tail -1)"
+  for route in kernel ops; do
+    extra=$([ $route = kernel ] || echo "--model-option delta=ops")
+    echo "batched (left-padded rows) vs serial, $route route, tiny: $(python3 tests/bench/batch_parity.py --host $H --plugins $P --model $TINY --clients 8 --max-tokens 32 --extra="$extra" | tail -1)"
+    [ "${1:-}" = tiny ] && continue
+    echo "batched vs serial, $route route, 8B-scale hybrid: $(python3 tests/bench/batch_parity.py --host $H --plugins $P --model $HY --clients 8 --max-tokens 32 --extra="$extra" | tail -1)"
+  done
   [ "${1:-}" = tiny ] && exit 0
-  echo "batched vs serial, kernel route, 8B-scale hybrid: $(python3 tests/bench/batch_parity.py --host $H --plugins $P --model $HY --clients 8 --max-tokens 32 | tail -1)"
   echo "## speed: host bench --model $HY --batch 1,8 --trials 1"
   for L in 512 4096; do
     for route in kernel ops; do
-      pl=$([ $route = kernel ] && echo $P || echo $OPS)
       echo "### prompt $L, $route"
-      $H bench --plugins $pl --model $HY --prompt-len $L --gen-len 64 --batch 1,8 --trials 1 2>/dev/null
+      $H bench --plugins $P --model $HY --prompt-len $L --gen-len 64 --batch 1,8 --trials 1 $(route_args $route) 2>/dev/null
     done
     echo "### prompt $L, mlx_lm.benchmark -b 1"
     python3 -m mlx_lm.benchmark --model $HY -p $L -g 64 -b 1 -n 1 2>&1 | grep -v Warning | tail -3

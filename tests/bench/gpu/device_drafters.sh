@@ -6,8 +6,8 @@
 # repeat their input, drafters that are always rejected (`-rand`: the cost of
 # a round in target steps) or always accepted (`-agree`: the speedup at full
 # acceptance). `host generate`, 256 tokens after a 64-token prompt, bf16.
-# TARGETS picks targets (default all three); P_ALT=DIR adds rows run with
-# another plugins folder (an A/B of a plugin build).
+# TARGETS picks targets (default all three); ALT_ARGS adds rows run with
+# these `host generate` arguments too (e.g. "--model-option delta=ops").
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 TARGETS=${TARGETS:-qwen3-8b qwen3_5-8b gemma4-8b}
@@ -18,7 +18,7 @@ for t in $TARGETS; do
     *) python3 tests/bench/make_drafter_shapes.py --out /tmp/d --only ${t%-8b} --tokenizer-from .device/tok > /dev/null ;;
   esac
 done
-gen() { $H generate --plugins ${PLUGINS:-$P} --model "$1" --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup "${@:2}" 2>/dev/null | tail -1; }
+gen() { $H generate --plugins $P --model "$1" --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup "${@:2}" 2>/dev/null | tail -1; }
 row() {
   python3 -c "
 import json, sys
@@ -32,16 +32,18 @@ print(f\"| {sys.argv[3]} | {p:.1f} | {s:.1f} | {sp['drafted'] / max(sp['rounds']
 }
 echo "| target + drafter | plain tok/s | speculative tok/s | drafts/round | acceptance | round cost (target steps) | speedup |"
 echo "|---|---|---|---|---|---|---|"
-for plugins in $P ${P_ALT:-}; do
-  export PLUGINS=$plugins
-  tag=$([ $plugins = $P ] || echo " [$plugins]")
+variants=("")
+[ -z "${ALT_ARGS:-}" ] || variants+=("$ALT_ARGS")
+for alt in "${variants[@]}"; do
+  read -r -a alt_args <<< "$alt"
+  tag=${alt:+ [$alt]}
   for t in $TARGETS; do
-    plain=$(gen /tmp/d/$t)
+    plain=$(gen /tmp/d/$t "${alt_args[@]}")
     for d in /tmp/d/$t/*-rand /tmp/d/$t/*-agree; do
       [ -d "$d" ] || continue
       for depth in "" "--num-draft-tokens 2"; do
         [[ $d == *dflash* || $d == *dspark* || $d == *deepspec* || -z $depth ]] || continue
-        spec=$(gen /tmp/d/$t --draft-model $d --speculate-always $depth)
+        spec=$(gen /tmp/d/$t --draft-model $d --speculate-always $depth "${alt_args[@]}")
         row "$plain" "$spec" "$t + $(basename $d)${depth:+ ($depth)}$tag"
       done
     done
