@@ -47,7 +47,7 @@ if sys.argv[1] != "tiny":
     L("/tmp/hy.kernel.json")["tokens"], L("/tmp/hy.ops.json")["tokens"])
 PY
   for route in kernel ops; do
-    extra=$([ $route = kernel ] || echo "--model-option delta=ops")
+    extra=$(route_args $route)
     echo "batched (left-padded rows) vs serial, $route route, tiny: $(python3 tests/bench/batch_parity.py --host $H --plugins $P --model $TINY --clients 8 --max-tokens 32 --extra="$extra" | tail -1)"
     [ "${1:-}" = tiny ] && continue
     echo "batched vs serial, $route route, 8B-scale hybrid: $(python3 tests/bench/batch_parity.py --host $H --plugins $P --model $HY --clients 8 --max-tokens 32 --extra="$extra" | tail -1)"
