@@ -231,6 +231,35 @@ pub trait CacheLayout: Send {
             "this cache layout lends no K/V views",
         ))
     }
+
+    // --- v2.6: appended after the prefix.
+
+    /// A snapshot layout (`caps::SPEC_REPLAY`) inside a speculative round:
+    /// whether the graph's next update should also hand it the state after
+    /// each of the update's positions (`set_position_states`), so that a
+    /// rollback keeps any count by picking that position's state instead of
+    /// restoring the round's start for the host to replay the kept tokens.
+    /// Others answer false (the default).
+    fn wants_position_states(&self) -> bool {
+        false
+    }
+
+    /// The states of slot `i` after each position of the update just made,
+    /// `[B, L, ..slot shape]` (a padded column's is the state it kept), when
+    /// `wants_position_states` asked for them. The default refuses.
+    fn set_position_states(&mut self, i: u32, states: Tensor) -> PResult<()> {
+        let _ = (i, states);
+        abi_stable::std_types::RResult::RErr(crate::error::PluginError::unsupported(
+            "this cache layout keeps no per-position states",
+        ))
+    }
+
+    /// A snapshot layout: whether a `spec_rollback` now keeps any count by
+    /// itself (it holds the position states of the round's update), so the
+    /// host need not replay. False by default: the host replays.
+    fn rolls_back_in_place(&self) -> bool {
+        false
+    }
 }
 
 /// One row's K/V (`CacheLayout::kv_view`): `[1, H, L, D]` each, column

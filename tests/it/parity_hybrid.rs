@@ -156,19 +156,28 @@ fn qwen3_5_delta_option() {
     assert!(err.contains("`delta=fast`") && err.contains("delta=kernel or delta=ops"), "{err}");
 }
 
-/// Speculation over a recurrent layout is snapshot and replay
-/// (`caps::SPEC_REPLAY`): after a rejected draft the state is back at the
-/// round's start and the host replays the kept tokens. Greedy output must
-/// equal the plain run. (The random model never repeats itself, so every
-/// n-gram draft is rejected here; restoring and replaying several kept
-/// tokens is covered by state-recurrent's unit tests.)
+/// Speculation over a recurrent layout: after a rejected draft the layout
+/// keeps the state after the pending token, picked from the verify's
+/// position states (no replay), or with `--model-option rollback=replay`
+/// restores the round's start for the host to replay the kept tokens
+/// (`caps::SPEC_REPLAY`, the path of graphs without position states).
+/// Greedy output must equal the plain run either way. (The random model
+/// never repeats itself, so every n-gram draft is rejected here; rows
+/// keeping several tokens are covered by the batched test below and by
+/// state-recurrent's unit tests.)
 #[test]
 fn qwen3_5_speculation_is_lossless() {
     let prompt = "1,2,3,4,5,6,7,1,2,3,4,5,6,7,1,2,3";
     let plain = generate(prompt, &[]);
-    let spec = generate(prompt, &["--draft-kind", "ngram"]);
-    assert!(spec["speculation"]["drafted"].as_u64().unwrap() > 0, "{}", spec["speculation"]);
-    assert_eq!(spec["tokens"], plain["tokens"], "speculation changed the greedy output: {}", spec["speculation"]);
+    for (option, replayed) in [(None, false), (Some("rollback=replay"), true)] {
+        let mut args = vec!["--draft-kind", "ngram"];
+        args.extend(option.iter().flat_map(|o| ["--model-option", o]));
+        let spec = generate(prompt, &args);
+        let sp = &spec["speculation"];
+        assert!(sp["drafted"].as_u64().unwrap() > sp["accepted"].as_u64().unwrap(), "{option:?}: {sp}");
+        assert_eq!(sp["replays"].as_u64().unwrap() > 0, replayed, "{option:?}: {sp}");
+        assert_eq!(spec["tokens"], plain["tokens"], "{option:?}: speculation changed the greedy output: {sp}");
+    }
 }
 
 /// A prompt that shares only part of a cached entry: a recurrent state
@@ -247,12 +256,13 @@ fn qwen3_5_cohort_padding_spans_prefill_chunks() {
 /// (models/scripts/make_cycle.py) mostly repeats 1000..1006 and leaves the
 /// cycle where its layers, recurrent state included, tip the argmax; each
 /// prompt seeds prompt lookup with a different wrong turn, so rows accept
-/// runs of different lengths in the same step. A rollback restores every
-/// row's state and ONE padded forward replays each row's kept tokens. Greedy
-/// text and logprobs must equal the plain serial server's, and the padded
-/// replay must have run.
+/// runs of different lengths in the same step. A rollback keeps each row's
+/// count from the verify's position states; with `--model-option
+/// rollback=replay` it restores every row's state and ONE padded forward
+/// replays each row's kept tokens. Greedy text and logprobs must equal the
+/// plain serial server's either way, and only the second may replay.
 #[test]
-fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
+fn qwen3_5_batched_speculation_keeps_each_rows_count() {
     let dir = Scratch::new("qwen3_5-cycle");
     run_ok(
         python()
@@ -273,9 +283,16 @@ fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
         let s = Server::start(&dir.0, &["--batch", "1"]);
         (0..prompts.len()).map(|i| s.post("/v1/completions", &body(i)).json()).collect()
     };
+    for option in ["rollback=states", "rollback=replay"] {
+        batched_speculation_matches(&dir.0, &prompts, &want, option);
+    }
+}
+
+fn batched_speculation_matches(dir: &std::path::Path, prompts: &[Vec<u32>], want: &[Value], option: &str) {
+    let body = |i: usize| json!({ "prompt": prompts[i], "max_tokens": 24 + 4 * i, "temperature": 0, "logprobs": 1 });
     // --speculate-always: the cost rule depends on timing; the paths asserted below must not.
     let s = Server::start(
-        &dir.0,
+        dir,
         &[
             "--batch",
             "8",
@@ -285,13 +302,19 @@ fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
             "4",
             "--speculate-always",
             "--debug-endpoints",
+            "--model-option",
+            option,
         ],
     );
     let got = s.post_joining("/v1/completions", &(0..prompts.len()).map(body).collect::<Vec<_>>(), 3);
     let (mut drafted, mut accepted) = (0, 0);
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let (lg, lw) = (&g["choices"][0]["logprobs"], &w["choices"][0]["logprobs"]);
-        assert_eq!(lg["tokens"], lw["tokens"], "request {i} changed under batched speculation: {}", g["usage"]);
+        assert_eq!(
+            lg["tokens"], lw["tokens"],
+            "{option}: request {i} changed under batched speculation: {}",
+            g["usage"]
+        );
         for (k, (a, b)) in
             lg["token_logprobs"].as_array().unwrap().iter().zip(lw["token_logprobs"].as_array().unwrap()).enumerate()
         {
@@ -301,7 +324,7 @@ fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
             // reduction's memory layout (a strided row of the [B, k+1, V]
             // verify logits vs a contiguous one); a wrong state moves
             // logprobs by 0.1 and more (mutation-checked).
-            assert!((a - b).abs() < 1e-3, "request {i} token {k}: logprob {a} batched vs {b} serial");
+            assert!((a - b).abs() < 1e-3, "{option}: request {i} token {k}: logprob {a} batched vs {b} serial");
         }
         let sp = &g["usage"]["speculation"];
         assert!(!sp.is_null(), "request {i} did not speculate: {g}");
@@ -314,5 +337,9 @@ fn qwen3_5_batched_speculation_replays_each_rows_kept_tokens() {
         accepted > 0 && accepted < drafted,
         "drafted {drafted}, accepted {accepted}: need kept and rejected drafts"
     );
-    assert!(st["spec_replays_padded"].as_u64().unwrap() > 0, "no replay had rows of different counts: {st}");
+    if option == "rollback=replay" {
+        assert!(st["spec_replays_padded"].as_u64().unwrap() > 0, "no replay had rows of different counts: {st}");
+    } else {
+        assert_eq!(st["spec_replays"].as_u64().unwrap(), 0, "a rollback replayed: {st}");
+    }
 }

@@ -62,8 +62,9 @@ impl Ended {
 /// What the job gave since the last call.
 pub enum Step {
     Out(Vec<Piece>),
-    /// The last pieces, and how the answer ended.
-    Done(Vec<Piece>, Ended),
+    /// The last pieces, and how the answer ended (boxed: it carries the
+    /// whole result, the other variant only pieces).
+    Done(Vec<Piece>, Box<Ended>),
 }
 
 pub struct Answer {
@@ -107,7 +108,7 @@ impl Answer {
                     (None, Finish::Length) => Ending::MaxTokens,
                 };
                 log_done(&self.id, &self.run, result.tokens.len(), self.first_ms, ending.name());
-                Ok(Step::Done(pieces, Ended { ending, result, reasoning_tokens: self.out.reasoning_tokens }))
+                Ok(Step::Done(pieces, Box::new(Ended { ending, result, reasoning_tokens: self.out.reasoning_tokens })))
             }
             Some(Event::Failed(e)) => Err(ApiError::internal(format!("generation failed: {e}"))),
             None => Err(ApiError::internal("the engine dropped the request")),
@@ -120,7 +121,7 @@ impl Answer {
         loop {
             let (pieces, ended) = match self.next().await? {
                 Step::Out(p) => (p, None),
-                Step::Done(p, e) => (p, Some(e)),
+                Step::Done(p, e) => (p, Some(*e)),
             };
             for p in pieces {
                 match (all.last_mut(), p) {

@@ -8,10 +8,13 @@
 //! Cache protocol (plugins/state-recurrent): `attention_mask(L)` first, a
 //! bool `[B, L]` mask while a left-padded cohort's padding is pending (as
 //! mlx-lm's `create_ssm_mask`); `update_and_fetch(qkv)` returns the conv
-//! window and advances the layer; slot 1 holds the SSM state.
+//! window and advances the layer; slot 1 holds the SSM state. Inside a
+//! speculative round the layout may ask for the state after each position
+//! too (`wants_position_states`), so that a rollback needs no replay.
 
 use crate::args::Linear as Geometry;
 use crate::delta_kernel;
+use crate::options::Options;
 use model_kit::compiled::{self, silu, Compiled};
 use model_kit::depthwise_conv::DepthwiseConv;
 use model_kit::layers::{Linear, LoadCtx};
@@ -44,6 +47,9 @@ pub struct DeltaNet {
     /// Whether a GPU runs the recurrence through `delta_kernel` (the
     /// family's `delta` model option).
     kernel: bool,
+    /// Whether a layout that asks gets the states after each position
+    /// (the `rollback` model option).
+    position_states: bool,
 }
 
 fn boundary<T>(r: plugin_api::PResult<T>) -> Result<T> {
@@ -52,7 +58,7 @@ fn boundary<T>(r: plugin_api::PResult<T>) -> Result<T> {
 
 impl DeltaNet {
     /// `conv` is the layer's conv1d weight, already in MLX's layout;
-    /// `hidden` the model width; `kernel` whether a GPU takes `delta_kernel`.
+    /// `hidden` the model width; `options` the family's own.
     pub fn load(
         ctx: &mut LoadCtx,
         p: &str,
@@ -60,7 +66,7 @@ impl DeltaNet {
         hidden: usize,
         eps: f32,
         conv: Array,
-        kernel: bool,
+        options: Options,
     ) -> Result<Self> {
         expect_shape(&format!("{p}.conv1d.weight"), conv.shape(), &[g.conv_dim(), g.conv_kernel, 1])?;
         let conv = DepthwiseConv::new(ctx.cast(conv)?)?;
@@ -84,7 +90,8 @@ impl DeltaNet {
             eps,
             out: proj(ctx, "out_proj", hidden, g.value_dim())?,
             g,
-            kernel,
+            kernel: options.kernel,
+            position_states: options.position_states,
         })
     }
 
@@ -118,19 +125,23 @@ impl DeltaNet {
         let (q, k) = normalize_qk(&q, &k, (g.k_dim as f64).powf(-0.5))?;
         let beta = ops::sigmoid(&beta_in)?;
         let decay = compute_g(&self.a_log, &a, &self.dt_bias)?;
+        let every = self.position_states && cache.wants_position_states();
         let on_kernel = if self.kernel && on_gpu() {
-            delta_kernel::recurrence(&q, &k, &v, &decay, &beta, &state, mask.as_ref())?
+            delta_kernel::recurrence(&q, &k, &v, &decay, &beta, &state, mask.as_ref(), every)?
         } else {
             None
         };
-        let (y, state) = match on_kernel {
+        let Recurrence { y, state, states } = match on_kernel {
             Some(done) => done,
             None => {
                 let (q, k) = repeat_heads(&q, &k, g.v_heads / g.k_heads)?;
-                recurrence(&q, &k, &v, &decay, &beta, state, mask.as_ref())?
+                recurrence(&q, &k, &v, &decay, &beta, state, mask.as_ref(), every)?
             }
         };
         boundary(cache.set_slot(SSM_SLOT, into_tensor(state)))?;
+        if let Some(states) = states {
+            boundary(cache.set_position_states(SSM_SLOT, into_tensor(states)))?;
+        }
         let y = self.gated_norm(&y, &z)?;
         self.out.forward(&y.reshape(&[b, s, -1])?)
     }
@@ -202,9 +213,19 @@ fn repeat_heads(q: &Array, k: &Array, repeat: usize) -> Result<(Array, Array)> {
     }
 }
 
-/// `gated_delta_ops` after `repeat_heads`: one step per token; returns `y`
-/// `[B, T, Hv, Dv]` (q's dtype) and the final state. With a padding `mask`
-/// `[B, T]`, a padded step keeps its row's state.
+/// What the recurrence over a call's tokens gives: `y` `[B, T, Hv, Dv]`
+/// (q's dtype), the final state `[B, Hv, Dv, Dk]` float32, and when asked
+/// the state after each token `[B, T, Hv, Dv, Dk]`.
+pub struct Recurrence {
+    pub y: Array,
+    pub state: Array,
+    pub states: Option<Array>,
+}
+
+/// `gated_delta_ops` after `repeat_heads`: one step per token. With a
+/// padding `mask` `[B, T]`, a padded step keeps its row's state. `every`
+/// keeps the state after each token too.
+#[allow(clippy::too_many_arguments)]
 fn recurrence(
     q: &Array,
     k: &Array,
@@ -213,9 +234,11 @@ fn recurrence(
     beta: &Array,
     mut state: Array,
     mask: Option<&Array>,
-) -> Result<(Array, Array)> {
+    every: bool,
+) -> Result<Recurrence> {
     let t_len = q.shape()[1];
     let mut ys = Vec::with_capacity(t_len as usize);
+    let mut states = Vec::with_capacity(if every { t_len as usize } else { 0 });
     for t in 0..t_len {
         let at = |a: &Array| token(a, t);
         let (y, next) = step(&at(q)?, &at(k)?, &at(v)?, &at(g)?, &at(beta)?, &state)?;
@@ -225,8 +248,12 @@ fn recurrence(
             Some(m) => ops::select(&at(m)?.expand_dims_axes(&[1, 2, 3])?, &next, &state)?,
             None => next,
         };
+        if every {
+            states.push(state.clone());
+        }
     }
-    Ok((ops::stack(&ys, 1)?, state))
+    let states = if every { Some(ops::stack(&states, 1)?) } else { None };
+    Ok(Recurrence { y: ops::stack(&ys, 1)?, state, states })
 }
 
 /// `a[:, t]`.

@@ -8,37 +8,16 @@
 //! `ceil(DK / 32)` of the state's key columns for that value dimension in
 //! float32 registers, and the two reductions over the key dimension (what
 //! the state predicts for k, and the readout along q) are warp shuffles.
+//! With `ALL` the kernel also writes the state after every token (a
+//! speculative round's rollback picks one instead of a replay).
 //! The arithmetic is the ops route's, in the same order per element, in
 //! float32 with the inputs widened; only the order of the two sums over
 //! the key dimension differs (docs/benchmarks.md, "The gated DeltaNet on
 //! the GPU").
 
+use crate::delta::Recurrence;
 use model_kit::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use model_kit::{error, Array, Dtype, Result};
-
-/// The family's own model option (`--model-option delta=kernel|ops`):
-/// `kernel` (the default) takes this kernel on a GPU; `ops` keeps the ops
-/// route there too, mlx-lm's on CUDA, for parity checks and A/B runs. The
-/// CPU always runs the ops route.
-pub const OPTION: &str = "delta";
-
-/// Whether the `delta` options given (the last one wins) ask for the
-/// kernel; a value other than `kernel` or `ops` is refused, naming it.
-pub fn wanted(options: &[(String, String)]) -> Result<bool> {
-    let mut kernel = true;
-    for (key, value) in options {
-        kernel = match value.as_str() {
-            "kernel" => true,
-            "ops" => false,
-            _ => {
-                return Err(error(format!(
-                    "model option `{key}={value}`: the qwen3_5 family takes delta=kernel or delta=ops"
-                )))
-            }
-        };
-    }
-    Ok(kernel)
-}
 
 const SOURCE: &str = r#"
     constexpr int NP = (DK + 31) / 32;
@@ -92,6 +71,13 @@ const SOURCE: &str = r#"
         if (!keep) {
             for (int j = 0; j < NP; ++j) s[j] = old[j];
         }
+        if constexpr (ALL) {
+            const size_t at = ((((size_t)b * T + t) * HV + hv) * DV + dv) * DK;
+            for (int j = 0; j < NP; ++j) {
+                const int i = lane + 32 * j;
+                if (i < DK) states[at + i] = s[j];
+            }
+        }
     }
     const size_t ob = (((size_t)b * HV + hv) * DV + dv) * DK;
     for (int j = 0; j < NP; ++j) {
@@ -106,7 +92,7 @@ fn kernel() -> Result<&'static CudaKernel> {
         CudaKernel::new(
             "gated_delta_recurrence",
             &["q", "k", "v", "g", "beta", "state", "mask"],
-            &["y", "state_out"],
+            &["y", "state_out", "states"],
             SOURCE,
         )
     })
@@ -115,9 +101,10 @@ fn kernel() -> Result<&'static CudaKernel> {
 /// The recurrence over all `T` tokens: `q`/`k` `[B, T, Hk, Dk]` (not yet
 /// repeated to the value heads), `v` `[B, T, Hv, Dv]`, `g` and `beta`
 /// `[B, T, Hv]`, `state` `[B, Hv, Dv, Dk]` float32, `mask` a bool `[B, T]`
-/// (false = padding: the row keeps its state). Returns `y` `[B, T, Hv, Dv]`
-/// in q's dtype and the final state; None for shapes the kernel was not
-/// built for (the caller takes the ops route).
+/// (false = padding: the row keeps its state); `every` keeps the state
+/// after each token too. None for shapes the kernel was not built for (the
+/// caller takes the ops route).
+#[allow(clippy::too_many_arguments)]
 pub fn recurrence(
     q: &Array,
     k: &Array,
@@ -126,7 +113,8 @@ pub fn recurrence(
     beta: &Array,
     state: &Array,
     mask: Option<&Array>,
-) -> Result<Option<(Array, Array)>> {
+    every: bool,
+) -> Result<Option<Recurrence>> {
     let (&[b, t, hk, dk], &[_, _, hv, dv]) = (q.shape(), v.shape()) else { return Ok(None) };
     let fits = hk > 0
         && hv % hk == 0
@@ -143,34 +131,27 @@ pub fn recurrence(
         return Ok(None);
     }
     let no_mask = Array::from_slice(&[true], &[1]);
+    let all_shape = [b, t, hv, dv, dk];
     let per_block = if dv % 4 == 0 { 4 } else { 1 };
     let outs = kernel()?.apply(
         &[q, k, v, g, beta, state, mask.unwrap_or(&no_mask)],
         &Launch {
             grid: [32, dv, b * hv],
             threads: [32, per_block, 1],
-            outputs: &[(&[b, t, hv, dv], q.dtype()), (&[b, hv, dv, dk], Dtype::Float32)],
-            template: &[Template::Int("DK", dk), Template::Bool("HAS_MASK", mask.is_some())],
+            outputs: &[
+                (&[b, t, hv, dv], q.dtype()),
+                (&[b, hv, dv, dk], Dtype::Float32),
+                // Unwritten (one element) unless every state is kept.
+                (if every { &all_shape[..] } else { &[1] }, Dtype::Float32),
+            ],
+            template: &[
+                Template::Int("DK", dk),
+                Template::Bool("HAS_MASK", mask.is_some()),
+                Template::Bool("ALL", every),
+            ],
         },
     )?;
-    let [y, state]: [Array; 2] = outs.try_into().map_err(|_| error("the delta kernel returned other outputs"))?;
-    Ok(Some((y, state)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::wanted;
-
-    fn opts(values: &[&str]) -> Vec<(String, String)> {
-        values.iter().map(|v| ("delta".to_string(), v.to_string())).collect()
-    }
-
-    #[test]
-    fn the_delta_option_picks_the_route_and_refuses_other_values() {
-        assert!(wanted(&[]).unwrap());
-        assert!(!wanted(&opts(&["ops"])).unwrap());
-        assert!(wanted(&opts(&["ops", "kernel"])).unwrap());
-        let e = wanted(&opts(&["fast"])).unwrap_err();
-        assert!(e.what().contains("`delta=fast`"), "{}", e.what());
-    }
+    let [y, state, states]: [Array; 3] =
+        outs.try_into().map_err(|_| error("the delta kernel returned other outputs"))?;
+    Ok(Some(Recurrence { y, state, states: every.then_some(states) }))
 }

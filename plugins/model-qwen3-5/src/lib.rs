@@ -16,6 +16,7 @@ mod args;
 mod delta;
 mod delta_kernel;
 mod moe;
+mod options;
 
 use args::Args;
 use delta::DeltaNet;
@@ -71,8 +72,8 @@ fn plan_model(config: &str) -> std::result::Result<ModelPlan, PluginError> {
 
 fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
     let mut a = a.clone();
-    let mine = take_options(&mut a.options, &[delta_kernel::OPTION]);
-    let kernel = delta_kernel::wanted(&mine).map_err(|e| PluginError::invalid_input(e.what()))?;
+    let mine = take_options(&mut a.options, &options::KEYS);
+    let options = options::Options::parse(&mine).map_err(|e| PluginError::invalid_input(e.what()))?;
     let a = &a;
     let mut ck = Checkpoint::open(a)?;
     let args = Args::from_config(&ck.cfg).map_err(config_error)?;
@@ -84,7 +85,7 @@ fn open_model(a: &ModelOpenArgs) -> std::result::Result<ModelBox, PluginError> {
         let head = names.head.clone();
         ck.weights.drop_matching(|k| k.strip_prefix(head.as_str()).is_some_and(|r| r.starts_with('.')));
     }
-    let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, &names, kernel))?;
+    let model = ck.load(|ctx, cfg| Model::load(ctx, args, cfg, &names, options))?;
     into_model(model, a)
 }
 
@@ -158,9 +159,8 @@ struct Model {
 }
 
 impl Model {
-    /// `kernel`: whether a GPU runs the DeltaNet layers' recurrence
-    /// through `delta_kernel`.
-    fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config, names: &Names, kernel: bool) -> Result<Self> {
+    /// `options`: the family's own (`options`).
+    fn load(ctx: &mut LoadCtx, args: Args, cfg: &Config, names: &Names, options: options::Options) -> Result<Self> {
         let body = &names.body;
         // mlx-lm's sanitize: a conv1d weight in Hugging Face's layout
         // `[C, 1, K]` marks an unsanitized checkpoint, whose conv weights are
@@ -178,7 +178,7 @@ impl Model {
             let p = format!("{body}.layers.{i}");
             let mixer = if args.is_linear[i] {
                 let conv = convs.next().ok_or_else(|| error("conv1d weights out of step"))??;
-                Mixer::Delta(DeltaNet::load(ctx, &format!("{p}.linear_attn"), args.linear, hidden, eps, conv, kernel)?)
+                Mixer::Delta(DeltaNet::load(ctx, &format!("{p}.linear_attn"), args.linear, hidden, eps, conv, options)?)
             } else {
                 Mixer::Attention(Attention::load(ctx, &format!("{p}.self_attn"), &args.attention_shape(raw_hf))?)
             };

@@ -37,7 +37,16 @@
 //! left padding) and the window of each row ends at its last kept input.
 //! Until that update the state cannot be exported. Nothing grows with the
 //! context, so `bytes_per_token` is 0.
+//!
+//! A round's first update can spare that replay: the layout then keeps the
+//! update's conv window and asks the graph (`wants_position_states`, after
+//! `update_and_fetch`) for the state after each position of the update;
+//! a rollback then picks, per row, the state after its last kept position
+//! and the window ending at its last kept input (`round_states`), and the host
+//! sees (`rolls_back_in_place`) that nothing is left to replay. A graph that
+//! hands no position states gets the replay as before.
 
+mod round_states;
 mod state;
 
 use model_kit::ops::dtype_from_raw;
@@ -46,6 +55,7 @@ use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
 use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, quietly, rstrings};
+use round_states::RoundStates;
 use state::State;
 
 plugin_sdk::export_plugin! {
@@ -107,8 +117,20 @@ struct Recurrent {
     shapes: Vec<Vec<i64>>,
     /// The model's dtype (identity only: each slot keeps the dtype written).
     dtype: Dtype,
+    round: Option<Round>,
+}
+
+/// A speculative round under way.
+struct Round {
     /// The state at `spec_begin` (arrays are immutable: handles suffice).
-    round: Option<State>,
+    start: State,
+    /// Whether an update has run since `spec_begin`.
+    updated: bool,
+    /// The round's first update's window and position states, for a
+    /// rollback without a replay; None when that update could not have them
+    /// (it replayed kept tokens or consumed left padding) or a second
+    /// update followed.
+    positions: Option<RoundStates>,
 }
 
 impl Recurrent {
@@ -208,7 +230,8 @@ impl Recurrent {
     }
 
     fn rollback(&mut self, keep: &[u64]) -> std::result::Result<(), PluginError> {
-        let start = self.round.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
+        let round = self.round.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
+        let start = round.start;
         let rows = self.state.rows();
         if keep.len() != 1 && keep.len() != rows {
             return Err(PluginError::invalid_input(format!(
@@ -234,6 +257,11 @@ impl Recurrent {
                 return Err(PluginError::invalid_input(
                     "state-recurrent: a speculative round cannot keep tokens while left padding is pending",
                 ));
+            }
+            if let Some(p) = round.positions.filter(|p| p.complete() && counts.iter().all(|&n| n as usize <= p.width()))
+            {
+                self.state = p.settle(&start, &counts, &self.shapes).map_err(plugin_sdk::mlx_error)?;
+                return Ok(());
             }
             self.state = start;
             self.state.replay = counts.iter().any(|&n| n > 0).then_some(counts);
@@ -297,7 +325,14 @@ impl CacheLayout for Recurrent {
     fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
         guard_mlx(|| {
             drop(values);
-            let window = self.fetch(into_array(keys))?;
+            let plain = self.state.replay.is_none() && !self.state.padding_pending();
+            let inputs = into_array(keys);
+            let width = inputs.shape().get(1).copied().unwrap_or(0) as usize;
+            let window = self.fetch(inputs)?;
+            if let Some(r) = self.round.as_mut() {
+                r.positions = (plain && !r.updated).then(|| RoundStates::new(window.clone(), width, self.shapes.len()));
+                r.updated = true;
+            }
             Ok(KvPair { keys: into_tensor(window.clone()), values: into_tensor(window) })
         })
     }
@@ -331,7 +366,7 @@ impl CacheLayout for Recurrent {
 
     fn spec_begin(&mut self) -> PResult<()> {
         guard(|| {
-            self.round = Some(self.state.clone());
+            self.round = Some(Round { start: self.state.clone(), updated: false, positions: None });
             Ok(())
         })
     }
@@ -392,6 +427,29 @@ impl CacheLayout for Recurrent {
 
     fn begin_padded(&mut self, pads: RSlice<'_, u32>) -> PResult<()> {
         guard(|| Recurrent::begin_padded(self, pads.as_slice()))
+    }
+
+    fn wants_position_states(&self) -> bool {
+        quietly(false, || self.round.as_ref().is_some_and(|r| r.positions.is_some()))
+    }
+
+    fn set_position_states(&mut self, i: u32, states: Tensor) -> PResult<()> {
+        guard(|| {
+            let i = self.slot_index(i)?;
+            let rows = self.state.rows();
+            let mut want = self.full_shape(i, rows);
+            let Some(p) = self.round.as_mut().and_then(|r| r.positions.as_mut()) else {
+                return Err(PluginError::invalid_input(
+                    "state-recurrent: position states outside a speculative round's first update",
+                ));
+            };
+            want.insert(1, p.width() as i32);
+            p.set(i, into_array(states), &want).map_err(|e| PluginError::invalid_input(e.what()))
+        })
+    }
+
+    fn rolls_back_in_place(&self) -> bool {
+        quietly(false, || self.round.as_ref().and_then(|r| r.positions.as_ref()).is_some_and(RoundStates::complete))
     }
 }
 

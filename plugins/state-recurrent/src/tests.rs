@@ -433,3 +433,68 @@ fn a_pending_replay_follows_filters_and_blocks_merges() {
     assert_eq!((none.offset(), mask_rows(&none, 1)), (2, None));
     assert!(none.export_state().into_result().is_ok());
 }
+
+/// Row r's states after each of `l` positions from token `first`, as
+/// `step` records them (`1000 r + first + p + 1` after position p).
+fn position_states(rows: usize, first: usize, l: usize) -> Array {
+    let v: Vec<f32> = (0..rows)
+        .flat_map(|r| (0..l).flat_map(move |p| std::iter::repeat_n((1000 * r + first + p + 1) as f32, 4)))
+        .collect();
+    Array::from_slice(&v, &[rows as i32, l as i32, 2, 2])
+}
+
+/// A round whose first update hands the state after each of its positions
+/// keeps any count per row by itself: the state after the row's last kept
+/// position and the window ending at its last kept input, as a run that
+/// never drafted. Nothing awaits a replay, and the layout says so first.
+#[test]
+fn position_states_roll_a_round_back_in_place() {
+    let keep = [0u64, 1, 3, 4];
+    let rows = keep.len();
+    let mut c = cache(rows as u32);
+    step(&mut c, rows, 0, 2);
+    assert!(!c.wants_position_states(), "outside a round");
+    c.spec_begin().unwrap();
+    assert!(!c.wants_position_states(), "before the round's update");
+    step(&mut c, rows, 2, 4);
+    assert!(c.wants_position_states() && !c.rolls_back_in_place(), "asked for, not yet handed");
+    let wrong = Array::from_slice(&vec![0f32; rows * 3 * 4], &[rows as i32, 3, 2, 2]);
+    assert_eq!(err(c.set_position_states(1, into_tensor(wrong))).code, ErrorCode::INVALID_INPUT);
+    assert_eq!(err(c.set_position_states(0, into_tensor(position_states(rows, 2, 4)))).code, ErrorCode::INVALID_INPUT);
+    c.set_position_states(1, into_tensor(position_states(rows, 2, 4))).unwrap();
+    assert!(c.rolls_back_in_place());
+    c.spec_rollback(RSlice::from_slice(&keep)).unwrap();
+    assert_eq!(mask_rows(&c, 1), None, "no replay pending");
+    assert!(c.export_state().into_result().is_ok(), "settled");
+    for (r, &n) in keep.iter().enumerate() {
+        let v: Vec<f32> =
+            (0..2 + n as usize).flat_map(|t| (0..3).map(move |ch| (100 * r + 10 * t + ch) as f32)).collect();
+        let mut alone = cache(1);
+        alone
+            .update_and_fetch(
+                into_tensor(Array::from_slice(&v, &[1, 2 + n as i32, 3])),
+                into_tensor(Array::from_f32(0.0)),
+            )
+            .unwrap();
+        let mut back = cache(1);
+        back.import_state(c.extract_row(r as u32).unwrap()).unwrap();
+        let state = vec![(1000 * r + 2 + n as usize) as f32; 4];
+        assert_eq!((back.offset(), slot(&back, 0), slot(&back, 1)), (2 + n, slot(&alone, 0), Some(state)), "row {r}");
+    }
+}
+
+/// Position states serve only the round's first update: a second update
+/// in the round, or states handed outside a round, leave the replay path.
+#[test]
+fn position_states_serve_only_a_rounds_first_update() {
+    let mut c = cache(1);
+    step(&mut c, 1, 0, 2);
+    assert_eq!(err(c.set_position_states(1, into_tensor(position_states(1, 0, 2)))).code, ErrorCode::INVALID_INPUT);
+    c.spec_begin().unwrap();
+    step(&mut c, 1, 2, 2);
+    c.set_position_states(1, into_tensor(position_states(1, 2, 2))).unwrap();
+    step(&mut c, 1, 4, 1);
+    assert!(!c.wants_position_states() && !c.rolls_back_in_place());
+    c.spec_rollback(RSlice::from_slice(&[1])).unwrap();
+    assert_eq!(c.offset(), 2, "back at the round's start, for the host to replay");
+}

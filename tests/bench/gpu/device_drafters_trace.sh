@@ -6,9 +6,14 @@
 # against the plain steps of the same targets.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
-[ -d /tmp/d/qwen3-8b ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --tokenizer-from .device/tok > /dev/null
+# TARGETS picks the folders to make (default both).
+for t in ${TARGETS:-qwen3 qwen3_5}; do
+  [ -d /tmp/d/$t-8b ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --only $t --tokenizer-from .device/tok > /dev/null
+done
+# RUNS picks runs by name (default all).
 run() {
   local name=$1 model=$2; shift 2
+  [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $name "* ]] || return 0
   RUST_LOG=host_engine=trace $H generate --plugins $P --model $model --prompt-ids $IDS --max-tokens 128 --ignore-eos --json --warmup "$@" \
     2>$OUT/trace_$name.txt | python3 -c "import json,sys; d=json.load(sys.stdin); s=d.get('speculation') or {}; print('$name decode', round(d['decode_tokens_per_s'],1), s.get('acceptance'))"
 }
@@ -18,11 +23,11 @@ run mtp-rand /tmp/d/qwen3_5-8b --draft-model /tmp/d/qwen3_5-8b/mtp-rand --specul
 run mtp-agree /tmp/d/qwen3_5-8b --draft-model /tmp/d/qwen3_5-8b/mtp-agree --speculate-always
 run dflash-rand /tmp/d/qwen3-8b --draft-model /tmp/d/qwen3-8b/dflash-rand --speculate-always
 run dflash-rand-k2 /tmp/d/qwen3-8b --draft-model /tmp/d/qwen3-8b/dflash-rand --speculate-always --num-draft-tokens 2
-for f in $OUT/trace_plain-*.txt; do
+for f in $(ls $OUT/trace_plain-*.txt 2>/dev/null); do
   echo "== $f (the measured run's last 60 plain steps)"
   python3 tests/bench/traces.py $f --target host_engine::step --event "plain step" --last 60
 done
-for f in $OUT/trace_mtp-*.txt $OUT/trace_dflash-*.txt; do
+for f in $(ls $OUT/trace_mtp-*.txt $OUT/trace_dflash-*.txt 2>/dev/null); do
   echo "== $f (the measured run: its last 40 rounds)"
   python3 tests/bench/traces.py $f --target host_engine::spec --event "speculative round" --last 40 --fields draft_ms,build_ms,wait_ms,accepted
 done

@@ -19,8 +19,10 @@
 //! Rows without drafts ride along and use position 0 only. The caches then
 //! keep `1 + accepted` tokens per row (`spec_rollback` with one count per
 //! row; a layout leaves holes where rows kept fewer). Over recurrent state
-//! (`caps::SPEC_REPLAY`) the rollback restores every row's round start and
-//! one padded forward replays each row's kept tokens (`replay_kept`).
+//! (`caps::SPEC_REPLAY`) a layout that kept the states after each position
+//! of the verify (`rolls_back_in_place`) keeps each row's count the same
+//! way; otherwise the rollback restores every row's round start and one
+//! padded forward replays each row's kept tokens (`replay_kept`).
 
 use super::emit::{handle_token, Outcome};
 use super::state::Scheduler;
@@ -272,7 +274,9 @@ impl Scheduler<'_> {
             for c in batch.iter_mut() {
                 c.spec_commit().into_result().map_err(model_err("spec_commit"))?;
             }
-        } else if !replays.iter().any(|&r| r) {
+        } else if batch.iter().zip(replays).all(|(c, &replay)| !replay || c.rolls_back_in_place()) {
+            // Trims, and snapshot layouts that kept the round's position
+            // states: every layout keeps each row's count by itself.
             for c in batch.iter_mut() {
                 c.spec_rollback(RSlice::from_slice(&keep_counts)).into_result().map_err(model_err("spec_rollback"))?;
             }
@@ -284,6 +288,9 @@ impl Scheduler<'_> {
                 c.spec_rollback(RSlice::from_slice(keep)).into_result().map_err(model_err("spec_rollback"))?;
             }
             self.replay_kept(&ids, k + 1, &keep_counts)?;
+            for s in self.rows.iter_mut().filter_map(|r| r.spec.as_mut()) {
+                s.stats.replays += 1;
+            }
         }
         self.retire(finished, keep_rows)
     }

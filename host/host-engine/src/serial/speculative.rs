@@ -170,7 +170,9 @@ pub(crate) fn decode(
         if k > 0 {
             stats.rejection_sampling |= round.rejection;
             depth = stats.record_round(k, n, max_depth, judge, drafting.fixed_depth());
-            settle_caches(engine, caches, &starts, &round.input[..n + 1], n == k)?;
+            if settle_caches(engine, caches, &starts, &round.input[..n + 1], n == k)? {
+                stats.replays += 1;
+            }
             if states.is_none() {
                 if let Err(e) = drafter.commit(n as u32).into_result() {
                     stats.disabled = Some(commit_failed(e));
@@ -208,27 +210,27 @@ pub(crate) fn decode(
 }
 
 /// Ends a round in the caches: a full accept commits everything appended;
-/// otherwise each layout keeps `kept` (pending + accepted drafts) and
-/// snapshot layouts get them replayed.
+/// otherwise each layout keeps `kept` (pending + accepted drafts), and
+/// snapshot layouts that went back to the round's start get them replayed.
+/// Whether a replay ran.
 fn settle_caches(
     engine: &Engine,
     caches: &mut [CacheBox],
     starts: &[u64],
     kept: &[u32],
     all_kept: bool,
-) -> Result<(), EngineError> {
+) -> Result<bool, EngineError> {
     if all_kept {
         for c in caches.iter_mut() {
             c.spec_commit().into_result().map_err(model_err("spec_commit"))?;
         }
-        return Ok(());
+        return Ok(false);
     }
     let keep = [kept.len() as u64];
     for c in caches.iter_mut() {
         c.spec_rollback(RSlice::from_slice(&keep)).into_result().map_err(model_err("spec_rollback"))?;
     }
-    engine.replay_if_restored(starts, kept, caches)?;
-    Ok(())
+    engine.replay_if_restored(starts, kept, caches)
 }
 
 /// A run of plain steps timed from its first token to its last: the steady

@@ -15,8 +15,10 @@
 //!   accepts d with min(1, p(d)/q(d)).
 //!
 //! The caches are rolled back through the layouts' speculative round to
-//! keep `pending + accepted drafts`: by trim, or for recurrent state by
-//! restoring the round's snapshot and replaying the kept tokens.
+//! keep `pending + accepted drafts`: by trim; for recurrent state by the
+//! state after the last kept position when the graph handed the verify's
+//! position states, else by restoring the round's snapshot and replaying
+//! the kept tokens (`replays` counts those rounds).
 //!
 //! Adaptive: each round drafts up to two tokens past what the last round
 //! accepted; when acceptance stays low, or timed rounds emit fewer tokens
@@ -45,6 +47,10 @@ pub struct SpecStats {
     /// Some round verified the drafter's probability rows by rejection
     /// sampling (else drafts were verified by exact match).
     pub rejection_sampling: bool,
+    /// Rounds whose rollback ran the kept tokens again (a snapshot layout
+    /// without the verify's position states).
+    #[serde(default)]
+    pub replays: u64,
 }
 
 impl SpecStats {
@@ -59,6 +65,7 @@ impl SpecStats {
             "accepted_by_position": self.accepted_by_position,
             "disabled": self.disabled,
             "rejection_sampling": self.rejection_sampling,
+            "replays": self.replays,
         })
     }
 }

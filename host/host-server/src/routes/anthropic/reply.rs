@@ -233,7 +233,7 @@ async fn pump(mut answer: Answer, model: String, tx: &Events, mut quiet: Quiet) 
                 for p in pieces {
                     blocks.piece(p).await?;
                 }
-                break ended;
+                break *ended;
             }
         }
     };

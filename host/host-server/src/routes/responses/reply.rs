@@ -309,7 +309,7 @@ async fn pump(mut answer: Answer, meta: Meta, keep: Keep, mut tx: Numbered<'_>) 
                     let events = out.piece(p);
                     tx.all(events).await?;
                 }
-                break ended;
+                break *ended;
             }
             Err(e) => {
                 tx.send(json!({ "type": "error", "code": "server_error", "message": e.message, "param": null }))
