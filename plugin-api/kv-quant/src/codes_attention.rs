@@ -8,31 +8,41 @@
 //! a 32k-token row 1.36x faster than bf16 K/V at the Qwen3-8B shape, with
 //! the same next-token divergence as the dequantized route).
 //!
-//! The kernel: one block of 8 warps per (row, K/V head, slice of the keys);
-//! a warp takes one key at a time, each lane dequantizing `D / 32` of its
-//! dimensions (and of the value's) in registers (in float32), for every
-//! query head sharing the K/V head; scores reduce across the warp, and an
-//! online softmax keeps each warp's running maximum, sum and weighted
-//! values. The block merges its warps; the slices (`splits`, so that short
-//! batches still fill the GPU) are merged by model-kit's `merge_slices`
-//! (model-kit's masked decode kernel is this one over plain K/V). Longer queries
-//! (prompts, speculative verifies) and other masks take the dequantized
-//! route (`attention`).
+//! The kernel: one block of 8 warps per (row, K/V head, slice of the keys).
+//! A key's packed words are split over `LPK` lanes (16, or fewer when a
+//! row has fewer words), so a warp scores `32 / LPK` keys at once, and each
+//! lane loads `U` keys' words, scales and biases before it uses any (bytes
+//! in flight are what a bandwidth-bound kernel needs). A lane's dimensions
+//! lie in one quantization group, so its partial score is
+//! `scale * (q . codes) + bias * sum(q)`; the partial scores reduce over
+//! the key's lanes only (`log2 LPK` shuffles), and each lane slot keeps an
+//! online softmax (running maximum, sum and weighted values, in float32)
+//! over its keys. The slots of a warp, then the warps of the block, are
+//! merged; the slices (`splits`, so that short batches still fill the GPU)
+//! are merged by model-kit's `merge_slices` (model-kit's masked decode
+//! kernel is the one-key-per-warp form of this over plain K/V). Longer
+//! queries (prompts, speculative verifies) and other masks take the
+//! dequantized route (`attention`).
 
 use crate::attention::QMask;
 use crate::codec::{Affine, Widths};
 use model_kit::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
-use model_kit::decode_attention::{merge_slices, splits, SOFTMAX_TAIL, THREADS};
+use model_kit::decode_attention::{merge_slices, splits, BLOCK_MERGE, THREADS};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_sdk::mlx_rs;
 
-/// The kernel up to the key loop's softmax update: each key scored from
-/// affine codes dequantized in registers; `SOFTMAX_TAIL` completes it.
+/// The kernel's body up to the block's merge (model-kit's `BLOCK_MERGE`).
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;
-    constexpr int DPL = D / 32;
+    constexpr int LPK = (D * BITS / 32) < 16 ? (D * BITS / 32) : 16;
+    constexpr int KPW = 32 / LPK;
+    constexpr int DPL = D / LPK;
+    constexpr int CPW = 32 / BITS;
+    constexpr int WPL = DPL / CPW;
     constexpr int NWS = D * BITS / 32 * PER_WORD;
     constexpr int NG = D / GROUP;
+    constexpr unsigned LOW = (1u << BITS) - 1;
+    constexpr int STEP = WARPS * KPW;
     auto value_of = [](auto bits) -> float {
         if constexpr (VALUES == 0) return __bfloat162float(__ushort_as_bfloat16(bits));
         else if constexpr (VALUES == 1) return __half2float(__ushort_as_half(bits));
@@ -40,6 +50,9 @@ const SOURCE: &str = r#"
     };
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
+    const int slot = lane / LPK;
+    const int sl = lane % LPK;
+    const int g = sl * DPL / GROUP;
     const int blk = blockIdx.x;
     const int splits = gridDim.x / (q_shape[0] * HKV);
     const int bh = blk / splits;
@@ -50,11 +63,15 @@ const SOURCE: &str = r#"
     const int per = (T + splits - 1) / splits;
     const int t0 = split * per;
     const int t1 = min(T, t0 + per);
-    float qv[R][DPL];
-    for (int r = 0; r < R; ++r)
-        for (int i = 0; i < DPL; ++i)
+    float qv[R][DPL], qs[R];
+    for (int r = 0; r < R; ++r) {
+        qs[r] = 0.f;
+        for (int i = 0; i < DPL; ++i) {
             qv[r][i] = static_cast<float>(q[(size_t)b * q_strides[0] + (size_t)(h * R + r) * q_strides[1]
-                                            + (size_t)(lane * DPL + i) * q_strides[2]]);
+                                            + (size_t)(sl * DPL + i) * q_strides[2]]);
+            qs[r] += qv[r][i];
+        }
+    }
     float m[R], l[R], acc[R][DPL];
     for (int r = 0; r < R; ++r) {
         m[r] = -INFINITY;
@@ -63,33 +80,121 @@ const SOURCE: &str = r#"
     }
     const size_t kb = (size_t)b * k_strides[0] + (size_t)h * k_strides[1];
     const size_t vb = (size_t)b * v_strides[0] + (size_t)h * v_strides[1];
-    for (int t = t0 + warp; t < t1; t += WARPS) {
-        if (HAS_MASK && !mask[(size_t)b * mask_strides[0] + (size_t)t * mask_strides[1]]) continue;
-        const auto* krow = k + kb + (size_t)t * k_strides[2];
-        const auto* vrow = v + vb + (size_t)t * v_strides[2];
-        const uint32_t* kw = reinterpret_cast<const uint32_t*>(krow);
-        const uint32_t* vw = reinterpret_cast<const uint32_t*>(vrow);
-        float s[R];
-        for (int r = 0; r < R; ++r) s[r] = 0.f;
-        float vv[DPL];
-        for (int i = 0; i < DPL; ++i) {
-            const int d = lane * DPL + i;
-            const int bo = d * BITS;
-            const int g = d / GROUP;
-            const float kq = (float)((kw[bo / 32] >> (bo % 32)) & ((1u << BITS) - 1));
-            const float kval = value_of(krow[NWS + g]) * kq + value_of(krow[NWS + NG + g]);
-            const float vq = (float)((vw[bo / 32] >> (bo % 32)) & ((1u << BITS) - 1));
-            vv[i] = value_of(vrow[NWS + g]) * vq + value_of(vrow[NWS + NG + g]);
-            for (int r = 0; r < R; ++r) s[r] += qv[r][i] * kval;
+    for (int tw = t0 + warp * KPW; tw < t1; tw += STEP * U) {
+        uint32_t kw[U][WPL], vw[U][WPL];
+        float ks[U], kz[U], vs[U], vz[U];
+        bool ok[U];
+        for (int u = 0; u < U; ++u) {
+            const int t = tw + slot + u * STEP;
+            ok[u] = t < t1 && (!HAS_MASK || mask[(size_t)b * mask_strides[0] + (size_t)t * mask_strides[1]]);
+            // A key past the slice or masked out is read at t0 (always in
+            // the slice) and weighs nothing: no lane branches around loads.
+            const int tt = ok[u] ? t : t0;
+            const auto* krow = k + kb + (size_t)tt * k_strides[2];
+            const auto* vrow = v + vb + (size_t)tt * v_strides[2];
+            const uint32_t* kp = reinterpret_cast<const uint32_t*>(krow) + sl * WPL;
+            const uint32_t* vp = reinterpret_cast<const uint32_t*>(vrow) + sl * WPL;
+            for (int w = 0; w < WPL; ++w) {
+                kw[u][w] = kp[w];
+                vw[u][w] = vp[w];
+            }
+            ks[u] = value_of(krow[NWS + g]);
+            kz[u] = value_of(krow[NWS + NG + g]);
+            vs[u] = value_of(vrow[NWS + g]);
+            vz[u] = value_of(vrow[NWS + NG + g]);
         }
+        float s[U][R];
+        for (int u = 0; u < U; ++u) {
+            float c[DPL];
+            for (int w = 0; w < WPL; ++w)
+                for (int j = 0; j < CPW; ++j) c[w * CPW + j] = (float)((kw[u][w] >> (j * BITS)) & LOW);
+            for (int r = 0; r < R; ++r) {
+                float dq = 0.f;
+                for (int i = 0; i < DPL; ++i) dq += qv[r][i] * c[i];
+                s[u][r] = ks[u] * dq + kz[u] * qs[r];
+            }
+        }
+        for (int o = LPK / 2; o > 0; o >>= 1)
+            for (int u = 0; u < U; ++u)
+                for (int r = 0; r < R; ++r) s[u][r] += __shfl_xor_sync(0xffffffff, s[u][r], o);
+        float p[U][R];
+        for (int r = 0; r < R; ++r) {
+            float mn = m[r];
+            for (int u = 0; u < U; ++u) {
+                if (!ok[u]) s[u][r] = -INFINITY;
+                mn = fmaxf(mn, s[u][r]);
+            }
+            // No key seen yet: every weight is exp(-inf) = 0 against 0.
+            const float base = mn == -INFINITY ? 0.f : mn;
+            const float corr = __expf(m[r] - base);
+            float sum = 0.f;
+            for (int u = 0; u < U; ++u) {
+                p[u][r] = __expf(s[u][r] - base);
+                sum += p[u][r];
+            }
+            l[r] = l[r] * corr + sum;
+            for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
+            m[r] = mn;
+        }
+        for (int u = 0; u < U; ++u) {
+            float vv[DPL];
+            for (int w = 0; w < WPL; ++w)
+                for (int j = 0; j < CPW; ++j)
+                    vv[w * CPW + j] = vs[u] * (float)((vw[u][w] >> (j * BITS)) & LOW) + vz[u];
+            for (int r = 0; r < R; ++r)
+                for (int i = 0; i < DPL; ++i) acc[r][i] += p[u][r] * vv[i];
+        }
+    }
+    for (int o = LPK; o < 32; o <<= 1) {
+        for (int r = 0; r < R; ++r) {
+            const float mo = __shfl_xor_sync(0xffffffff, m[r], o);
+            const float lo = __shfl_xor_sync(0xffffffff, l[r], o);
+            const float mn = fmaxf(m[r], mo);
+            const float base = mn == -INFINITY ? 0.f : mn;
+            const float mine = __expf(m[r] - base), theirs = __expf(mo - base);
+            l[r] = l[r] * mine + lo * theirs;
+            for (int i = 0; i < DPL; ++i)
+                acc[r][i] = acc[r][i] * mine + __shfl_xor_sync(0xffffffff, acc[r][i], o) * theirs;
+            m[r] = mn;
+        }
+    }
+    __shared__ float sm_m[WARPS][R];
+    __shared__ float sm_l[WARPS][R];
+    __shared__ float sm_acc[WARPS][R][D];
+    if (slot == 0) {
+        for (int r = 0; r < R; ++r) {
+            if (sl == 0) {
+                sm_m[warp][r] = m[r];
+                sm_l[warp][r] = l[r];
+            }
+            for (int i = 0; i < DPL; ++i) sm_acc[warp][r][sl * DPL + i] = acc[r][i];
+        }
+    }
 "#;
+
+/// Keys each lane slot loads before it uses any (see the module doc): 2
+/// measured best at 16 rows of 32k tokens (1 and 4 were 1.26x and 1.39x
+/// slower; docs/benchmarks.md, "The codes kernel alone").
+const UNROLL: i32 = 2;
+/// Blocks the GPU should get at least: four per SM of an H200 (132 SMs).
+const TARGET_BLOCKS: i32 = 528;
 
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
     cached(&KERNEL, || {
-        let source = format!("{SOURCE}{SOFTMAX_TAIL}");
+        let source = format!("{SOURCE}{BLOCK_MERGE}");
         CudaKernel::new("kv_codes_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], &source)
     })
+}
+
+/// How many lanes share a key of `d` dimensions at `bits` bits: 16, or
+/// the row's packed words when fewer, each lane holding whole words; None
+/// where that does not split evenly (the caller then dequantizes).
+fn lanes_per_key(d: i32, bits: i32) -> Option<i32> {
+    let words = d * bits / 32;
+    let lanes = words.min(16);
+    (d > 0 && d * bits % 32 == 0 && lanes > 0 && (lanes as u32).is_power_of_two() && words % lanes == 0)
+        .then_some(lanes)
 }
 
 /// Attention of one query per row, `q` `[B, Hq, 1, D]`, over the stored
@@ -117,11 +222,11 @@ pub fn decode_attention(
     let fits = l == 1
         && kb == b
         && r > 0
-        && d % 32 == 0
+        && lanes_per_key(d, codec.bits).is_some()
         && d == plain.k
         && d == plain.v
         && r * d <= 1024
-        && codec.group >= d / 32
+        && codec.group % (d / lanes_per_key(d, codec.bits).unwrap_or(1)) == 0
         && values.shape()[..3] == keys.shape()[..3]
         && t > 0;
     if !fits {
@@ -135,7 +240,7 @@ pub fn decode_attention(
         QMask::Array(_) => return Ok(None),
     };
     let no_mask = Array::from_slice(&[false], &[1]);
-    let splits = splits(b, hkv, t);
+    let splits = splits(b, hkv, t, TARGET_BLOCKS);
     let blocks = b * hkv * splits;
     let scaled = q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?.reshape(&[b, hq, d])?;
     let per_word = if values_as == 2 { 1 } else { 2 };
@@ -154,6 +259,7 @@ pub fn decode_attention(
                 Template::Int("PER_WORD", per_word),
                 Template::Int("VALUES", values_as),
                 Template::Bool("HAS_MASK", mask.is_some()),
+                Template::Int("U", UNROLL),
             ],
         },
     )?;

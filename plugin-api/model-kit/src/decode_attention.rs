@@ -69,13 +69,11 @@ const SOURCE: &str = r#"
         }
 "#;
 
-/// What every decode kernel of this shape ends with, after the key
-/// loop has scored one key per warp into `s[R]` and loaded its values into
-/// `vv[DPL]`: the online softmax update, the loop's close, then the
-/// block's warps merged through shared memory into this block's partial
-/// output `part` and running maximum and sum `ml` (merged across slices by
-/// [`merge_slices`]). kv-quant's kernel over affine codes ends the same.
-pub const SOFTMAX_TAIL: &str = r#"        for (int r = 0; r < R; ++r) {
+/// The end of the key loop of [`SOURCE`], after a warp has scored one key
+/// into `s[R]` and loaded its values into `vv[DPL]`: the online softmax
+/// update, the loop's close, then each warp's running maximum, sum and
+/// weighted values stored for [`BLOCK_MERGE`].
+const SOFTMAX_TAIL: &str = r#"        for (int r = 0; r < R; ++r) {
             for (int o = 16; o > 0; o >>= 1) s[r] += __shfl_xor_sync(0xffffffff, s[r], o);
             const float mn = fmaxf(m[r], s[r]);
             const float corr = __expf(m[r] - mn);
@@ -95,7 +93,15 @@ pub const SOFTMAX_TAIL: &str = r#"        for (int r = 0; r < R; ++r) {
         }
         for (int i = 0; i < DPL; ++i) sm_acc[warp][r][lane * DPL + i] = acc[r][i];
     }
-    __syncthreads();
+"#;
+
+/// What every decode kernel of this kind ends with, once each of its
+/// `WARPS` warps has stored its running maximum `sm_m[WARPS][R]`, sum
+/// `sm_l` and weighted values `sm_acc[WARPS][R][D]` in shared memory: the
+/// warps merged into this block's partial output `part` and running
+/// maximum and sum `ml` (merged across slices by [`merge_slices`]).
+/// kv-quant's kernel over affine codes ends the same.
+pub const BLOCK_MERGE: &str = r#"    __syncthreads();
     for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
         const int r = idx / D, d = idx % D;
         float M = -INFINITY;
@@ -171,14 +177,14 @@ const MERGE_SOURCE: &str = r#"
 /// Threads per block (8 warps, as the sources' WARPS).
 pub const THREADS: i32 = 256;
 /// Blocks the GPU should get at least: two per SM of an H200 (132 SMs).
-const TARGET_BLOCKS: i32 = 264;
+pub const TARGET_BLOCKS: i32 = 264;
 /// Keys a slice holds at least.
 const MIN_SLICE: i32 = 256;
 
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
     cached(&KERNEL, || {
-        let source = format!("{}{SOFTMAX_TAIL}", SOURCE.replace("KEYS", DENSE));
+        let source = format!("{}{SOFTMAX_TAIL}{BLOCK_MERGE}", SOURCE.replace("KEYS", DENSE));
         CudaKernel::new("masked_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], &source)
     })
 }
@@ -186,7 +192,7 @@ fn kernel() -> Result<&'static CudaKernel> {
 fn paged_kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
     cached(&KERNEL, || {
-        let source = format!("{}{SOFTMAX_TAIL}", SOURCE.replace("KEYS", PAGED));
+        let source = format!("{}{SOFTMAX_TAIL}{BLOCK_MERGE}", SOURCE.replace("KEYS", PAGED));
         CudaKernel::new("paged_decode_attention", &["q", "k", "v", "mask", "flat"], &["part", "ml"], &source)
     })
 }
@@ -196,10 +202,10 @@ fn merge_kernel() -> Result<&'static CudaKernel> {
     cached(&KERNEL, || CudaKernel::new("decode_attention_merge_slices", &["part", "ml"], &["out"], MERGE_SOURCE))
 }
 
-/// How many slices of the keys each (row, K/V head) is cut into: enough
-/// blocks for the GPU, slices of at least `MIN_SLICE` keys.
-pub fn splits(rows: i32, kv_heads: i32, keys: i32) -> i32 {
-    let want = (TARGET_BLOCKS + rows * kv_heads - 1) / (rows * kv_heads);
+/// How many slices of the keys each (row, K/V head) is cut into: at least
+/// `target` blocks for the GPU, slices of at least `MIN_SLICE` keys.
+pub fn splits(rows: i32, kv_heads: i32, keys: i32, target: i32) -> i32 {
+    let want = (target + rows * kv_heads - 1) / (rows * kv_heads);
     want.min(keys / MIN_SLICE).max(1)
 }
 
@@ -256,7 +262,7 @@ fn launch(
     let &[b, hq, _, d] = q.shape() else { return Err(error("the decode kernel takes [B, Hq, 1, D] queries")) };
     let r = hq / hkv;
     let mask = mlx_rs::ops::broadcast_to(&mask.reshape(&[-1, t])?, &[b, t])?;
-    let splits = splits(b, hkv, t);
+    let splits = splits(b, hkv, t, TARGET_BLOCKS);
     let blocks = b * hkv * splits;
     let mut inputs = vec![q, kv.0, kv.1, &mask];
     inputs.extend_from_slice(extra);
