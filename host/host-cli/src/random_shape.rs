@@ -36,7 +36,9 @@ pub fn resolve(model: &Path) -> Result<PathBuf> {
     if dir.join("config.json").exists() {
         return Ok(dir);
     }
-    let tmp = dir.with_extension("partial");
+    // Each process writes its own partial folder: two commands that resolve
+    // the same shape at once must not write (or remove) each other's files.
+    let tmp = dir.with_extension(format!("partial-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     std::fs::write(tmp.join("config.json"), serde_json::to_string_pretty(&shape.config)?)?;
@@ -49,7 +51,13 @@ pub fn resolve(model: &Path) -> Result<PathBuf> {
         let named = shape.layer_tensors.iter().map(|(n, s)| (n.replace("{i}", &i.to_string()), s));
         draw.save(&tmp.join(format!("model-layer-{i:03}.safetensors")), named)?;
     }
-    std::fs::rename(&tmp, &dir).with_context(|| format!("moving {} into place", tmp.display()))?;
+    if let Err(e) = std::fs::rename(&tmp, &dir) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        // Another process put the same folder in place first: use it.
+        if !dir.join("config.json").exists() {
+            return Err(e).with_context(|| format!("moving {} into place", tmp.display()));
+        }
+    }
     Ok(dir)
 }
 

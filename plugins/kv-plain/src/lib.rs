@@ -2,12 +2,14 @@
 //! the model's dtype, as mlx-lm's `KVCache` (serial) and `BatchKVCache`
 //! (rows, left-padded) keep them.
 //!
-//! Storage `[B, H, capacity, D]` grows in steps of `spec.step` tokens and is
-//! written in place with slice updates (never concatenated per token). Rows
-//! of different lengths are left-padded; each row's RoPE position is
+//! Storage `[slots, H, capacity, D]` grows in steps of `spec.step` tokens and
+//! is written in place with slice updates (never concatenated per token).
+//! Rows of different lengths are left-padded; each row's RoPE position is
 //! `write index - left padding`, and masks hide the padding. A batched
 //! speculative round whose rows keep different counts leaves per-row holes
-//! (`holes.rs`), hidden the same way.
+//! (`holes.rs`), hidden the same way. Rows occupy the first slots; a row
+//! that leaves frees its slot and a joiner takes a free slot in place
+//! (`slots.rs`), so joins and leaves move single rows, not the batch.
 //!
 //! Schemes: `plain`, the affine ones (`affine8`, `affine4`) and TurboQuant
 //! (`turbo`): the same storage holding each token's codes (`kv_quant::Quantized` around this
@@ -19,6 +21,7 @@
 mod holes;
 #[cfg(test)]
 mod quantized_tests;
+mod slots;
 #[cfg(test)]
 mod tests;
 
@@ -63,6 +66,7 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
         keys: None,
         values: None,
         idx: 0,
+        base: 0,
         left_pad: vec![0; spec.rows as usize],
         holes: Holes::none(spec.rows as usize),
         step: spec.step.max(1) as usize,
@@ -88,6 +92,10 @@ struct PlainKv {
     values: Option<Array>,
     /// Columns written (the same for every row; shorter rows are left-padded).
     idx: usize,
+    /// The first storage column attention reads: columns before it are
+    /// padding in every row (left behind by rows that left), skipped
+    /// without a copy until the storage is next rebuilt.
+    base: usize,
     left_pad: Vec<usize>,
     holes: Holes,
     step: usize,
@@ -107,7 +115,33 @@ impl PlainKv {
     /// Whether some row has columns that others do not (padding, holes):
     /// then positions are per row and masks explicit.
     fn padded(&self) -> bool {
-        self.left_pad.iter().any(|&p| p > 0) || self.holes.any()
+        self.left_pad.iter().any(|&p| p > self.base) || self.holes.any()
+    }
+
+    /// Tokens in the attended window (every row's RoPE position when no
+    /// row is padded).
+    fn len(&self) -> usize {
+        self.idx - self.base
+    }
+
+    /// The attended window of storage `a`: rows in use, columns `base..idx`
+    /// (a view; `a` itself when that is all of it).
+    fn window(&self, a: &Array) -> Result<Array> {
+        let s = a.shape();
+        if s[0] as usize == self.rows() && self.base == 0 && s[2] as usize == self.idx {
+            return Ok(a.clone());
+        }
+        slice(a, &[0, 0, self.base as i32, 0], &[self.rows() as i32, s[1], self.idx as i32, s[3]])
+    }
+
+    /// Storage `a`'s rows in use, every column (a view; `a` itself when
+    /// no slot is free).
+    fn rows_in_use(&self, a: &Array) -> Result<Array> {
+        let s = a.shape();
+        if s[0] as usize == self.rows() {
+            return Ok(a.clone());
+        }
+        slice(a, &[0, 0, 0, 0], &[self.rows() as i32, s[1], s[2], s[3]])
     }
 
     /// Row r's live tokens (its RoPE position for the next token).
@@ -119,10 +153,11 @@ impl PlainKv {
     fn compact(&mut self) -> Result<()> {
         let (rows, pads) = compact_plan(&self.holes, &self.left_pad, self.idx);
         if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
-            self.keys = Some(gather_columns(&columns_to(&k, self.idx)?, &rows)?);
-            self.values = Some(gather_columns(&columns_to(&v, self.idx)?, &rows)?);
+            self.keys = Some(gather_columns(&columns_to(&self.rows_in_use(&k)?, self.idx)?, &rows)?);
+            self.values = Some(gather_columns(&columns_to(&self.rows_in_use(&v)?, self.idx)?, &rows)?);
         }
         self.idx = rows.first().map_or(0, Vec::len);
+        self.base = 0;
         self.left_pad = pads;
         self.holes = Holes::none(self.left_pad.len());
         Ok(())
@@ -130,22 +165,20 @@ impl PlainKv {
 
     fn store(&mut self, k: Array, v: Array) -> Result<(Array, Array)> {
         let (b, l) = (k.shape()[0], k.shape()[2] as usize);
-        let prev = self.idx;
         let cap = self.keys.as_ref().map_or(0, |a| a.shape()[2] as usize);
-        if self.keys.is_none() || prev + l > cap {
+        if self.keys.is_none() || self.idx + l > cap {
             let n_steps = (self.step + l - 1) / self.step;
             let grow = (n_steps * self.step) as i32;
             let nk = zeros(&[b, self.heads, grow, self.k_dim], k.dtype())?;
             let nv = zeros(&[b, self.heads, grow, self.v_dim], v.dtype())?;
             match (self.keys.take(), self.values.take()) {
                 (Some(ok), Some(ov)) => {
-                    let (ok, ov) = if !prev.is_multiple_of(self.step) {
-                        (columns_to(&ok, self.idx)?, columns_to(&ov, self.idx)?)
-                    } else {
-                        (ok, ov)
-                    };
+                    // The new storage holds the attended window only: free
+                    // slots and the columns before `base` are left behind.
+                    let (ok, ov) = (self.window(&ok)?, self.window(&ov)?);
                     self.keys = Some(mlx_rs::ops::concatenate(&[ok, nk], 2)?);
                     self.values = Some(mlx_rs::ops::concatenate(&[ov, nv], 2)?);
+                    self.rebase();
                 }
                 _ => {
                     self.keys = Some(nk);
@@ -153,28 +186,42 @@ impl PlainKv {
                 }
             }
         }
+        let prev = self.idx;
         self.idx = prev + l;
         let (ks, vs) = (self.keys.take().unwrap(), self.values.take().unwrap());
         let end = self.idx as i32;
         let ks = slice_update(&ks, &k, &[0, 0, prev as i32, 0], &[b, self.heads, end, self.k_dim])?;
         let vs = slice_update(&vs, &v, &[0, 0, prev as i32, 0], &[b, self.heads, end, self.v_dim])?;
-        let out = (columns_to(&ks, self.idx)?, columns_to(&vs, self.idx)?);
+        let out = (self.window(&ks)?, self.window(&vs)?);
         self.keys = Some(ks);
         self.values = Some(vs);
         Ok(out)
     }
 
-    /// mlx-lm's `create_causal_mask` with left padding: `[B, 1, n, idx + n]`.
+    /// Column numbers after the storage dropped the columns before `base`.
+    fn rebase(&mut self) {
+        let b = self.base;
+        self.idx -= b;
+        self.left_pad.iter_mut().for_each(|p| *p -= b);
+        self.holes.shift_left(b);
+        self.mark = self.mark.map(|m| m.saturating_sub(b));
+        self.base = 0;
+    }
+
+    /// mlx-lm's `create_causal_mask` with left padding over the attended
+    /// window: `[B, 1, n, idx + n - base]`.
     fn mask_array(&self, n: usize) -> Result<Array> {
         let total = (self.idx + n) as i32;
-        let cols = Array::arange::<_, i32>(0, total, 1)?;
+        let cols = Array::arange::<_, i32>(self.base as i32, total, 1)?;
         let rows = Array::arange::<_, i32>(self.idx as i32, total, 1)?.reshape(&[n as i32, 1])?;
         let causal = rows.ge(&cols)?;
         let pads: Vec<i32> = self.left_pad.iter().map(|&p| p as i32).collect();
         let pads = Array::from_slice(&pads, &[self.rows() as i32, 1, 1, 1]);
         let mask = causal.logical_and(cols.ge(&pads)?)?;
         if self.holes.any() {
-            return mask.logical_and(self.holes.live_mask(total as usize));
+            let live = self.holes.live_mask(total as usize);
+            let live = slice(&live, &[0, 0, 0, self.base as i32], &[self.rows() as i32, 1, 1, total])?;
+            return mask.logical_and(live);
         }
         Ok(mask)
     }
@@ -187,13 +234,13 @@ impl PlainKv {
         }
         let mut tensors = RVec::new();
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            tensors.push(into_tensor(columns_to(k, self.idx)?));
-            tensors.push(into_tensor(columns_to(v, self.idx)?));
+            tensors.push(into_tensor(self.window(k)?));
+            tensors.push(into_tensor(self.window(v)?));
         }
         let mut meta: RVec<u64> = RVec::new();
-        meta.push(self.idx as u64);
-        meta.extend(self.left_pad.iter().map(|&p| p as u64));
-        Ok(CacheState { signature: self.signature(), offset: self.idx as u64, tensors, meta })
+        meta.push(self.len() as u64);
+        meta.extend(self.left_pad.iter().map(|&p| (p - self.base) as u64));
+        Ok(CacheState { signature: self.signature(), offset: self.len() as u64, tensors, meta })
     }
 
     fn load(&mut self, state: CacheState) -> Result<()> {
@@ -216,6 +263,7 @@ impl PlainKv {
                 self.keys = Some(k);
                 self.values = Some(v);
                 self.idx = meta[0];
+                self.base = 0;
                 self.left_pad = meta[1..].to_vec();
                 self.holes = Holes::none(rows);
             }
@@ -223,6 +271,7 @@ impl PlainKv {
                 self.keys = None;
                 self.values = None;
                 self.idx = 0;
+                self.base = 0;
                 self.left_pad = vec![0; meta.len().saturating_sub(1).max(1)];
                 self.holes = Holes::none(self.left_pad.len());
             }
@@ -235,11 +284,12 @@ impl PlainKv {
         format!("kv:plain:{:?}:h{}:k{}:v{}", self.dtype, self.heads, self.k_dim, self.v_dim).to_lowercase().into()
     }
 
-    /// Appends 1-row states, left-padding everyone to a common length, in
-    /// one copy of the batch that keeps room for the next tokens: rows
-    /// concatenated to exactly the merged length would make the next update
-    /// regrow the buffer, a second copy of the whole batch at every join.
-    /// Columns that are padding in every row are left out.
+    /// Appends 1-row states, left-padding everyone to a common length: into
+    /// free slots in place when they fit (`slots.rs`), else in one copy of
+    /// the batch that keeps room for the next tokens (rows concatenated to
+    /// exactly the merged length would make the next update regrow the
+    /// buffer, a second copy of the whole batch at every join). Columns that
+    /// are padding in every row are left out of a copy.
     fn merge(&mut self, rows: Vec<CacheState>) -> Result<()> {
         let mut new_rows = Vec::new();
         for st in rows {
@@ -247,6 +297,7 @@ impl PlainKv {
                 keys: None,
                 values: None,
                 idx: 0,
+                base: 0,
                 left_pad: vec![0],
                 holes: Holes::none(1),
                 mark: None,
@@ -258,8 +309,13 @@ impl PlainKv {
             }
             new_rows.push(one);
         }
+        if self.merge_in_place(&new_rows)? {
+            return Ok(());
+        }
         let old = match (self.keys.take(), self.values.take()) {
-            (Some(k), Some(v)) if self.rows() > 0 && self.idx > 0 => Some((k, v)),
+            (Some(k), Some(v)) if self.rows() > 0 && self.idx > 0 => {
+                Some((self.rows_in_use(&k)?, self.rows_in_use(&v)?))
+            }
             _ => None,
         };
         let kept = old.is_some();
@@ -327,6 +383,7 @@ impl PlainKv {
         self.keys = Some(keys);
         self.values = Some(values);
         self.idx = len;
+        self.base = 0;
         self.left_pad = pads;
         self.holes = holes;
         Ok(())
@@ -336,12 +393,16 @@ impl PlainKv {
         self
     }
 
-    /// Keeps rows `keep`, in that order, in one copy: the columns that are
-    /// padding in every kept row are left out of it, and the spare
-    /// capacity is kept, so the next update writes in place.
+    /// Keeps rows `keep`, in that order: in place when the storage has
+    /// their slots (`slots.rs`), else in one copy that leaves out the
+    /// columns that are padding in every kept row and keeps the spare
+    /// capacity, so the next update writes in place.
     fn filter(&mut self, keep: &[u32]) -> Result<()> {
         if keep.iter().any(|&r| r as usize >= self.rows()) {
             return Err(error(format!("filter_rows: row out of range (rows = {})", self.rows())));
+        }
+        if self.filter_in_place(keep)? {
+            return Ok(());
         }
         let idx: Vec<i32> = keep.iter().map(|&r| r as i32).collect();
         let sel = Array::from_slice(&idx, &[idx.len() as i32]);
@@ -353,6 +414,7 @@ impl PlainKv {
             self.values = Some(columns_from(&v, common)?.take_axis(&sel, 0)?);
         }
         self.idx -= common;
+        self.base = 0;
         self.left_pad.iter_mut().for_each(|p| *p -= common);
         self.holes.shift_left(common);
         Ok(())
@@ -395,6 +457,7 @@ impl PlainKv {
             keys: None,
             values: None,
             idx: 0,
+            base: 0,
             left_pad: vec![0],
             holes: Holes::none(1),
             mark: None,
@@ -420,6 +483,7 @@ impl Columns for PlainKv {
             keys: None,
             values: None,
             idx: 0,
+            base: 0,
             left_pad: vec![0; rows],
             holes: Holes::none(rows),
             mark: None,
@@ -488,6 +552,7 @@ impl Clone for PlainKv {
             keys: self.keys.clone(),
             values: self.values.clone(),
             idx: self.idx,
+            base: self.base,
             left_pad: self.left_pad.clone(),
             holes: self.holes.clone(),
             step: self.step,
@@ -506,7 +571,7 @@ impl CacheLayout for PlainKv {
     }
 
     fn offset(&self) -> u64 {
-        self.idx as u64
+        self.len() as u64
     }
 
     fn positions(&self) -> PResult<Positions> {
@@ -517,7 +582,7 @@ impl CacheLayout for PlainKv {
             } else {
                 ROption::RNone
             };
-            Ok(Positions { offset: self.idx as u64, per_row })
+            Ok(Positions { offset: self.len() as u64, per_row })
         })
     }
 
@@ -655,6 +720,7 @@ impl CacheLayout for PlainKv {
             // model computes for them) and hidden by the mask from then on.
             self.keys = None;
             self.values = None;
+            self.base = 0;
             self.left_pad = pads.iter().map(|&p| p as usize).collect();
             self.holes = Holes::none(pads.len());
             Ok(())

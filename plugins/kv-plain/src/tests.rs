@@ -8,6 +8,7 @@ fn cache(rows: usize) -> PlainKv {
         keys: None,
         values: None,
         idx: 0,
+        base: 0,
         left_pad: vec![0; rows],
         holes: Holes::none(rows),
         step: 4,
@@ -117,5 +118,58 @@ fn joins_and_leaves_keep_room_for_the_next_token_and_drop_common_padding() {
     assert_eq!(values(c.extract(1).unwrap()), vec![31.0, 32.0, 33.0, 34.0, 35.0, 36.0]);
     push(&mut c, &[&[24.0], &[37.0]]);
     assert_eq!(capacity(&c), 8);
+    assert_eq!(values(c.extract(0).unwrap()), vec![21.0, 22.0, 23.0, 24.0]);
+}
+
+/// 1-row cache holding `vals` as keys and values.
+fn one_row(vals: &[f32]) -> CacheState {
+    let mut c = cache(1);
+    push(&mut c, &[vals]);
+    c.state().unwrap()
+}
+
+/// Where the key storage's data lives (evaluated first).
+fn storage_at(c: &PlainKv) -> usize {
+    let k = c.keys.as_ref().unwrap();
+    k.eval().unwrap();
+    k.as_slice::<f32>().as_ptr() as usize
+}
+
+#[test]
+fn a_leave_and_a_join_move_single_rows_in_place() {
+    let mut c = cache(4);
+    push(&mut c, &[&[1.0, 2.0, 3.0], &[11.0, 12.0, 13.0], &[21.0, 22.0, 23.0], &[31.0, 32.0, 33.0]]);
+    let at = storage_at(&c);
+    // Row 1 leaves; row 3 takes its slot.
+    c.filter(&[0, 3, 2]).unwrap();
+    assert_eq!(values(c.extract(1).unwrap()), vec![31.0, 32.0, 33.0]);
+    assert_eq!(values(c.extract(2).unwrap()), vec![21.0, 22.0, 23.0]);
+    assert_eq!(storage_at(&c), at, "the leave moved one row, in place");
+    // A 2-token joiner takes the free slot, right-aligned at the write index.
+    c.merge(vec![one_row(&[41.0, 42.0])]).unwrap();
+    assert_eq!((c.rows(), c.left_pad[3], c.row_len(3)), (4, 1, 2));
+    assert_eq!(values(c.extract(3).unwrap()), vec![41.0, 42.0]);
+    assert_eq!(storage_at(&c), at, "the join wrote one slot, in place");
+    // Its padding column (what the slot held before) is masked.
+    let m = bools(c.mask_array(1).unwrap());
+    assert_eq!(&m[12..16], &[false, true, true, true]);
+    // Exported, the batch is compact again.
+    let s = c.state().unwrap();
+    assert_eq!(s.meta.as_slice(), &[3, 0, 0, 0, 1]);
+}
+
+#[test]
+fn columns_padded_in_every_row_are_skipped_then_dropped_when_the_storage_grows() {
+    let mut c = cache(1);
+    push(&mut c, &[&[21.0]]);
+    c.merge(vec![one_row(&[1.0, 2.0])]).unwrap();
+    // The 2-token row leaves: the 1-token row stays, padded by one column.
+    c.filter(&[0]).unwrap();
+    assert_eq!((c.base, c.len(), c.row_len(0)), (1, 1, 1));
+    assert_eq!(bools(c.mask_array(1).unwrap()), vec![true, true], "the skipped column is not attended");
+    assert_eq!(CacheLayout::positions(&c).unwrap().offset, 1);
+    // Growing past the capacity (4 columns) drops the skipped column.
+    push(&mut c, &[&[22.0, 23.0, 24.0]]);
+    assert_eq!((c.base, c.idx, c.left_pad[0]), (0, 4, 0));
     assert_eq!(values(c.extract(0).unwrap()), vec![21.0, 22.0, 23.0, 24.0]);
 }

@@ -20,27 +20,32 @@ pub(super) enum Outcome {
 
 impl Scheduler<'_> {
     /// Removes finished rows (answering them) and filters the batch caches
-    /// down to the rows in `keep`.
-    pub(super) fn retire(&mut self, finished: Vec<(usize, Finish)>, keep: Vec<u32>) -> Result<(), EngineError> {
+    /// down to the rows in `keep`, the rows after the last kept slot moved
+    /// into the freed ones (`fill_order`: a layout that keeps rows in slots
+    /// then moves only those). Returns the order applied.
+    pub(super) fn retire(&mut self, finished: Vec<(usize, Finish)>, keep: Vec<u32>) -> Result<Vec<u32>, EngineError> {
         if finished.is_empty() {
-            return Ok(());
+            return Ok(keep);
         }
-        for (i, f) in finished.into_iter().rev() {
+        for &(i, _) in &finished {
             self.keep_final_state(i);
-            let r = self.rows.remove(i);
-            finish_row(r, f, &self.stats, self.engine);
         }
-        let batch = self.batch.as_mut().unwrap();
-        if keep.is_empty() {
+        let mut old: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
+        for (i, f) in finished {
+            finish_row(old[i].take().expect("a row finishes once"), f, &self.stats, self.engine);
+        }
+        let order = fill_order(&keep);
+        self.rows = order.iter().map(|&i| old[i as usize].take().expect("a kept row is kept once")).collect();
+        if order.is_empty() {
             self.batch = None;
         } else {
-            for c in batch.iter_mut() {
-                c.filter_rows(RSlice::from_slice(&keep))
+            for c in self.batch.as_mut().unwrap().iter_mut() {
+                c.filter_rows(RSlice::from_slice(&order))
                     .into_result()
                     .map_err(|e| EngineError::Model(format!("filter_rows: {e}")))?;
             }
         }
-        Ok(())
+        Ok(order)
     }
 
     /// Checkpoints the rows in `keep` that are due (`--generation-checkpoint`).
@@ -76,6 +81,19 @@ impl Scheduler<'_> {
             self.engine.prefix().insert(known[..held].to_vec(), states, batch.iter().all(|c| c.is_trimmable()));
         }
     }
+}
+
+/// `keep` (ascending row indices) reordered so that kept rows stay in their
+/// slots and the kept rows past the new row count fill the freed slots
+/// below it, in order: `[0, 1, 3, 4]` of 5 rows becomes `[0, 1, 4, 3]`.
+pub(super) fn fill_order(keep: &[u32]) -> Vec<u32> {
+    let n = keep.len() as u32;
+    let mut tail = keep.iter().copied().filter(|&r| r >= n);
+    let mut order: Vec<u32> = (0..n).map(|i| if keep.contains(&i) { i } else { u32::MAX }).collect();
+    for slot in order.iter_mut().filter(|s| **s == u32::MAX) {
+        *slot = tail.next().expect("as many kept rows past n as free slots below it");
+    }
+    order
 }
 
 /// The serial loop's per-token rules: EOS ends without emitting; the caller
@@ -144,4 +162,17 @@ fn finish_row(mut r: Row, finish: Finish, stats: &Stats, engine: &Engine) {
     };
     stats.record(&result, engine);
     let _ = (r.job.on_event)(Event::Done(result));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill_order;
+
+    #[test]
+    fn kept_rows_past_the_new_count_fill_the_freed_slots() {
+        assert_eq!(fill_order(&[0, 1, 3, 4]), vec![0, 1, 4, 3]);
+        assert_eq!(fill_order(&[2, 5, 6]), vec![5, 6, 2]);
+        assert_eq!(fill_order(&[0, 1, 2]), vec![0, 1, 2]);
+        assert_eq!(fill_order(&[]), Vec::<u32>::new());
+    }
 }

@@ -292,7 +292,7 @@ impl Scheduler<'_> {
                 s.stats.replays += 1;
             }
         }
-        self.retire(finished, keep_rows)
+        self.retire(finished, keep_rows).map(|_| ())
     }
 
     /// Snapshot-and-replay rollback for the whole batch (`caps::SPEC_REPLAY`

@@ -163,11 +163,11 @@ impl Scheduler<'_> {
         self.checkpoint_rows(&keep);
         let pipelined = next.is_some();
         let leaving = finished.len();
+        let keep = self.retire(finished, keep)?;
         self.ahead = match next {
             Some(n) if !keep.is_empty() => Some(n.keep(&keep, rows)?),
             _ => None,
         };
-        self.retire(finished, keep)?;
         // Where a step's time goes: building graphs on the host (`build_ms`,
         // this step's and, pipelined, the next one's), waiting for the
         // device (`wait_ms`), handing out tokens and retiring rows (the rest).
