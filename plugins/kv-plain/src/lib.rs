@@ -9,7 +9,7 @@
 //! speculative round whose rows keep different counts leaves per-row holes
 //! (`holes.rs`), hidden the same way. Rows occupy the first slots; a row
 //! that leaves frees its slot and a joiner takes a free slot in place
-//! (`slots.rs`), so joins and leaves move single rows, not the batch.
+//! (`slots.rs`).
 //!
 //! Schemes: `plain`, the affine ones (`affine8`, `affine4`) and TurboQuant
 //! (`turbo`): the same storage holding each token's codes (`kv_quant::Quantized` around this
@@ -393,8 +393,8 @@ impl PlainKv {
         self
     }
 
-    /// Keeps rows `keep`, in that order: in place when the storage has
-    /// their slots (`slots.rs`), else in one copy that leaves out the
+    /// Keeps rows `keep`, in that order: by moving the rows whose slot
+    /// changes, keeping the freed slots (`slots.rs`), else in one copy that leaves out the
     /// columns that are padding in every kept row and keeps the spare
     /// capacity, so the next update writes in place.
     fn filter(&mut self, keep: &[u32]) -> Result<()> {
