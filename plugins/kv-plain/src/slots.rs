@@ -69,22 +69,10 @@ impl PlainKv {
         }
         let (mut k, mut v) = (self.keys.take().unwrap(), self.values.take().unwrap());
         for (j, r) in new.iter().enumerate() {
-            let slot = (first + j) as i32;
             if let (Some(rk), Some(rv), true) = (&r.keys, &r.values, r.idx > 0) {
-                let from = (self.idx - r.idx) as i32;
-                let end = self.idx as i32;
-                k = slice_update(
-                    &k,
-                    &columns_to(rk, r.idx)?,
-                    &[slot, 0, from, 0],
-                    &[slot + 1, self.heads, end, self.k_dim],
-                )?;
-                v = slice_update(
-                    &v,
-                    &columns_to(rv, r.idx)?,
-                    &[slot, 0, from, 0],
-                    &[slot + 1, self.heads, end, self.v_dim],
-                )?;
+                let from = self.idx - r.idx;
+                k = write_row(&k, &columns_to(rk, r.idx)?, first + j, from)?;
+                v = write_row(&v, &columns_to(rv, r.idx)?, first + j, from)?;
             }
             let pad = self.idx - r.idx + r.left_pad[0];
             self.base = self.base.min(pad);
@@ -102,5 +90,13 @@ impl PlainKv {
 fn put_row(a: &Array, rows: &Array, j: usize, slot: usize, cols: usize) -> Result<Array> {
     let s = rows.shape();
     let row = slice(rows, &[j as i32, 0, 0, 0], &[j as i32 + 1, s[1], cols as i32, s[3]])?;
-    slice_update(a, &row, &[slot as i32, 0, 0, 0], &[slot as i32 + 1, s[1], cols as i32, s[3]])
+    write_row(a, &row, slot, 0)
+}
+
+/// Storage `a` with `row` (`[1, H, n, D]`) written into slot `slot` at
+/// columns `from .. from + n`.
+fn write_row(a: &Array, row: &Array, slot: usize, from: usize) -> Result<Array> {
+    let s = row.shape();
+    let (slot, from) = (slot as i32, from as i32);
+    slice_update(a, row, &[slot, 0, from, 0], &[slot + 1, s[1], from + s[2], s[3]])
 }
