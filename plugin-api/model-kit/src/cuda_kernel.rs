@@ -8,8 +8,10 @@
 
 use crate::ops;
 use crate::{error, Array, Dtype, Result};
+use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::OnceLock;
+use std::hash::{Hash, Hasher};
+use std::sync::{Mutex, OnceLock};
 
 /// Where a kernel lives once built: the first use compiles it (or keeps
 /// why it could not), every later one reuses it.
@@ -37,6 +39,39 @@ pub struct Launch<'a> {
 
 pub struct CudaKernel {
     raw: mlx_sys::mlx_fast_cuda_kernel,
+    /// Launch configurations built before, by a hash of what they hold: a
+    /// decode step launches the same few shapes in every layer and step,
+    /// and building one is a dozen calls into MLX.
+    configs: Mutex<HashMap<u64, Config>>,
+}
+
+/// Configurations kept per kernel before the cache is emptied (prompts of
+/// many lengths would otherwise add one each).
+const MAX_CONFIGS: usize = 256;
+
+struct Config(mlx_sys::mlx_fast_cuda_kernel_config);
+
+impl Drop for Config {
+    fn drop(&mut self) {
+        unsafe { mlx_sys::mlx_fast_cuda_kernel_config_free(self.0) };
+    }
+}
+
+fn launch_key(launch: &Launch) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    launch.grid.hash(&mut h);
+    launch.threads.hash(&mut h);
+    for (shape, dtype) in launch.outputs {
+        shape.hash(&mut h);
+        (*dtype as u32).hash(&mut h);
+    }
+    for t in launch.template {
+        match *t {
+            Template::Int(n, v) => (0u8, n, v).hash(&mut h),
+            Template::Bool(n, v) => (1u8, n, v).hash(&mut h),
+        }
+    }
+    h.finish()
 }
 
 // MLX's kernel object is immutable once built; launches may come from any
@@ -55,12 +90,23 @@ fn strings(names: &[&str]) -> Result<mlx_sys::mlx_vector_string> {
 
 impl CudaKernel {
     /// `source` is the body; `inputs` and `outputs` name its arguments.
+    /// Inputs are read in place, strided (the body reads `NAME_strides`).
     pub fn new(name: &str, inputs: &[&str], outputs: &[&str], source: &str) -> Result<Self> {
+        Self::build(name, inputs, outputs, source, false)
+    }
+
+    /// As `new`, but MLX copies any input that is not row-contiguous first
+    /// (none is copied that already is), so the body may index flat.
+    pub fn new_contiguous(name: &str, inputs: &[&str], outputs: &[&str], source: &str) -> Result<Self> {
+        Self::build(name, inputs, outputs, source, true)
+    }
+
+    fn build(name: &str, inputs: &[&str], outputs: &[&str], source: &str, contiguous: bool) -> Result<Self> {
         let cstr = |s: &str| CString::new(s).map_err(|_| error("kernel text has a NUL byte"));
         let (name, source, header) = (cstr(name)?, cstr(source)?, cstr("")?);
         let (ins, outs) = (strings(inputs)?, strings(outputs)?);
         let raw = unsafe {
-            mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), ins, outs, source.as_ptr(), header.as_ptr(), false, 0)
+            mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), ins, outs, source.as_ptr(), header.as_ptr(), contiguous, 0)
         };
         unsafe {
             mlx_sys::mlx_vector_string_free(ins);
@@ -69,23 +115,29 @@ impl CudaKernel {
         if raw.ctx.is_null() {
             return Err(error("MLX could not make the CUDA kernel"));
         }
-        Ok(Self { raw })
+        Ok(Self { raw, configs: Mutex::new(HashMap::new()) })
     }
 
     /// The kernel over `inputs` (lazily, like any op): its outputs.
     pub fn apply(&self, inputs: &[&Array], launch: &Launch) -> Result<Vec<Array>> {
-        let config = unsafe { mlx_sys::mlx_fast_cuda_kernel_config_new() };
-        let result = self.apply_with(config, inputs, launch);
-        unsafe { mlx_sys::mlx_fast_cuda_kernel_config_free(config) };
-        result
+        let key = launch_key(launch);
+        let mut configs = self.configs.lock().unwrap_or_else(|e| e.into_inner());
+        if !configs.contains_key(&key) {
+            if configs.len() >= MAX_CONFIGS {
+                configs.clear();
+            }
+            let config = Config(unsafe { mlx_sys::mlx_fast_cuda_kernel_config_new() });
+            self.configure(config.0, launch)?;
+            configs.insert(key, config);
+        }
+        let config = configs[&key].0;
+        let stream = mlx_rs::Stream::thread_local_or_default();
+        ops::vector_call("custom CUDA kernel", inputs, |outs, ins| unsafe {
+            mlx_sys::mlx_fast_cuda_kernel_apply(outs, self.raw, ins, config, stream.as_ptr())
+        })
     }
 
-    fn apply_with(
-        &self,
-        config: mlx_sys::mlx_fast_cuda_kernel_config,
-        inputs: &[&Array],
-        launch: &Launch,
-    ) -> Result<Vec<Array>> {
+    fn configure(&self, config: mlx_sys::mlx_fast_cuda_kernel_config, launch: &Launch) -> Result<()> {
         let [g1, g2, g3] = launch.grid;
         let [t1, t2, t3] = launch.threads;
         ops::checked("kernel grid", || unsafe { mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, g1, g2, g3) })?;
@@ -120,15 +172,33 @@ impl CudaKernel {
             let c = CString::new(name).map_err(|_| error("a template name has a NUL byte"))?;
             ops::checked("kernel template", || set(c.as_ptr()))?;
         }
-        let stream = mlx_rs::Stream::thread_local_or_default();
-        ops::vector_call("custom CUDA kernel", inputs, |outs, ins| unsafe {
-            mlx_sys::mlx_fast_cuda_kernel_apply(outs, self.raw, ins, config, stream.as_ptr())
-        })
+        Ok(())
     }
 }
 
 impl Drop for CudaKernel {
     fn drop(&mut self) {
         unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.raw) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launches_share_a_configuration_only_when_everything_in_it_is_equal() {
+        let launch = |n: i32, rows: i32| {
+            let shape = [1, n];
+            launch_key(&Launch {
+                grid: [n * 32, 1, 1],
+                threads: [256, 1, 1],
+                outputs: &[(&shape, Dtype::Bfloat16)],
+                template: &[Template::Int("N0", n), Template::Int("R", rows), Template::Bool("F", true)],
+            })
+        };
+        assert_eq!(launch(4096, 2), launch(4096, 2));
+        assert_ne!(launch(4096, 2), launch(4096, 1));
+        assert_ne!(launch(4096, 2), launch(1024, 2));
     }
 }

@@ -282,6 +282,12 @@ impl Linear {
 }
 
 impl Linear {
+    /// The weight, when this layer is a plain dense product: not quantized,
+    /// no bias, no sum over ranks (what the fused decode kernels read).
+    pub(crate) fn dense_weight(&self) -> Option<&Array> {
+        (self.quant.is_none() && self.bias.is_none() && self.reduce.is_none()).then_some(&self.weight)
+    }
+
     /// `x @ W.T` without the bias.
     fn product(&self, x: &Array) -> Result<Array> {
         match &self.quant {
@@ -390,6 +396,10 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps)
     }
+
+    pub(crate) fn parts(&self) -> (&Array, f32) {
+        (&self.weight, self.eps)
+    }
 }
 
 /// The gated MLP `down(act(gate(x)) * up(x))`: SwiGLU (silu) of the Llama
@@ -421,6 +431,19 @@ impl Mlp {
             down: Linear::load(ctx, &format!("{path}.down_proj"), hidden, inter, false)?,
             gelu: true,
         })
+    }
+
+    /// `h + mlp(norm(h))`, the MLP half of a pre-norm block: one fused
+    /// kernel for the norm, gate, up and SwiGLU and one for down and the
+    /// residual on a GPU decode step (`fused_layers`), the separate ops
+    /// otherwise.
+    pub fn forward_residual(&self, norm: &RmsNorm, h: &Array) -> Result<Array> {
+        if !self.gelu {
+            if let Some(act) = crate::fused_layers::norm_swiglu(h, norm, &self.gate, &self.up)? {
+                return crate::fused_layers::linear_add(&act, &self.down, h);
+            }
+        }
+        h.add(&self.forward(&norm.forward(h)?)?)
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

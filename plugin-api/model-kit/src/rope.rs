@@ -12,6 +12,14 @@ pub enum Position {
     PerRow(Array),
 }
 
+/// A rotation's constants: the base (or per-pair `freqs`) and the
+/// position scale.
+pub(crate) struct PlainRope<'a> {
+    pub base: Option<f32>,
+    pub scale: f32,
+    pub freqs: Option<&'a Array>,
+}
+
 pub struct Rope {
     dims: i32,
     traditional: bool,
@@ -78,6 +86,16 @@ impl Rope {
 
     /// Explicit frequencies (Llama-3, proportional): an array a loader
     /// evaluates with the weights.
+    /// What a fused kernel needs of a rotation over all of `head_dim` in
+    /// the non-traditional (half-split) layout; `None` for any other.
+    pub(crate) fn plain_parts(&self, head_dim: i32) -> Option<PlainRope<'_>> {
+        (!self.traditional && self.dims == head_dim).then_some(PlainRope {
+            base: self.base,
+            scale: self.scale,
+            freqs: self.freqs.as_ref(),
+        })
+    }
+
     pub fn freqs(&self) -> Option<&Array> {
         self.freqs.as_ref()
     }

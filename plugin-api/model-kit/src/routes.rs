@@ -8,6 +8,7 @@
 //! | `attention-per-query-max` | integer | 16 | queries up to this many attend one by one through the fused single-query kernel (0: off) |
 //! | `attention-unfused-max` | integer | 2048 | longer queries up to this many attend through unfused matmuls while the scores stay small (0: off) |
 //! | `conv` | `fused`, `mlx` | `fused` | the depthwise causal conv on a GPU: one fused kernel, or MLX's conv1d |
+//! | `gemv` | `fused`, `mlx` | `fused` | a decode step's projections on a GPU: fused with their norm, residual or SwiGLU (`fused_layers`), or MLX's matmul and separate ops |
 //!
 //! On the CPU every choice runs MLX's own kernels. `graph::into_model`
 //! parses the options once and puts them in force, for this model only,
@@ -33,6 +34,7 @@ pub struct Routes {
     pub per_query_max: i32,
     pub unfused_max: i32,
     pub fused_conv: bool,
+    pub fused_gemv: bool,
 }
 
 impl Default for Routes {
@@ -41,6 +43,7 @@ impl Default for Routes {
             per_query_max: crate::short_attention::PER_QUERY_MAX,
             unfused_max: crate::short_attention::MAX_QUERY,
             fused_conv: true,
+            fused_gemv: true,
         }
     }
 }
@@ -72,9 +75,16 @@ impl Routes {
                         _ => return Err(bad()),
                     }
                 }
+                "gemv" => {
+                    r.fused_gemv = match v {
+                        "fused" => true,
+                        "mlx" => false,
+                        _ => return Err(bad()),
+                    }
+                }
                 // Read by `shard` when the checkpoint opens.
                 crate::shard::OPTION => {}
-                _ => return Err(crate::error(format!("unknown model option `{k}` (model-kit takes attention, attention-per-query-max, attention-unfused-max, conv)"))),
+                _ => return Err(crate::error(format!("unknown model option `{k}` (model-kit takes attention, attention-per-query-max, attention-unfused-max, conv, gemv)"))),
             }
         }
         Ok(r)
@@ -117,8 +127,10 @@ mod tests {
         assert_eq!(Routes::from_options(&[]).unwrap(), Routes::default());
         let mlx = Routes::from_options(&opts(&[("attention", "mlx")])).unwrap();
         assert_eq!((mlx.per_query_max, mlx.unfused_max), (0, 0));
-        let r = Routes::from_options(&opts(&[("attention-unfused-max", "64"), ("conv", "mlx")])).unwrap();
-        assert_eq!((r.unfused_max, r.fused_conv), (64, false));
+        let r =
+            Routes::from_options(&opts(&[("attention-unfused-max", "64"), ("conv", "mlx"), ("gemv", "mlx")])).unwrap();
+        assert_eq!((r.unfused_max, r.fused_conv, r.fused_gemv), (64, false, false));
+        assert!(Routes::from_options(&opts(&[("gemv", "fast")])).unwrap_err().what().contains("gemv=fast"));
         assert!(Routes::from_options(&opts(&[("attention", "slow")])).unwrap_err().what().contains("attention=slow"));
         assert!(Routes::from_options(&opts(&[("colour", "red")]))
             .unwrap_err()
@@ -136,7 +148,7 @@ mod tests {
 
     #[test]
     fn routes_are_in_force_only_inside_with() {
-        let mlx = Routes { per_query_max: 0, unfused_max: 0, fused_conv: false };
+        let mlx = Routes { per_query_max: 0, unfused_max: 0, fused_conv: false, fused_gemv: false };
         assert_eq!(with(mlx, current), mlx);
         assert_eq!(current(), Routes::default());
     }

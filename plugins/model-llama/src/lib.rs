@@ -15,6 +15,7 @@ use model_kit::graph::{input_tokens, into_model, Family};
 use model_kit::layers::{Embedding, Linear, LmHead, LoadCtx, Mlp, RmsNorm};
 use model_kit::rope::Rope;
 use model_kit::taps::Taps;
+use model_kit::{fused_layers, qk_norm_rope};
 use model_kit::{Array, Result};
 use plugin_api::*;
 use plugin_sdk::rstrings;
@@ -115,9 +116,12 @@ impl Attention {
         })
     }
 
-    fn forward(&self, x: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let split = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+    /// `h + attention(norm(h))`: the norm and the q/k/v projections, and the
+    /// output projection and the residual, are one kernel each on a GPU
+    /// decode step (`fused_layers`).
+    fn forward(&self, h: &Array, norm: &RmsNorm, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
+        let (b, l) = (h.shape()[0], h.shape()[1]);
+        let split = |t: &Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let t = t.reshape(&[b, l, n, -1])?;
             let t = match norm {
                 Some(nm) => nm.forward(&t)?,
@@ -125,16 +129,32 @@ impl Attention {
             };
             t.transpose_axes(&[0, 2, 1, 3])
         };
-        let mut q = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
-        let mut k = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
-        let v = split(self.v.forward(x)?, self.kv_heads, &None)?;
-        if let Some(rope) = &self.rope {
-            let pos = positions(cache)?;
-            q = rope.apply(&q, &pos)?;
-            k = rope.apply(&k, &pos)?;
-        }
+        let qkv = fused_layers::norm_linears(h, norm, &[&self.q, &self.k, &self.v])?;
+        let pos = match &self.rope {
+            Some(_) => Some(positions(cache)?),
+            None => None,
+        };
+        let fused = match (&self.q_norm, &self.k_norm, &self.rope, &pos) {
+            (Some(qn), Some(kn), Some(rope), Some(pos)) => {
+                qk_norm_rope::fused(&qkv[0], &qkv[1], (qn, kn), rope, pos, (self.heads, self.kv_heads))?
+            }
+            _ => None,
+        };
+        let (q, k) = match fused {
+            Some(qk) => qk,
+            None => {
+                let mut q = split(&qkv[0], self.heads, &self.q_norm)?;
+                let mut k = split(&qkv[1], self.kv_heads, &self.k_norm)?;
+                if let (Some(rope), Some(pos)) = (&self.rope, &pos) {
+                    q = rope.apply(&q, pos)?;
+                    k = rope.apply(&k, pos)?;
+                }
+                (q, k)
+            }
+        };
+        let v = split(&qkv[2], self.kv_heads, &None)?;
         let out = attend(cache, &q, k, v, self.scale, mask)?;
-        self.o.forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+        fused_layers::linear_add(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?, &self.o, h)
     }
 }
 
@@ -198,10 +218,8 @@ impl Family for Model {
         let mut taps = Taps::new(args, self.layers.len())?;
         for (i, (block, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             let mask = masks[usize::from(block.sliding)].as_ref().expect("a mask of this kind");
-            let r = block.attn.forward(&block.input_norm.forward(&h)?, mask, cache)?;
-            let hh = h.add(&r)?;
-            let r = block.mlp.forward(&block.post_norm.forward(&hh)?)?;
-            h = hh.add(&r)?;
+            let hh = block.attn.forward(&h, &block.input_norm, mask, cache)?;
+            h = block.mlp.forward_residual(&block.post_norm, &hh)?;
             taps.offer(i, &h);
         }
         let h = self.norm.forward(&h)?;

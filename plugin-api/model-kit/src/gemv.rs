@@ -1,0 +1,333 @@
+//! The projections of a decode step on a GPU, fused with what surrounds
+//! them: `x [M, K] @ w[N, K]^T` in bf16 with float32 sums for a few rows of
+//! `x`, with the RMSNorm of `x` computed on the way in, or the residual add,
+//! or SwiGLU over a gate and an up projection on the way out; q, k and v
+//! from one launch. A Qwen3-8B decode step was 19 kernels a layer, most of
+//! them small (norms, adds, the activation, narrow K/V products), each
+//! costing the host a launch and the device a few microseconds
+//! (docs/benchmarks.md, "Where a batch-1 decode step goes"); with these and
+//! `qk_norm_rope` it is 7.
+//!
+//! Numerics follow the separate ops: the normalized input is rounded to
+//! bf16 as MLX's `rms_norm` writes it, each product is rounded to bf16
+//! before the residual add or the activation, and SwiGLU's sigmoid rounds
+//! where MLX's compiled bf16 kernel does.
+
+use crate::cuda_kernel::{CudaKernel, Launch, Template};
+use crate::{error, Array, Dtype, Result};
+use std::sync::OnceLock;
+
+/// Warps per block (each owns `ROWS` output rows over the whole of K).
+const WARPS: i32 = 8;
+/// A launch without a norm takes two rows per warp (more loads in flight
+/// per thread) from this many blocks of two rows, one below so that it
+/// still fills the device. With a norm it always takes two: the norm's
+/// pass over `x` is paid per warp (H200, 8B shape: q/k/v 18.4 us with two,
+/// 23.6 with one; down 28.4 us with one, 32.4 with two).
+pub const TWO_ROWS_FROM: i32 = 640;
+/// The most rows of `x` (batch x tokens) the fused route takes; more go
+/// to MLX's matmul (cuBLAS), which is built for them.
+pub const MAX_M: i32 = 4;
+
+/// The kernel's body. A configuration is chosen by the defines prepended to
+/// it (`NORM`, `WEIGHTS` 1-3, `PAIR`, `RESIDUAL`), template constants give
+/// the shapes (`M`, `K`, `N0`..`N2`, `R` rows per warp, `EPS_BITS`). Every
+/// `Ni` is a multiple of `WARPS * R`, `K` of 256; inputs are row-contiguous.
+pub const SOURCE: &str = r#"
+    constexpr int WARPS = 8;
+    constexpr int VK = K / 8;          // 16-byte vectors per row
+    constexpr int PER_LANE = VK / 32;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    int row = (blockIdx.x * WARPS + warp) * R;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    const uint4* wa;
+    __nv_bfloat16* o;
+    int n;
+#if WEIGHTS == 1 || PAIR
+    wa = reinterpret_cast<const uint4*>(w0); o = out0; n = N0;
+#elif WEIGHTS == 2
+    if (row < N0) { wa = reinterpret_cast<const uint4*>(w0); o = out0; n = N0; }
+    else { row -= N0; wa = reinterpret_cast<const uint4*>(w1); o = out1; n = N1; }
+#else
+    if (row < N0) { wa = reinterpret_cast<const uint4*>(w0); o = out0; n = N0; }
+    else if (row < N0 + N1) { row -= N0; wa = reinterpret_cast<const uint4*>(w1); o = out1; n = N1; }
+    else { row -= N0 + N1; wa = reinterpret_cast<const uint4*>(w2); o = out2; n = N2; }
+#endif
+    wa += (size_t)row * VK;
+#if PAIR
+    const uint4* wb = reinterpret_cast<const uint4*>(w1) + (size_t)row * VK;
+#endif
+#if NORM
+    const uint4* gv = reinterpret_cast<const uint4*>(g);
+    const float eps = __int_as_float(EPS_BITS);
+    float inv[M];
+    #pragma unroll
+    for (int m = 0; m < M; ++m) {
+        float s = 0.f;
+        #pragma unroll 4
+        for (int j = 0; j < PER_LANE; ++j) {
+            const uint4 v = __ldg(xv + (size_t)m * VK + lane + 32 * j);
+            const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 f = __bfloat1622float2(p[e]);
+                s = fmaf(f.x, f.x, fmaf(f.y, f.y, s));
+            }
+        }
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffff, s, off);
+        inv[m] = rsqrtf(s / K + eps);
+    }
+#endif
+    float acc[M][R];
+#if PAIR
+    float accb[M][R];
+#endif
+    #pragma unroll
+    for (int m = 0; m < M; ++m)
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            acc[m][r] = 0.f;
+#if PAIR
+            accb[m][r] = 0.f;
+#endif
+        }
+    #pragma unroll 4
+    for (int j = 0; j < PER_LANE; ++j) {
+        const int i = lane + 32 * j;
+        uint4 wr[R];
+        #pragma unroll
+        for (int r = 0; r < R; ++r) wr[r] = __ldg(wa + (size_t)r * VK + i);
+#if PAIR
+        uint4 wq[R];
+        #pragma unroll
+        for (int r = 0; r < R; ++r) wq[r] = __ldg(wb + (size_t)r * VK + i);
+#endif
+#if NORM
+        const uint4 gr = __ldg(gv + i);
+        const __nv_bfloat16* gp = reinterpret_cast<const __nv_bfloat16*>(&gr);
+#endif
+        #pragma unroll
+        for (int m = 0; m < M; ++m) {
+            const uint4 xr = __ldg(xv + (size_t)m * VK + i);
+            const __nv_bfloat16* xp = reinterpret_cast<const __nv_bfloat16*>(&xr);
+            float xf[8];
+            #pragma unroll
+            for (int e = 0; e < 8; ++e) {
+#if NORM
+                // MLX's rms_norm: w * T(x * normalizer), each rounded to T.
+                const float y = __bfloat162float(__float2bfloat16(__bfloat162float(xp[e]) * inv[m]));
+                xf[e] = __bfloat162float(__float2bfloat16(__bfloat162float(gp[e]) * y));
+#else
+                xf[e] = __bfloat162float(xp[e]);
+#endif
+            }
+            #pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const __nv_bfloat16* wp = reinterpret_cast<const __nv_bfloat16*>(&wr[r]);
+                #pragma unroll
+                for (int e = 0; e < 8; ++e) acc[m][r] = fmaf(__bfloat162float(wp[e]), xf[e], acc[m][r]);
+#if PAIR
+                const __nv_bfloat16* qp = reinterpret_cast<const __nv_bfloat16*>(&wq[r]);
+                #pragma unroll
+                for (int e = 0; e < 8; ++e) accb[m][r] = fmaf(__bfloat162float(qp[e]), xf[e], accb[m][r]);
+#endif
+            }
+        }
+    }
+    #pragma unroll
+    for (int m = 0; m < M; ++m)
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float s = acc[m][r];
+            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffff, s, off);
+#if PAIR
+            float u = accb[m][r];
+            for (int off = 16; off > 0; off >>= 1) u += __shfl_xor_sync(0xffffffff, u, off);
+#endif
+            if (lane != 0) continue;
+            const size_t idx = (size_t)m * n + row + r;
+            const float p = __bfloat162float(__float2bfloat16(s));
+#if RESIDUAL
+            o[idx] = __float2bfloat16(__bfloat162float(res[idx]) + p);
+#elif PAIR
+            // MLX's bf16 Sigmoid, 1 / (1 + exp(|x|)) flipped for x >= 0, each
+            // step rounded to bf16; then silu = g * sigmoid(g), times up.
+            const float e1 = __bfloat162float(__float2bfloat16(expf(fabsf(p))));
+            const float d1 = __bfloat162float(__float2bfloat16(1.f + e1));
+            const float y1 = __bfloat162float(__float2bfloat16(1.f / d1));
+            const float sg = p < 0.f ? y1 : __bfloat162float(__float2bfloat16(1.f - y1));
+            const float silu = __bfloat162float(__float2bfloat16(p * sg));
+            o[idx] = __float2bfloat16(silu * __bfloat162float(__float2bfloat16(u)));
+#else
+            o[idx] = __float2bfloat16(p);
+#endif
+        }
+"#;
+
+/// One configuration of [`SOURCE`]: what is fused around the products.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Fusion {
+    /// RMSNorm of `x`, then 1 to 3 projections from one launch.
+    NormThen(usize),
+    /// RMSNorm of `x`, then SwiGLU of a gate and an up projection.
+    NormSwiGlu,
+    /// One projection plus a residual.
+    ThenAdd,
+}
+
+impl Fusion {
+    fn defines(self) -> String {
+        let (norm, weights, pair, residual) = match self {
+            Fusion::NormThen(w) => (1, w, 0, 0),
+            Fusion::NormSwiGlu => (1, 2, 1, 0),
+            Fusion::ThenAdd => (0, 1, 0, 1),
+        };
+        format!("#define NORM {norm}\n#define WEIGHTS {weights}\n#define PAIR {pair}\n#define RESIDUAL {residual}\n")
+    }
+
+    fn names(self) -> (Vec<&'static str>, Vec<&'static str>) {
+        match self {
+            Fusion::NormThen(1) => (vec!["x", "g", "w0"], vec!["out0"]),
+            Fusion::NormThen(2) => (vec!["x", "g", "w0", "w1"], vec!["out0", "out1"]),
+            Fusion::NormThen(_) => (vec!["x", "g", "w0", "w1", "w2"], vec!["out0", "out1", "out2"]),
+            Fusion::NormSwiGlu => (vec!["x", "g", "w0", "w1"], vec!["out0"]),
+            Fusion::ThenAdd => (vec!["x", "w0", "res"], vec!["out0"]),
+        }
+    }
+
+    fn cell(self) -> &'static OnceLock<std::result::Result<CudaKernel, String>> {
+        static CELLS: [OnceLock<std::result::Result<CudaKernel, String>>; 5] =
+            [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+        &CELLS[match self {
+            Fusion::NormThen(1) => 0,
+            Fusion::NormThen(2) => 1,
+            Fusion::NormThen(_) => 2,
+            Fusion::NormSwiGlu => 3,
+            Fusion::ThenAdd => 4,
+        }]
+    }
+
+    fn kernel(self) -> Result<&'static CudaKernel> {
+        let name = match self {
+            Fusion::NormThen(w) => format!("gemv_norm_then_{w}"),
+            Fusion::NormSwiGlu => "gemv_norm_swiglu".to_owned(),
+            Fusion::ThenAdd => "gemv_then_add".to_owned(),
+        };
+        self.cell()
+            .get_or_init(|| {
+                let (ins, outs) = self.names();
+                CudaKernel::new_contiguous(&name, &ins, &outs, &(self.defines() + SOURCE)).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| error(e.clone()))
+    }
+}
+
+/// Whether the fused route takes `x` (`[.., K]`, `m` rows in all) against
+/// weights of `outs` rows: bf16, few rows, whole blocks of rows and of K.
+pub fn fits(x: &Array, m: i32, outs: &[i32]) -> bool {
+    let k = *x.shape().last().unwrap_or(&0);
+    x.dtype() == Dtype::Bfloat16
+        && (1..=MAX_M).contains(&m)
+        && k > 0
+        && k % 256 == 0
+        && outs.iter().all(|n| *n > 0 && n % (WARPS * 2) == 0)
+}
+
+/// Runs `fusion` over `x` (`[.., K]`, `m` rows) with `g` the norm's weight
+/// (`NormThen`, `NormSwiGlu`), the weights `w` (`[Ni, K]`) and `res` the
+/// residual (`ThenAdd`, shaped as the output). Outputs are `[.., Ni]`.
+pub fn apply(
+    fusion: Fusion,
+    x: &Array,
+    m: i32,
+    g: Option<(&Array, f32)>,
+    w: &[&Array],
+    res: Option<&Array>,
+) -> Result<Vec<Array>> {
+    let shape = x.shape();
+    let k = shape[shape.len() - 1];
+    let outs: Vec<i32> = w.iter().map(|a| a.shape()[0]).collect();
+    let mut inputs: Vec<&Array> = vec![x];
+    if let Some((gw, _)) = g {
+        inputs.push(gw);
+    }
+    inputs.extend_from_slice(w);
+    if let Some(r) = res {
+        inputs.push(r);
+    }
+    let out_rows: Vec<i32> = match fusion {
+        Fusion::NormSwiGlu | Fusion::ThenAdd => vec![outs[0]],
+        Fusion::NormThen(_) => outs.clone(),
+    };
+    let shapes: Vec<Vec<i32>> = out_rows
+        .iter()
+        .map(|n| {
+            let mut s = shape[..shape.len() - 1].to_vec();
+            s.push(*n);
+            s
+        })
+        .collect();
+    let out_specs: Vec<(&[i32], Dtype)> = shapes.iter().map(|s| (s.as_slice(), Dtype::Bfloat16)).collect();
+    let n_at = |i: usize| *out_rows.get(i).unwrap_or(&0);
+    let eps = g.map(|(_, e)| e).unwrap_or(0.0);
+    let total: i32 = out_rows.iter().sum();
+    let rows = if fusion != Fusion::ThenAdd || total / (WARPS * 2) >= TWO_ROWS_FROM { 2 } else { 1 };
+    let blocks = total / (WARPS * rows);
+    fusion.kernel()?.apply(
+        &inputs,
+        &Launch {
+            grid: [blocks * WARPS * 32, 1, 1],
+            threads: [WARPS * 32, 1, 1],
+            outputs: &out_specs,
+            template: &[
+                Template::Int("M", m),
+                Template::Int("K", k),
+                Template::Int("N0", n_at(0)),
+                Template::Int("N1", n_at(1)),
+                Template::Int("N2", n_at(2)),
+                Template::Int("R", rows),
+                Template::Int("EPS_BITS", eps.to_bits() as i32),
+            ],
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn x(shape: &[i32], dtype: Dtype) -> Array {
+        mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
+    }
+
+    #[test]
+    fn the_fused_route_takes_few_bf16_rows_over_whole_blocks() {
+        let one = x(&[1, 1, 4096], Dtype::Bfloat16);
+        assert!(fits(&one, 1, &[4096, 1024, 1024]));
+        assert!(fits(&x(&[2, 2, 4096], Dtype::Bfloat16), 4, &[12288]));
+        // More rows than the kernel is built for go to MLX's matmul.
+        assert!(!fits(&x(&[5, 1, 4096], Dtype::Bfloat16), 5, &[4096]));
+        // SmolLM2's hidden 576 is not a whole number of 256-wide passes.
+        assert!(!fits(&x(&[1, 1, 576], Dtype::Bfloat16), 1, &[576]));
+        assert!(!fits(&x(&[1, 1, 4096], Dtype::Float32), 1, &[4096]));
+        assert!(!fits(&one, 1, &[4096, 1000]));
+    }
+
+    #[test]
+    fn each_fusion_names_its_inputs_and_outputs_as_its_defines_read_them() {
+        for (f, ins, outs) in [
+            (Fusion::NormThen(3), 5, 3),
+            (Fusion::NormThen(1), 3, 1),
+            (Fusion::NormSwiGlu, 4, 1),
+            (Fusion::ThenAdd, 3, 1),
+        ] {
+            let (i, o) = f.names();
+            assert_eq!((i.len(), o.len()), (ins, outs));
+            let d = f.defines();
+            assert_eq!(d.contains("#define RESIDUAL 1"), i.contains(&"res"));
+            assert_eq!(d.contains("#define NORM 1"), i.contains(&"g"));
+        }
+    }
+}
