@@ -57,6 +57,11 @@ impl Drop for Config {
     }
 }
 
+/// FNV-1a: the same value for the same text in every build.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 fn launch_key(launch: &Launch) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     launch.grid.hash(&mut h);
@@ -103,7 +108,11 @@ impl CudaKernel {
 
     fn build(name: &str, inputs: &[&str], outputs: &[&str], source: &str, contiguous: bool) -> Result<Self> {
         let cstr = |s: &str| CString::new(s).map_err(|_| error("kernel text has a NUL byte"));
-        let (name, source, header) = (cstr(name)?, cstr(source)?, cstr("")?);
+        // MLX keeps one compiled kernel per name in the process: every plugin
+        // carries its own model-kit, and one built from other sources must
+        // not run this one's code under the same name.
+        let name = format!("{name}_{:016x}", fnv1a(source));
+        let (name, source, header) = (cstr(&name)?, cstr(source)?, cstr("")?);
         let (ins, outs) = (strings(inputs)?, strings(outputs)?);
         let raw = unsafe {
             mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), ins, outs, source.as_ptr(), header.as_ptr(), contiguous, 0)
@@ -200,5 +209,12 @@ mod tests {
         assert_eq!(launch(4096, 2), launch(4096, 2));
         assert_ne!(launch(4096, 2), launch(4096, 1));
         assert_ne!(launch(4096, 2), launch(1024, 2));
+    }
+
+    #[test]
+    fn kernel_names_carry_a_hash_of_their_source() {
+        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_ne!(fnv1a("out[0] = 1;"), fnv1a("out[0] = 2;"));
     }
 }

@@ -6,7 +6,7 @@
 //! them small (norms, adds, the activation, narrow K/V products), each
 //! costing the host a launch and the device a few microseconds
 //! (docs/benchmarks.md, "Where a batch-1 decode step goes"); with these and
-//! `qk_norm_rope` it is 7.
+//! `qk_norm_rope` it is 8.
 //!
 //! Numerics follow the separate ops: the normalized input is rounded to
 //! bf16 as MLX's `rms_norm` writes it, each product is rounded to bf16
