@@ -13,9 +13,8 @@
 //! before the residual add or the activation, and SwiGLU's sigmoid rounds
 //! where MLX's compiled bf16 kernel does.
 
-use crate::cuda_kernel::{CudaKernel, Launch, Template};
-use crate::{error, Array, Dtype, Result};
-use std::sync::OnceLock;
+use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
+use crate::{Array, Dtype, Result};
 
 /// Warps per block (each owns `ROWS` output rows over the whole of K).
 const WARPS: i32 = 8;
@@ -196,31 +195,21 @@ impl Fusion {
         }
     }
 
-    fn cell(self) -> &'static OnceLock<std::result::Result<CudaKernel, String>> {
-        static CELLS: [OnceLock<std::result::Result<CudaKernel, String>>; 5] =
-            [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
-        &CELLS[match self {
-            Fusion::NormThen(1) => 0,
-            Fusion::NormThen(2) => 1,
-            Fusion::NormThen(_) => 2,
-            Fusion::NormSwiGlu => 3,
-            Fusion::ThenAdd => 4,
-        }]
-    }
-
+    /// The configuration's kernel, built on first use: its slot among the
+    /// five and its name.
     fn kernel(self) -> Result<&'static CudaKernel> {
-        let name = match self {
-            Fusion::NormThen(w) => format!("gemv_norm_then_{w}"),
-            Fusion::NormSwiGlu => "gemv_norm_swiglu".to_owned(),
-            Fusion::ThenAdd => "gemv_then_add".to_owned(),
+        static CELLS: [Cached; 5] = [const { Cached::new() }; 5];
+        let (slot, name) = match self {
+            Fusion::NormThen(1) => (0, "gemv_norm_then_1"),
+            Fusion::NormThen(2) => (1, "gemv_norm_then_2"),
+            Fusion::NormThen(_) => (2, "gemv_norm_then_3"),
+            Fusion::NormSwiGlu => (3, "gemv_norm_swiglu"),
+            Fusion::ThenAdd => (4, "gemv_then_add"),
         };
-        self.cell()
-            .get_or_init(|| {
-                let (ins, outs) = self.names();
-                CudaKernel::new_contiguous(&name, &ins, &outs, &(self.defines() + SOURCE)).map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(|e| error(e.clone()))
+        cached(&CELLS[slot], || {
+            let (ins, outs) = self.names();
+            CudaKernel::new_contiguous(name, &ins, &outs, &(self.defines() + SOURCE))
+        })
     }
 }
 

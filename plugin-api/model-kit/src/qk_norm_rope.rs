@@ -9,11 +9,10 @@
 //! with `inv_freq = 2^(-d / (D / 2) * log2(base))` (or `1 / freqs[d]`) and
 //! rounds once.
 
-use crate::cuda_kernel::{CudaKernel, Launch, Template};
+use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use crate::layers::RmsNorm;
 use crate::rope::{Position, Rope};
-use crate::{error, ops, routes, Array, Dtype, Result};
-use std::sync::OnceLock;
+use crate::{ops, routes, Array, Dtype, Result};
 
 /// One warp per (row, token, head); each lane holds dims `lane`,
 /// `lane + 32` and their rotation partners `+ D / 2`. `FREQS` (0 or 1) is
@@ -62,19 +61,16 @@ const SOURCE: &str = r#"
 "#;
 
 fn kernel(freqs: bool) -> Result<&'static CudaKernel> {
-    static CELLS: [OnceLock<std::result::Result<CudaKernel, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    static CELLS: [Cached; 2] = [const { Cached::new() }; 2];
     let (name, ins): (&str, &[&str]) = if freqs {
         ("qk_norm_rope_freqs", &["q", "k", "gq", "gk", "offset", "freqs"])
     } else {
         ("qk_norm_rope", &["q", "k", "gq", "gk", "offset"])
     };
-    CELLS[usize::from(freqs)]
-        .get_or_init(|| {
-            let src = format!("#define FREQS {}\n{SOURCE}", u8::from(freqs));
-            CudaKernel::new_contiguous(name, ins, &["qo", "ko"], &src).map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| error(e.clone()))
+    cached(&CELLS[usize::from(freqs)], || {
+        let src = format!("#define FREQS {}\n{SOURCE}", u8::from(freqs));
+        CudaKernel::new_contiguous(name, ins, &["qo", "ko"], &src)
+    })
 }
 
 /// `(rope(q_norm(q)), rope(k_norm(k)))` transposed to `[B, heads, L, D]`

@@ -4,22 +4,16 @@
 # (`gemv=mlx`), second of two device calls. The kernels alone at the
 # Qwen3-8B layer's shapes (gemv_probe.py, 1 row); `host generate`
 # A/B on the Qwen3-8B shape (bench_variants.py, 256 tokens, interleaved
-# processes) with the host's step trace; `host bench` at batch 1 and 4
+# processes; the step trace is device_step_cost.sh); `host bench` at batch 1 and 4
 # beside mlx_lm.benchmark at batch 1; bf16 greedy parity with mlx-lm and
 # batched-vs-serial parity on the Qwen3-0.6B shape.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 qwen06b
 [ -d /tmp/m/qwen3-8b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-8b --preset qwen3-8b --tokenizer-from .device/tok > /dev/null
-for m in 1; do python3 tests/bench/gpu/gemv_probe.py --rows $m || true; done | tee $OUT/gemv.md
+python3 tests/bench/gpu/gemv_probe.py --rows 1 | tee $OUT/gemv.md || true
 python3 tests/bench/bench_variants.py --host $H --plugins $P --model /tmp/m/qwen3-8b --prompt-ids $IDS --gen 256 --reps 3 \
   --variant "fused=" --variant "mlx=--model-option gemv=mlx" | tee $OUT/variants.md
-G="$H generate --plugins $P --model /tmp/m/qwen3-8b --prompt-ids $IDS --ignore-eos --json"
-for v in fused mlx; do
-  echo "## step trace, gemv=$v (median of the last 100 steps)"
-  RUST_LOG=host_engine::step=trace $G --max-tokens 256 --warmup --model-option gemv=$v 2> $OUT/trace.txt > /dev/null
-  python3 tests/bench/traces.py $OUT/trace.txt --target host_engine::step --event "plain step" --last 100 --fields graph_ms,launch_ms
-done | tee $OUT/launch.md
 echo "## host bench"; $H bench --plugins $P --model /tmp/m/qwen3-8b --prompt-len 512 --gen-len 128 --batch 1,4 --trials 2 | tee $OUT/bench.md
 echo "## mlx_lm.benchmark -b 1"; python3 -m mlx_lm.benchmark --model /tmp/m/qwen3-8b -p 512 -g 128 -b 1 -n 2 2>&1 | grep -v Warning | tail -3 | tee -a $OUT/bench.md
 OURS_ARGS="--gpu-attention mlx" bash tests/bench/gpu/device_bf16_parity.sh /tmp/m qwen3-0.6b 2>&1 | grep -v "already exists" | tee $OUT/parity.md || true
