@@ -56,3 +56,13 @@ pub fn norm_swiglu(x: &Array, norm: &RmsNorm, gate: &Linear, up: &Linear) -> Res
         None => Ok(None),
     }
 }
+
+/// `linear(x)` (an LM head).
+pub fn linear(x: &Array, linear: &Linear) -> Result<Array> {
+    let w = linear.dense_weight();
+    if let Some(m) = fused_rows(x, &[w]) {
+        let out = gemv::apply(Fusion::Plain, x, m, None, &[w.expect("checked dense")], None)?;
+        return Ok(out.into_iter().next().expect("one output"));
+    }
+    linear.forward(x)
+}

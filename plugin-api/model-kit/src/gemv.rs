@@ -16,29 +16,79 @@
 use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use crate::{Array, Dtype, Result};
 
-/// Warps per block (each owns `ROWS` output rows over the whole of K).
-const WARPS: i32 = 8;
-/// A launch without a norm takes two rows per warp (more loads in flight
-/// per thread) from this many blocks of two rows, one below so that it
-/// still fills the device. With a norm it always takes two: the norm's
-/// pass over `x` is paid per warp (H200, 8B shape: q/k/v 18.4 us with two,
-/// 23.6 with one; down 28.4 us with one, 32.4 with two).
-pub const TWO_ROWS_FROM: i32 = 640;
+/// Every output count the fused route takes is a multiple of this (the
+/// fallback split's rows a block).
+const ROW_ALIGN: i32 = 16;
 /// The most rows of `x` (batch x tokens) the fused route takes; more go
 /// to MLX's matmul (cuBLAS), which is built for them.
 pub const MAX_M: i32 = 4;
 
+/// How a launch divides the work: `warps` per block, `rows` of the output
+/// per row group, `k_split` warps sharing one group's K (their sums meet
+/// in shared memory). A block holds `warps / k_split` row groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub warps: i32,
+    pub rows: i32,
+    pub k_split: i32,
+}
+
+impl Split {
+    fn rows_per_block(self) -> i32 {
+        self.warps / self.k_split * self.rows
+    }
+
+    fn divides(self, k: i32, outs: &[i32]) -> bool {
+        k % (256 * self.k_split) == 0 && outs.iter().all(|n| n % self.rows_per_block() == 0)
+    }
+}
+
+/// The split for `fusion` over `total` output rows of `k` inputs each,
+/// chosen from each kernel's own duration on the H200 at the Qwen3-8B
+/// shapes (`gemv_probe.py --ncu-log`, docs/benchmarks.md): four warps a
+/// block, each warp over a slice of K of 1024-2048 (more loads in flight
+/// from more, shorter warps); q/k/v take four rows a group (the norm's pass
+/// over `x` is paid per group), gate/up two (two weights already), a
+/// residual product four where K is much longer than the output (down),
+/// else one, like the LM head.
+pub fn split(fusion: Fusion, total: i32, k: i32, outs: &[i32]) -> Split {
+    let (rows, widest_split) = match fusion {
+        Fusion::NormThen(_) => (4, 2),
+        Fusion::NormSwiGlu => (2, 4),
+        Fusion::ThenAdd if k >= 2 * total => (4, 4),
+        Fusion::ThenAdd | Fusion::Plain => (1, 4),
+    };
+    let mut k_split = widest_split;
+    while k_split > 1 && (k / k_split < 1024 || k % (256 * k_split) != 0) {
+        k_split /= 2;
+    }
+    let chosen = Split { warps: 4, rows, k_split };
+    let safe = Split { warps: 4, rows: 1, k_split: 1 };
+    if chosen.divides(k, outs) {
+        chosen
+    } else {
+        safe
+    }
+}
+
 /// The kernel's body. A configuration is chosen by the defines prepended to
-/// it (`NORM`, `WEIGHTS` 1-3, `PAIR`, `RESIDUAL`), template constants give
-/// the shapes (`M`, `K`, `N0`..`N2`, `R` rows per warp, `EPS_BITS`). Every
-/// `Ni` is a multiple of `WARPS * R`, `K` of 256; inputs are row-contiguous.
+/// it (`NORM`, `WEIGHTS` 1-3, `PAIR`, `RESIDUAL`, `UNROLL_MAIN` the main
+/// loop's unroll pragma), template constants give the shapes (`M`, `K`,
+/// `N0`..`N2`, `EPS_BITS`) and the [`Split`] (`WARPS`, `R`, `KS`). Every
+/// `Ni` is a multiple of a block's rows, `K` of `256 * KS`; inputs are
+/// row-contiguous.
 pub const SOURCE: &str = r#"
-    constexpr int WARPS = 8;
-    constexpr int VK = K / 8;          // 16-byte vectors per row
-    constexpr int PER_LANE = VK / 32;
+    constexpr int GROUPS = WARPS / KS;      // row groups per block
+    constexpr int VK = K / 8;               // 16-byte vectors per row
+    constexpr int PER_LANE = VK / 32 / KS;  // vectors per lane in its warp's slice of K
+    __shared__ float sm_sq[KS > 1 ? WARPS * M : 1];
+    __shared__ float sm_acc[KS > 1 ? WARPS * M * R * 2 : 1];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    int row = (blockIdx.x * WARPS + warp) * R;
+    const int part = warp % KS;
+    const int group = warp / KS;
+    const int first = part * PER_LANE * 32;
+    int row = (blockIdx.x * GROUPS + group) * R;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     const uint4* wa;
     __nv_bfloat16* o;
@@ -66,7 +116,7 @@ pub const SOURCE: &str = r#"
         float s = 0.f;
         #pragma unroll 4
         for (int j = 0; j < PER_LANE; ++j) {
-            const uint4 v = __ldg(xv + (size_t)m * VK + lane + 32 * j);
+            const uint4 v = __ldg(xv + (size_t)m * VK + first + lane + 32 * j);
             const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -75,8 +125,23 @@ pub const SOURCE: &str = r#"
             }
         }
         for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffff, s, off);
-        inv[m] = rsqrtf(s / K + eps);
+        inv[m] = s;
     }
+    if constexpr (KS > 1) {
+        if (lane == 0) {
+            #pragma unroll
+            for (int m = 0; m < M; ++m) sm_sq[warp * M + m] = inv[m];
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int m = 0; m < M; ++m) {
+            float s = 0.f;
+            for (int p = 0; p < KS; ++p) s += sm_sq[(group * KS + p) * M + m];
+            inv[m] = s;
+        }
+    }
+    #pragma unroll
+    for (int m = 0; m < M; ++m) inv[m] = rsqrtf(inv[m] / K + eps);
 #endif
     float acc[M][R];
 #if PAIR
@@ -91,9 +156,9 @@ pub const SOURCE: &str = r#"
             accb[m][r] = 0.f;
 #endif
         }
-    #pragma unroll 4
+    UNROLL_MAIN
     for (int j = 0; j < PER_LANE; ++j) {
-        const int i = lane + 32 * j;
+        const int i = first + lane + 32 * j;
         uint4 wr[R];
         #pragma unroll
         for (int r = 0; r < R; ++r) wr[r] = __ldg(wa + (size_t)r * VK + i);
@@ -134,17 +199,51 @@ pub const SOURCE: &str = r#"
             }
         }
     }
+    // Each warp's sums, then (KS > 1) the slices of K added in their order.
     #pragma unroll
     for (int m = 0; m < M; ++m)
         #pragma unroll
         for (int r = 0; r < R; ++r) {
-            float s = acc[m][r];
-            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffff, s, off);
+            for (int off = 16; off > 0; off >>= 1) acc[m][r] += __shfl_xor_sync(0xffffffff, acc[m][r], off);
 #if PAIR
-            float u = accb[m][r];
-            for (int off = 16; off > 0; off >>= 1) u += __shfl_xor_sync(0xffffffff, u, off);
+            for (int off = 16; off > 0; off >>= 1) accb[m][r] += __shfl_xor_sync(0xffffffff, accb[m][r], off);
 #endif
-            if (lane != 0) continue;
+        }
+    if constexpr (KS > 1) {
+        if (lane == 0) {
+            #pragma unroll
+            for (int m = 0; m < M; ++m)
+                #pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    sm_acc[((warp * M + m) * R + r) * 2] = acc[m][r];
+#if PAIR
+                    sm_acc[((warp * M + m) * R + r) * 2 + 1] = accb[m][r];
+#endif
+                }
+        }
+        __syncthreads();
+        if (part != 0) return;
+        #pragma unroll
+        for (int m = 0; m < M; ++m)
+            #pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float s = 0.f, u = 0.f;
+                for (int p = 0; p < KS; ++p) {
+                    s += sm_acc[(((group * KS + p) * M + m) * R + r) * 2];
+                    u += sm_acc[(((group * KS + p) * M + m) * R + r) * 2 + 1];
+                }
+                acc[m][r] = s;
+#if PAIR
+                accb[m][r] = u;
+#endif
+            }
+    }
+    if (lane != 0) return;
+    #pragma unroll
+    for (int m = 0; m < M; ++m)
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float s = acc[m][r];
             const size_t idx = (size_t)m * n + row + r;
             const float p = __bfloat162float(__float2bfloat16(s));
 #if RESIDUAL
@@ -157,7 +256,7 @@ pub const SOURCE: &str = r#"
             const float y1 = __bfloat162float(__float2bfloat16(1.f / d1));
             const float sg = p < 0.f ? y1 : __bfloat162float(__float2bfloat16(1.f - y1));
             const float silu = __bfloat162float(__float2bfloat16(p * sg));
-            o[idx] = __float2bfloat16(silu * __bfloat162float(__float2bfloat16(u)));
+            o[idx] = __float2bfloat16(silu * __bfloat162float(__float2bfloat16(accb[m][r])));
 #else
             o[idx] = __float2bfloat16(p);
 #endif
@@ -173,7 +272,12 @@ pub enum Fusion {
     NormSwiGlu,
     /// One projection plus a residual.
     ThenAdd,
+    /// One projection alone.
+    Plain,
 }
+
+/// The main loop's unroll.
+const UNROLL: i32 = 4;
 
 impl Fusion {
     fn defines(self) -> String {
@@ -181,8 +285,12 @@ impl Fusion {
             Fusion::NormThen(w) => (1, w, 0, 0),
             Fusion::NormSwiGlu => (1, 2, 1, 0),
             Fusion::ThenAdd => (0, 1, 0, 1),
+            Fusion::Plain => (0, 1, 0, 0),
         };
-        format!("#define NORM {norm}\n#define WEIGHTS {weights}\n#define PAIR {pair}\n#define RESIDUAL {residual}\n")
+        format!(
+            "#define NORM {norm}\n#define WEIGHTS {weights}\n#define PAIR {pair}\n#define RESIDUAL {residual}\n\
+             #define UNROLL_MAIN _Pragma(\"unroll {UNROLL}\")\n"
+        )
     }
 
     fn names(self) -> (Vec<&'static str>, Vec<&'static str>) {
@@ -192,19 +300,21 @@ impl Fusion {
             Fusion::NormThen(_) => (vec!["x", "g", "w0", "w1", "w2"], vec!["out0", "out1", "out2"]),
             Fusion::NormSwiGlu => (vec!["x", "g", "w0", "w1"], vec!["out0"]),
             Fusion::ThenAdd => (vec!["x", "w0", "res"], vec!["out0"]),
+            Fusion::Plain => (vec!["x", "w0"], vec!["out0"]),
         }
     }
 
     /// The configuration's kernel, built on first use: its slot among the
     /// five and its name.
     fn kernel(self) -> Result<&'static CudaKernel> {
-        static CELLS: [Cached; 5] = [const { Cached::new() }; 5];
+        static CELLS: [Cached; 6] = [const { Cached::new() }; 6];
         let (slot, name) = match self {
             Fusion::NormThen(1) => (0, "gemv_norm_then_1"),
             Fusion::NormThen(2) => (1, "gemv_norm_then_2"),
             Fusion::NormThen(_) => (2, "gemv_norm_then_3"),
             Fusion::NormSwiGlu => (3, "gemv_norm_swiglu"),
             Fusion::ThenAdd => (4, "gemv_then_add"),
+            Fusion::Plain => (5, "gemv_plain"),
         };
         cached(&CELLS[slot], || {
             let (ins, outs) = self.names();
@@ -221,7 +331,7 @@ pub fn fits(x: &Array, m: i32, outs: &[i32]) -> bool {
         && (1..=MAX_M).contains(&m)
         && k > 0
         && k % 256 == 0
-        && outs.iter().all(|n| *n > 0 && n % (WARPS * 2) == 0)
+        && outs.iter().all(|n| *n > 0 && n % ROW_ALIGN == 0)
 }
 
 /// Runs `fusion` over `x` (`[.., K]`, `m` rows) with `g` the norm's weight
@@ -247,7 +357,7 @@ pub fn apply(
         inputs.push(r);
     }
     let out_rows: Vec<i32> = match fusion {
-        Fusion::NormSwiGlu | Fusion::ThenAdd => vec![outs[0]],
+        Fusion::NormSwiGlu | Fusion::ThenAdd | Fusion::Plain => vec![outs[0]],
         Fusion::NormThen(_) => outs.clone(),
     };
     let shapes: Vec<Vec<i32>> = out_rows
@@ -262,13 +372,13 @@ pub fn apply(
     let n_at = |i: usize| *out_rows.get(i).unwrap_or(&0);
     let eps = g.map(|(_, e)| e).unwrap_or(0.0);
     let total: i32 = out_rows.iter().sum();
-    let rows = if fusion != Fusion::ThenAdd || total / (WARPS * 2) >= TWO_ROWS_FROM { 2 } else { 1 };
-    let blocks = total / (WARPS * rows);
+    let s = split(fusion, total, k, &out_rows);
+    let blocks = total / s.rows_per_block();
     fusion.kernel()?.apply(
         &inputs,
         &Launch {
-            grid: [blocks * WARPS * 32, 1, 1],
-            threads: [WARPS * 32, 1, 1],
+            grid: [blocks * s.warps * 32, 1, 1],
+            threads: [s.warps * 32, 1, 1],
             outputs: &out_specs,
             template: &[
                 Template::Int("M", m),
@@ -276,7 +386,9 @@ pub fn apply(
                 Template::Int("N0", n_at(0)),
                 Template::Int("N1", n_at(1)),
                 Template::Int("N2", n_at(2)),
-                Template::Int("R", rows),
+                Template::Int("R", s.rows),
+                Template::Int("WARPS", s.warps),
+                Template::Int("KS", s.k_split),
                 Template::Int("EPS_BITS", eps.to_bits() as i32),
             ],
         },
@@ -302,6 +414,28 @@ mod tests {
         assert!(!fits(&x(&[1, 1, 576], Dtype::Bfloat16), 1, &[576]));
         assert!(!fits(&x(&[1, 1, 4096], Dtype::Float32), 1, &[4096]));
         assert!(!fits(&one, 1, &[4096, 1000]));
+    }
+
+    #[test]
+    fn each_split_covers_whole_blocks_of_rows_and_slices_of_k() {
+        let s = |warps, rows, k_split| Split { warps, rows, k_split };
+        // The Qwen3-8B shapes the splits were measured at.
+        assert_eq!(split(Fusion::NormThen(3), 6144, 4096, &[4096, 1024, 1024]), s(4, 4, 2));
+        assert_eq!(split(Fusion::NormSwiGlu, 12288, 4096, &[12288]), s(4, 2, 4));
+        assert_eq!(split(Fusion::ThenAdd, 4096, 4096, &[4096]), s(4, 1, 4));
+        assert_eq!(split(Fusion::ThenAdd, 4096, 12288, &[4096]), s(4, 4, 4));
+        assert_eq!(split(Fusion::Plain, 151936, 4096, &[151936]), s(4, 1, 4));
+        // Narrow K keeps each warp's slice at 1024 or more.
+        assert_eq!(split(Fusion::ThenAdd, 1024, 3072, &[1024]), s(4, 4, 2));
+        assert_eq!(split(Fusion::NormThen(3), 4096, 1024, &[2048, 1024, 1024]), s(4, 4, 1));
+        // Every output the route takes (multiples of ROW_ALIGN) is whole blocks.
+        for f in [Fusion::NormThen(2), Fusion::NormSwiGlu, Fusion::ThenAdd, Fusion::Plain] {
+            for k in [256, 1024, 2816, 12288] {
+                let outs = [ROW_ALIGN, 3 * ROW_ALIGN];
+                let sp = split(f, outs.iter().sum(), k, &outs);
+                assert!(outs.iter().all(|n| n % sp.rows_per_block() == 0) && k % (256 * sp.k_split) == 0);
+            }
+        }
     }
 
     #[test]

@@ -311,7 +311,7 @@ impl LmHead {
 
     pub fn forward(&self, embed: &Embedding, h: &Array) -> Result<Array> {
         match &self.0 {
-            Some(l) => l.forward(h),
+            Some(l) => crate::fused_layers::linear(h, l),
             None => embed.as_linear(h),
         }
     }

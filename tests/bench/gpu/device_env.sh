@@ -2,7 +2,7 @@
 # the GPU machine): unpacks .device (pack_device.sh), joins and installs the
 # CUDA MLX wheel carried in two halves plus the mlx and mlx-lm wheels in
 # .gpu_b, and points the loader at them (tests/bench/README.md, "GPU runs").
-[ -d .device ] || tar -xJf .devpack/device.tar.xz   # .device travels compressed (size limit per call)
+[ -d .device ] || [ ! -f .devpack/device.tar.xz ] || tar -xJf .devpack/device.tar.xz   # .device travels compressed (size limit per call)
 cat /tmp/mlxparts/part_aa .gpu_b/part_ab > /tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
 python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/mlx_cuda_13-*.whl .gpu_b/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
