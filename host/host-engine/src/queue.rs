@@ -28,15 +28,17 @@ pub fn bounded<T>(limit: usize) -> (Outbox<T>, Inbox<T>) {
     // Room for a whole group sent while fewer than `limit` items wait.
     let (tx, rx) = sync_channel(limit + MAX_GROUP - 1);
     let held = Arc::new(AtomicUsize::new(0));
-    (Outbox { tx, held: held.clone(), limit, one_at_a_time: Mutex::new(()) }, Inbox { rx, held })
+    let turn = Arc::new(Mutex::new(()));
+    (Outbox { tx, held: held.clone(), limit, one_at_a_time: turn.clone() }, Inbox { rx, held, turn })
 }
 
 pub struct Outbox<T> {
     tx: SyncSender<T>,
     held: Arc<AtomicUsize>,
     limit: usize,
-    /// Senders check the room and send as one step.
-    one_at_a_time: Mutex<()>,
+    /// Senders check the room and send as one step; the engine's end waits
+    /// for a group being sent, so that it sees a group whole.
+    one_at_a_time: Arc<Mutex<()>>,
 }
 
 impl<T> Outbox<T> {
@@ -67,25 +69,33 @@ impl<T> Outbox<T> {
 pub struct Inbox<T> {
     rx: Receiver<T>,
     held: Arc<AtomicUsize>,
+    turn: Arc<Mutex<()>>,
 }
 
 impl<T> Inbox<T> {
     pub fn recv(&self) -> Result<T, RecvError> {
         let item = self.rx.recv()?;
-        self.held.fetch_sub(1, Ordering::SeqCst);
-        Ok(item)
+        Ok(self.taken(item))
     }
 
     pub fn recv_timeout(&self, wait: std::time::Duration) -> Result<T, std::sync::mpsc::RecvTimeoutError> {
         let item = self.rx.recv_timeout(wait)?;
-        self.held.fetch_sub(1, Ordering::SeqCst);
-        Ok(item)
+        Ok(self.taken(item))
     }
 
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
         let item = self.rx.try_recv()?;
+        Ok(self.taken(item))
+    }
+
+    /// An item is out: once the group it came with is all in (its sender
+    /// never waits on this end while sending), the engine's next
+    /// `try_recv` sees the rest of it: the choices of one request arrive
+    /// together (one cohort), not split by the moment the engine looked.
+    fn taken(&self, item: T) -> T {
         self.held.fetch_sub(1, Ordering::SeqCst);
-        Ok(item)
+        drop(self.turn.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        item
     }
 }
 
