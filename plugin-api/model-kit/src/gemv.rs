@@ -16,8 +16,8 @@
 use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use crate::{Array, Dtype, Result};
 
-/// Every output count the fused route takes is a multiple of this (the
-/// fallback split's rows a block).
+/// Every output count the fused route takes is a multiple of this, which
+/// every split's rows a block (at most 8) divide.
 const ROW_ALIGN: i32 = 16;
 /// The most rows of `x` (batch x tokens) the fused route takes; more go
 /// to MLX's matmul (cuBLAS), which is built for them.
@@ -43,7 +43,7 @@ impl Split {
     }
 }
 
-/// The split for `fusion` over `total` output rows of `k` inputs each,
+/// The split for `fusion` over outputs of `outs` rows of `k` inputs each,
 /// chosen from each kernel's own duration on the H200 at the Qwen3-8B
 /// shapes (`gemv_probe.py --ncu-log`, docs/benchmarks.md): four warps a
 /// block, each warp over a slice of K of 1024-2048 (more loads in flight
@@ -51,7 +51,8 @@ impl Split {
 /// over `x` is paid per group), gate/up two (two weights already), a
 /// residual product four where K is much longer than the output (down),
 /// else one, like the LM head.
-pub fn split(fusion: Fusion, total: i32, k: i32, outs: &[i32]) -> Split {
+pub fn split(fusion: Fusion, k: i32, outs: &[i32]) -> Split {
+    let total: i32 = outs.iter().sum();
     let (rows, widest_split) = match fusion {
         Fusion::NormThen(_) => (4, 2),
         Fusion::NormSwiGlu => (2, 4),
@@ -72,9 +73,9 @@ pub fn split(fusion: Fusion, total: i32, k: i32, outs: &[i32]) -> Split {
 }
 
 /// The kernel's body. A configuration is chosen by the defines prepended to
-/// it (`NORM`, `WEIGHTS` 1-3, `PAIR`, `RESIDUAL`, `UNROLL_MAIN` the main
-/// loop's unroll pragma), template constants give the shapes (`M`, `K`,
-/// `N0`..`N2`, `EPS_BITS`) and the [`Split`] (`WARPS`, `R`, `KS`). Every
+/// it (`NORM`, `WEIGHTS` 1-3, `PAIR`, `RESIDUAL`), template constants give
+/// the shapes (`M`, `K`, `N0`..`N2`, `EPS_BITS`) and the [`Split`]
+/// (`WARPS`, `R`, `KS`). Every
 /// `Ni` is a multiple of a block's rows, `K` of `256 * KS`; inputs are
 /// row-contiguous.
 pub const SOURCE: &str = r#"
@@ -156,7 +157,7 @@ pub const SOURCE: &str = r#"
             accb[m][r] = 0.f;
 #endif
         }
-    UNROLL_MAIN
+    #pragma unroll 4
     for (int j = 0; j < PER_LANE; ++j) {
         const int i = first + lane + 32 * j;
         uint4 wr[R];
@@ -227,13 +228,12 @@ pub const SOURCE: &str = r#"
         for (int m = 0; m < M; ++m)
             #pragma unroll
             for (int r = 0; r < R; ++r) {
-                float s = 0.f, u = 0.f;
-                for (int p = 0; p < KS; ++p) {
-                    s += sm_acc[(((group * KS + p) * M + m) * R + r) * 2];
-                    u += sm_acc[(((group * KS + p) * M + m) * R + r) * 2 + 1];
-                }
+                float s = 0.f;
+                for (int p = 0; p < KS; ++p) s += sm_acc[(((group * KS + p) * M + m) * R + r) * 2];
                 acc[m][r] = s;
 #if PAIR
+                float u = 0.f;
+                for (int p = 0; p < KS; ++p) u += sm_acc[(((group * KS + p) * M + m) * R + r) * 2 + 1];
                 accb[m][r] = u;
 #endif
             }
@@ -276,9 +276,6 @@ pub enum Fusion {
     Plain,
 }
 
-/// The main loop's unroll.
-const UNROLL: i32 = 4;
-
 impl Fusion {
     fn defines(self) -> String {
         let (norm, weights, pair, residual) = match self {
@@ -287,10 +284,7 @@ impl Fusion {
             Fusion::ThenAdd => (0, 1, 0, 1),
             Fusion::Plain => (0, 1, 0, 0),
         };
-        format!(
-            "#define NORM {norm}\n#define WEIGHTS {weights}\n#define PAIR {pair}\n#define RESIDUAL {residual}\n\
-             #define UNROLL_MAIN _Pragma(\"unroll {UNROLL}\")\n"
-        )
+        format!("#define NORM {norm}\n#define WEIGHTS {weights}\n#define PAIR {pair}\n#define RESIDUAL {residual}\n")
     }
 
     fn names(self) -> (Vec<&'static str>, Vec<&'static str>) {
@@ -305,7 +299,7 @@ impl Fusion {
     }
 
     /// The configuration's kernel, built on first use: its slot among the
-    /// five and its name.
+    /// six and its name.
     fn kernel(self) -> Result<&'static CudaKernel> {
         static CELLS: [Cached; 6] = [const { Cached::new() }; 6];
         let (slot, name) = match self {
@@ -371,9 +365,8 @@ pub fn apply(
     let out_specs: Vec<(&[i32], Dtype)> = shapes.iter().map(|s| (s.as_slice(), Dtype::Bfloat16)).collect();
     let n_at = |i: usize| *out_rows.get(i).unwrap_or(&0);
     let eps = g.map(|(_, e)| e).unwrap_or(0.0);
-    let total: i32 = out_rows.iter().sum();
-    let s = split(fusion, total, k, &out_rows);
-    let blocks = total / s.rows_per_block();
+    let s = split(fusion, k, &out_rows);
+    let blocks = out_rows.iter().sum::<i32>() / s.rows_per_block();
     fusion.kernel()?.apply(
         &inputs,
         &Launch {
@@ -420,19 +413,19 @@ mod tests {
     fn each_split_covers_whole_blocks_of_rows_and_slices_of_k() {
         let s = |warps, rows, k_split| Split { warps, rows, k_split };
         // The Qwen3-8B shapes the splits were measured at.
-        assert_eq!(split(Fusion::NormThen(3), 6144, 4096, &[4096, 1024, 1024]), s(4, 4, 2));
-        assert_eq!(split(Fusion::NormSwiGlu, 12288, 4096, &[12288]), s(4, 2, 4));
-        assert_eq!(split(Fusion::ThenAdd, 4096, 4096, &[4096]), s(4, 1, 4));
-        assert_eq!(split(Fusion::ThenAdd, 4096, 12288, &[4096]), s(4, 4, 4));
-        assert_eq!(split(Fusion::Plain, 151936, 4096, &[151936]), s(4, 1, 4));
+        assert_eq!(split(Fusion::NormThen(3), 4096, &[4096, 1024, 1024]), s(4, 4, 2));
+        assert_eq!(split(Fusion::NormSwiGlu, 4096, &[12288]), s(4, 2, 4));
+        assert_eq!(split(Fusion::ThenAdd, 4096, &[4096]), s(4, 1, 4));
+        assert_eq!(split(Fusion::ThenAdd, 12288, &[4096]), s(4, 4, 4));
+        assert_eq!(split(Fusion::Plain, 4096, &[151936]), s(4, 1, 4));
         // Narrow K keeps each warp's slice at 1024 or more.
-        assert_eq!(split(Fusion::ThenAdd, 1024, 3072, &[1024]), s(4, 4, 2));
-        assert_eq!(split(Fusion::NormThen(3), 4096, 1024, &[2048, 1024, 1024]), s(4, 4, 1));
+        assert_eq!(split(Fusion::ThenAdd, 3072, &[1024]), s(4, 4, 2));
+        assert_eq!(split(Fusion::NormThen(3), 1024, &[2048, 1024, 1024]), s(4, 4, 1));
         // Every output the route takes (multiples of ROW_ALIGN) is whole blocks.
         for f in [Fusion::NormThen(2), Fusion::NormSwiGlu, Fusion::ThenAdd, Fusion::Plain] {
             for k in [256, 1024, 2816, 12288] {
                 let outs = [ROW_ALIGN, 3 * ROW_ALIGN];
-                let sp = split(f, outs.iter().sum(), k, &outs);
+                let sp = split(f, k, &outs);
                 assert!(outs.iter().all(|n| n % sp.rows_per_block() == 0) && k % (256 * sp.k_split) == 0);
             }
         }

@@ -8,7 +8,7 @@
 //! | `attention-per-query-max` | integer | 16 | queries up to this many attend one by one through the fused single-query kernel (0: off) |
 //! | `attention-unfused-max` | integer | 2048 | longer queries up to this many attend through unfused matmuls while the scores stay small (0: off) |
 //! | `conv` | `fused`, `mlx` | `fused` | the depthwise causal conv on a GPU: one fused kernel, or MLX's conv1d |
-//! | `gemv` | `fused`, `mlx` | `fused` | a decode step's projections on a GPU: fused with their norm, residual or SwiGLU (`fused_layers`), or MLX's matmul and separate ops |
+//! | `gemv` | `fused`, `mlx` | `fused` | a decode step's projections on a GPU: fused with their norm, residual or SwiGLU, and an untied LM head, as our kernels (`fused_layers`), or MLX's matmul and separate ops |
 //!
 //! On the CPU every choice runs MLX's own kernels. `graph::into_model`
 //! parses the options once and puts them in force, for this model only,

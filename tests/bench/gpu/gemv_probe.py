@@ -36,7 +36,7 @@ except ImportError:  # --parse reads files only
 
 ROOT = Path(__file__).resolve().parents[3]
 HIDDEN, INTER, Q, KV, VOCAB, EPS = 4096, 12288, 4096, 1024, 151936, 1e-6
-NCU_SPLITS = [c + (4,) for c in itertools.product((4, 8), (1, 2, 4), (1, 2, 4))]
+NCU_SPLITS = list(itertools.product((4, 8), (1, 2, 4), (1, 2, 4)))
 CASES = {
     # name: ((NORM, WEIGHTS, PAIR, RESIDUAL), weight shapes)
     "norm + q,k,v": ((1, 3, 0, 0), [(Q, HIDDEN), (KV, HIDDEN), (KV, HIDDEN)]),
@@ -52,15 +52,13 @@ def rust_source():
     return re.search(r'pub const SOURCE: &str = r#"(.*?)"#;', text, re.S).group(1)
 
 
-def defines(flags, unroll):
+def defines(flags):
     norm, weights, pair, residual = flags
-    pragma = f'_Pragma("unroll {unroll}")' if unroll else '_Pragma("unroll")'
-    return (f"#define NORM {norm}\n#define WEIGHTS {weights}\n#define PAIR {pair}\n"
-            f"#define RESIDUAL {residual}\n#define UNROLL_MAIN {pragma}\n")
+    return f"#define NORM {norm}\n#define WEIGHTS {weights}\n#define PAIR {pair}\n#define RESIDUAL {residual}\n"
 
 
 def split(flags, total, k):
-    """gemv::split's choice as (warps, rows per group, k split, unroll); keep the two alike."""
+    """gemv::split's choice as (warps, rows per group, k split); keep the two alike."""
     norm, weights, pair, residual = flags
     if norm and not pair:
         rows, widest = 4, 2
@@ -73,7 +71,7 @@ def split(flags, total, k):
     ks = widest
     while ks > 1 and (k // ks < 1024 or k % (256 * ks)):
         ks //= 2
-    return (4, rows, ks, 4)
+    return (4, rows, ks)
 
 
 def timed(calls, n):
@@ -102,7 +100,8 @@ class Case:
         norm, nw, pair, res = flags
         self.ins = ["x"] + (["g"] if norm else []) + [f"w{i}" for i in range(nw)] + (["res"] if res else [])
         self.outs = ["out0"] if (pair or res) else [f"out{i}" for i in range(nw)]
-        self.kernels = {}
+        src = defines(flags) + rust_source()
+        self.kernel = mx.fast.cuda_kernel("probe_%d%d%d%d" % flags, self.ins, self.outs, src, ensure_row_contiguous=True)
         self.swiglu = mx.compile(lambda g, u: nn.silu(g) * u)
         self.want = self.plain(self.sets[0])
 
@@ -117,12 +116,8 @@ class Case:
         return ys
 
     def fused(self, ws, cfg):
-        warps, rows, ks, unroll = cfg
+        warps, rows, ks = cfg
         norm, nw, pair, res = self.flags
-        if unroll not in self.kernels:
-            name = "probe_%d%d%d%d_u%d" % (*self.flags, unroll)
-            src = defines(self.flags, unroll) + rust_source()
-            self.kernels[unroll] = mx.fast.cuda_kernel(name, self.ins, self.outs, src, ensure_row_contiguous=True)
         n_out = [w.shape[0] for w in ws]
         out_rows = [n_out[0]] if (pair or res) else n_out
         eps_bits = struct.unpack("<i", struct.pack("<f", EPS))[0]
@@ -130,12 +125,12 @@ class Case:
         tmpl = [("M", self.m), ("K", self.k), ("N0", n_out[0]), ("N1", n_out[1] if nw > 1 else 0),
                 ("N2", n_out[2] if nw > 2 else 0), ("R", rows), ("WARPS", warps), ("KS", ks), ("EPS_BITS", eps_bits)]
         blocks = sum(out_rows) // (warps // ks * rows)
-        return self.kernels[unroll](inputs=inputs, template=tmpl, grid=(blocks * warps * 32, 1, 1),
-                                    threadgroup=(warps * 32, 1, 1), output_shapes=[(1, self.m, n) for n in out_rows],
-                                    output_dtypes=[mx.bfloat16] * len(out_rows))
+        return self.kernel(inputs=inputs, template=tmpl, grid=(blocks * warps * 32, 1, 1),
+                           threadgroup=(warps * 32, 1, 1), output_shapes=[(1, self.m, n) for n in out_rows],
+                           output_dtypes=[mx.bfloat16] * len(out_rows))
 
     def valid(self, cfg):
-        warps, rows, ks, _ = cfg
+        warps, rows, ks = cfg
         return ks <= warps and self.k % (256 * ks) == 0 and all(n % (warps // ks * rows) == 0 for n, _ in self.shapes)
 
     def time_plain(self):
@@ -205,7 +200,7 @@ def ncu_parse(csv_path, log_path, top):
         if case in plain:
             names = collections.Counter(n[:60] for n, _ in plain[case])
             print(f"MLX's matmul: {sum(us for _, us in plain[case]) / 2:.1f} us a launch (mean of two); {dict(names)}")
-        print("| warps, rows, k split, unroll | us (second launch) | GB/s | first launch us |")
+        print("| warps, rows, k split | us (second launch) | GB/s | first launch us |")
         print("|---|---|---|---|")
         ours = tuple(e0["ours"])
         for us, cfg, e, first in runs[:top] + [r for r in runs[top:] if r[1] == ours]:
