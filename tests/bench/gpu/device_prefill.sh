@@ -3,9 +3,11 @@
 # warms up on a longer prompt), with the unfused short-query attention
 # limited to 16 query tokens (longer prompts go to MLX's sdpa, i.e. cuDNN)
 # vs 2048 (the default): `--model-option attention-unfused-max=N`; 3 runs each.
+# `device_prefill.sh qwen3-8b` runs the Qwen3-8B shape instead of the 0.6B one.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
-qwen06b
+SHAPE=${1:-qwen3-0.6b}
+[ -d /tmp/m/$SHAPE ] || python3 tests/bench/make_shape.py --out /tmp/m/$SHAPE --preset $SHAPE --tokenizer-from .device/tok > /dev/null
 echo "| prompt tokens | unfused up to | prefill tok/s, 3 runs |"
 echo "|---|---|---|"
 for L in 100 500 1000 2000 4000; do
@@ -13,9 +15,9 @@ for L in 100 500 1000 2000 4000; do
   for lim in 16 2048; do
     rs=""
     for rep in 1 2 3; do
-      rs="$rs $($H generate --plugins $P --model /tmp/m/qwen3-0.6b --prompt-ids $IDS --max-tokens 2 --ignore-eos --json --warmup \
+      rs="$rs $($H generate --plugins $P --model /tmp/m/$SHAPE --prompt-ids $IDS --max-tokens 2 --ignore-eos --json --warmup \
         --model-option attention-unfused-max=$lim | python3 -c "import json,sys; print(round(json.load(sys.stdin)['prefill_tokens_per_s']))")"
     done
     echo "| $L | $lim |$rs |"
   done
-done | tee $OUT/prefill.md
+done | tee $OUT/prefill_$SHAPE.md
