@@ -77,6 +77,8 @@ try:
 finally:
     p.terminate()
     p.wait()
+    if a.server_log:
+        log.close()
 
 equal = 0
 for i, (x, y) in enumerate(zip(together, alone)):

@@ -14,9 +14,11 @@ H=.device/host; P=.device/plugins
 # random prompt ids.
 pair() { [ -d /tmp/m/pair-$1 ] || python3 tests/bench/make_spec_pair.py --out /tmp/m/pair-$1 --eps $1 --tokenizer-from .device/tok > /dev/null; }
 IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(100,49000)) for _ in range(64)))")
-# Random-weight benchmark folders, made once per machine: the Qwen3-0.6B
-# shape (/tmp/m/qwen3-0.6b) and the families at a small shape (/tmp/f/*).
-qwen06b() { [ -d /tmp/m/qwen3-0.6b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-0.6b --preset qwen3-0.6b --tokenizer-from .device/tok > /dev/null; }
+# Random-weight benchmark folders, made once per machine: a make_shape.py
+# preset at /tmp/m/PRESET (`shape qwen3-8b`), the Qwen3-0.6B shape
+# (/tmp/m/qwen3-0.6b) and the families at a small shape (/tmp/f/*).
+shape() { [ -d /tmp/m/$1 ] || python3 tests/bench/make_shape.py --out /tmp/m/$1 --preset $1 --tokenizer-from .device/tok > /dev/null; }
+qwen06b() { shape qwen3-0.6b; }
 family_shapes() { [ -d /tmp/f/qwen3_5-small ] || python3 tests/bench/make_family_shape.py --out /tmp/f --tokenizer-from .device/tok > /dev/null; }
 # The real default model, 4-bit (pack_smollm2_q4.sh), from its two halves
 # copied to /tmp/mlxparts by earlier calls: /tmp/smollm2-q4.

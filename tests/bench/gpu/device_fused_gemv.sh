@@ -10,7 +10,7 @@
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 qwen06b
-[ -d /tmp/m/qwen3-8b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-8b --preset qwen3-8b --tokenizer-from .device/tok > /dev/null
+shape qwen3-8b
 python3 tests/bench/gpu/gemv_probe.py --rows 1 | tee $OUT/gemv.md || true
 python3 tests/bench/bench_variants.py --host $H --plugins $P --model /tmp/m/qwen3-8b --prompt-ids $IDS --gen 256 --reps 3 \
   --variant "fused=" --variant "mlx=--model-option gemv=mlx" | tee $OUT/variants.md

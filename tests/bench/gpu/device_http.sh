@@ -22,7 +22,7 @@ elif [ "$1" = small ]; then
   echo "## qwen3-0.6b shape"; bench --model /tmp/m/qwen3-0.6b --concurrency 1,8,32,64 \
     --extra="--batch 64" --mlx-args="--decode-concurrency 64" --json $OUT/http_small.json | tee $OUT/http_small.md
 else
-  [ -d /tmp/m/qwen3-8b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-8b --preset qwen3-8b --tokenizer-from .device/tok > /dev/null
+  shape qwen3-8b
   echo "## qwen3-8b shape"; bench --model /tmp/m/qwen3-8b --concurrency 1,32 \
     --extra="--batch 32" --mlx-args="--decode-concurrency 32" --json $OUT/http_8b.json | tee $OUT/http_8b.md
 fi

@@ -6,7 +6,7 @@
 # against mlx_lm.server at 6 chats per client in one run.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
-[ -d /tmp/m/qwen3-8b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-8b --preset qwen3-8b --tokenizer-from .device/tok > /dev/null
+shape qwen3-8b
 http() { python3 tests/bench/bench_http.py --host $H --plugins $P --model /tmp/m/qwen3-8b --max-tokens 128 --concurrency 32 --extra="--batch 32" "$@"; }
 for per in 2 6; do
   echo "## ours, $per chats per client, step trace"

@@ -9,7 +9,7 @@
 # clients with the batch scheduler's step trace.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
-[ -d /tmp/m/qwen3-8b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-8b --preset qwen3-8b --tokenizer-from .device/tok > /dev/null
+shape qwen3-8b
 if [ "${1:-}" = http ]; then
   RUST_LOG=host_engine::batch=trace python3 tests/bench/bench_http.py --host $H --plugins $P --model /tmp/m/qwen3-8b --max-tokens 128 --per-client 2 \
     --concurrency 1,32 --servers ours --extra="--batch 32" --server-log /tmp/trace | tee $OUT/http_8b.md

@@ -7,7 +7,7 @@
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 SHAPE=${1:-qwen3-0.6b}
-[ -d /tmp/m/$SHAPE ] || python3 tests/bench/make_shape.py --out /tmp/m/$SHAPE --preset $SHAPE --tokenizer-from .device/tok > /dev/null
+shape $SHAPE
 echo "| prompt tokens | unfused up to | prefill tok/s, 3 runs |"
 echo "|---|---|---|"
 for L in 100 500 1000 2000 4000; do

@@ -10,7 +10,7 @@
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 qwen06b
-[ -d /tmp/m/qwen3-8b ] || python3 tests/bench/make_shape.py --out /tmp/m/qwen3-8b --preset qwen3-8b --tokenizer-from .device/tok > /dev/null
+shape qwen3-8b
 G="$H generate --plugins $P --model /tmp/m/qwen3-8b --prompt-ids $IDS --ignore-eos --json"
 for v in fused mlx; do
   echo "## step trace, gemv=$v (median of the last 100 steps)"
