@@ -24,6 +24,8 @@ pub struct BenchArgs {
     pub trials: usize,
     pub json: bool,
     pub ragged: bool,
+    /// MLX's buffer cache limit; `None`: `host serve`'s default.
+    pub mlx_cache_bytes: Option<u64>,
 }
 
 /// Prompt length of row `i` of `batch`: all `p`, or with `ragged` spread
@@ -144,6 +146,11 @@ pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
     if a.prompt_len == 0 || a.gen_len < 2 || a.batches.is_empty() || a.batches.contains(&0) {
         bail!("--prompt-len must be >= 1, --gen-len >= 2, and every --batch size >= 1");
     }
+    // The buffer cache a server runs with, so the figures are the server's.
+    let limit = a.mlx_cache_bytes.unwrap_or_else(|| {
+        host_engine::admission::default_mlx_cache_limit(host_engine::admission::default_memory_budget())
+    });
+    host_engine::runtime::set_cache_limit(limit as usize);
     let vocab = engine.model().plan.vocab_size;
     let most = *a.batches.iter().max().expect("checked non-empty");
     let planner = engine.planner(most.max(2));

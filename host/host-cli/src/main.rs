@@ -195,6 +195,9 @@ enum Command {
         /// Prompts of different lengths per row (from --prompt-len down to about half of it): a left-padded batch, as a server's.
         #[arg(long)]
         ragged: bool,
+        /// MLX's buffer cache limit in GiB (default: `host serve`'s, 32 MiB on the CPU, 1/16 of 75% of the device on a GPU).
+        #[arg(long = "mlx-cache-limit")]
+        mlx_cache_limit: Option<f64>,
         #[command(flatten)]
         tp: tp_launch::TpArgs,
     },
@@ -374,7 +377,7 @@ fn main() -> Result<ExitCode> {
             };
             println!("largest context that fits: {most} tokens{ctx_cap}");
         }
-        Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json, ragged, tp }) => {
+        Some(Command::Bench { model, prompt_len, gen_len, batch, trials, json, ragged, mlx_cache_limit, tp }) => {
             init_tracing("warn");
             // Made before any rank starts, so the ranks find it.
             let model = ModelArgs { model: random_shape::resolve(&model.model)?, ..model };
@@ -385,7 +388,9 @@ fn main() -> Result<ExitCode> {
                 tp_launch::Role::Rank { ranks } => ranks,
             };
             let engine = engine_over_ranks(&model, None, ranks)?;
-            let args = bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json, ragged };
+            let mlx_cache_bytes = mlx_cache_limit.map(|g| (g * (1u64 << 30) as f64) as u64);
+            let args =
+                bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json, ragged, mlx_cache_bytes };
             bench_cmd::run(engine, args, ranks)?
         }
         Some(Command::KvKl { model, text_file, tokens, chunk }) => {

@@ -4,7 +4,7 @@ tokens by concatenation, each chunk written in place, a window of the first
 S tokens read): per chunk, the wall time of all layers' attention and the
 MLX buffer cache left at the end.
 
-    kv_rows_alloc_probe.py bf16|parts|rows
+    kv_rows_alloc_probe.py bf16|parts|rows [--clear]
 
 - bf16: plain K/V (kv-plain in the model dtype);
 - parts: 8-bit affine codes kept as mx.quantize's three arrays, the window of
@@ -12,6 +12,9 @@ MLX buffer cache left at the end.
 - rows: the same codes as kv-quant stores them, one row of uint16 words per
   token (`[words | scales | biases]`), the window's parts taken apart by a
   slice of the last axis and a bit-cast (`view`) each, then dequantized.
+
+--clear empties MLX's buffer cache after every chunk, as mlx-lm's batch
+generator does; --cache-limit GIB bounds it (`mx.set_cache_limit`).
 
 Defaults: the Qwen3-8B layer shape, 36 layers, 16 rows, 205 tokens per row
 per chunk up to 8192 (docs/benchmarks.md, "Prefill over quantized K/V").
@@ -27,8 +30,12 @@ ap.add_argument("--rows", type=int, default=16)
 ap.add_argument("--chunk", type=int, default=205)
 ap.add_argument("--tokens", type=int, default=8192)
 ap.add_argument("--layers", type=int, default=36)
+ap.add_argument("--clear", action="store_true")
+ap.add_argument("--cache-limit", type=float, help="MLX's buffer cache limit, GiB")
 a = ap.parse_args()
 
+if a.cache_limit is not None:
+    mx.set_cache_limit(int(a.cache_limit * 2 ** 30))
 HQ, HK, D, STEP, GROUP, BITS = 32, 8, 128, 256, 64, 8
 B, L = a.rows, a.chunk
 mx.random.seed(0)
@@ -84,9 +91,11 @@ while idx + L <= a.tokens:
         outs.append(mx.fast.scaled_dot_product_attention(q, k, v, scale=D ** -0.5, mask="causal"))
     mx.eval(outs, *[s for layer in stores for kv in layer for s in kv])
     mx.synchronize()
+    if a.clear:
+        mx.clear_cache()
     idx += L
     times.append((time.perf_counter() - t0) * 1000)
 gib = 2 ** 30
-print(f"{a.variant}: {len(times)} chunks, {sum(times):.0f} ms in all, median {sorted(times)[len(times) // 2]:.0f} ms, "
+print(f"{a.variant}{' --clear' if a.clear else ''}{f' --cache-limit {a.cache_limit}' if a.cache_limit else ''}: {len(times)} chunks, {sum(times):.0f} ms in all, median {sorted(times)[len(times) // 2]:.0f} ms, "
       f"max {max(times):.0f} ms; MLX active {mx.get_active_memory() / gib:.1f} GiB, "
       f"cache {mx.get_cache_memory() / gib:.1f} GiB, peak {mx.get_peak_memory() / gib:.1f} GiB")
