@@ -1,5 +1,6 @@
 //! `host bench`: one row per batch size with its prefill and decode rates,
-//! step time and peak memory, measured through the batch scheduler.
+//! step time and peak memory, measured through the batch scheduler under the
+//! buffer cache bound `host serve` would use.
 
 use it::{host_bin, model, run_ok};
 
@@ -19,6 +20,8 @@ fn bench_reports_every_batch_size() {
         "--trials",
         "1",
         "--json",
+        "--mlx-cache-limit",
+        "0.25",
     ]));
     let rows: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     let rows = rows.as_array().unwrap();
@@ -34,6 +37,7 @@ fn bench_reports_every_batch_size() {
             let v = r[k].as_f64().unwrap();
             assert!(v.is_finite() && v > 0.0, "{k} = {v}: {r}");
         }
+        assert_eq!(r["mlx_cache_limit_bytes"].as_u64(), Some(1 << 28), "{r}");
         // The weights are live arrays while the batch runs.
         assert!(r["peak_memory_bytes"].as_u64().unwrap() >= weights / 2, "{r} (weights {weights} bytes)");
     }
@@ -58,6 +62,8 @@ fn bench_runs_on_a_named_random_shape() {
     assert_eq!(rows.as_array().map(Vec::len), Some(2), "{rows}");
     assert!(rows[1]["decode_tokens_per_s"].as_f64().unwrap() > 0.0, "{rows}");
     assert_eq!(rows[1]["prompt_tokens"].as_u64(), Some(32), "{rows}");
+    // Without the flag, `host serve`'s default: 32 MiB on the CPU.
+    assert_eq!(rows[1]["mlx_cache_limit_bytes"].as_u64(), Some(32 << 20), "{rows}");
     let dir = std::env::temp_dir().join("mlx-engine-shapes/qwen3-tiny");
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();

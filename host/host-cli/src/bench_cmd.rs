@@ -197,6 +197,7 @@ pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
                     "decode_tokens_per_s": r.decode_tps,
                     "step_ms": r.step_ms,
                     "peak_memory_bytes": r.peak,
+                    "mlx_cache_limit_bytes": limit,
                 })
             })
             .collect();
@@ -207,7 +208,12 @@ pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
         } else {
             a.prompt_len.to_string()
         };
-        println!("prompt {lengths} tokens, {} generated, greedy, median of {} trials", a.gen_len, a.trials);
+        println!(
+            "prompt {lengths} tokens, {} generated, greedy, median of {} trials, MLX buffer cache bound to {:.3} GiB",
+            a.gen_len,
+            a.trials,
+            limit as f64 / (1u64 << 30) as f64
+        );
         println!("| batch | prefill tok/s | decode tok/s | step ms | peak memory GiB |");
         println!("|---|---|---|---|---|");
         for r in &rows {
