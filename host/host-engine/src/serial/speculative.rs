@@ -28,6 +28,8 @@ struct Round {
     /// or the rejection-sampling verdict `[2k+1]`.
     out: Array,
     rejection: bool,
+    /// When the graph was built, before MLX was handed it (`async_eval`).
+    built: Instant,
 }
 
 /// Queues one verify of `input` (pending + drafts) and its verdict, under
@@ -73,8 +75,9 @@ fn queue_round(
             (mlx_rs::ops::concatenate(&draws, 0)?.as_dtype(mlx_rs::Dtype::Uint32)?, false)
         }
     };
+    let built = Instant::now();
     mlx_rs::transforms::async_eval([&out])?;
-    Ok((Round { input, k, lps, out, rejection }, states))
+    Ok((Round { input, k, lps, out, rejection, built }, states))
 }
 
 /// Decodes `d` to its end with speculative rounds, falling back to plain
@@ -198,6 +201,7 @@ pub(crate) fn decode(
             accepted = n,
             draft_ms,
             build_ms = (waited - since).as_secs_f64() * 1e3 - draft_ms,
+            launch_ms = (waited - round.built).as_secs_f64() * 1e3,
             wait_ms = waited.elapsed().as_secs_f64() * 1e3,
             "speculative round"
         );
