@@ -5,9 +5,10 @@ format, one event a line:
   2026-12-01T15:02:15.719358Z TRACE host_engine::spec: speculative round width=3 accepted=1 draft_ms=0.0042 build_ms=3.21 wait_ms=9.60
 
 Targets and events (host/host-engine/src):
-  host_engine::spec   "speculative round" width accepted draft_ms build_ms wait_ms
+  host_engine::spec   "speculative round" width accepted draft_ms build_ms launch_ms wait_ms
                       (build_ms: building and launching the verify graph after
-                      drafting; wait_ms: waiting for the device's verdict)
+                      drafting, launch_ms of it in MLX's async_eval; wait_ms:
+                      waiting for the device's verdict)
                       "plain sample" intervals ms (the cost rule's timed plain steps)
   host_engine::step   "plain step" graph_ms launch_ms
   host_engine::batch  "batched plain step" rows leaving pipelined build_ms wait_ms ms

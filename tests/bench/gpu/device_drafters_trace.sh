@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # H200 diagnosis: where a target-state drafter's round goes (the trace
 # events of target host_engine::spec: draft_ms, build_ms = building and
-# launching the verify, wait_ms = waiting for the device), on the
+# launching the verify, launch_ms = the launch part of it, wait_ms = waiting
+# for the device), on the
 # always-rejected drafters of device_drafters.sh (make_drafter_shapes.py),
 # against the plain steps of the same targets.
 set -euo pipefail
@@ -29,5 +30,5 @@ for f in $(ls $OUT/trace_plain-*.txt 2>/dev/null); do
 done
 for f in $(ls $OUT/trace_mtp-*.txt $OUT/trace_dflash-*.txt 2>/dev/null); do
   echo "== $f (the measured run: its last 40 rounds)"
-  python3 tests/bench/traces.py $f --target host_engine::spec --event "speculative round" --last 40 --fields draft_ms,build_ms,wait_ms,accepted
+  python3 tests/bench/traces.py $f --target host_engine::spec --event "speculative round" --last 40 --fields draft_ms,build_ms,launch_ms,wait_ms,accepted
 done
