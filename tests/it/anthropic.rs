@@ -427,8 +427,11 @@ fn a_full_queue_answers_529_overloaded_on_messages() {
     std::thread::scope(|sc| {
         // A is taken by the held engine, B waits in the queue of one, C finds it full.
         let a = sc.spawn(|| s.post(MESSAGES, &message(json!("A"), json!({}))));
-        s.wait_for("A to be queued", |st| st["queued"] == 1);
+        // Parked, the engine has taken A out of the queue (it waited on the
+        // queue: only A can wake it), so the queue has room for B.
+        s.wait_for("A to be taken", |st| st["queued"] == 1 && st["hold"]["parked"] == true);
         let b = sc.spawn(|| s.post(MESSAGES, &message(json!("B"), json!({}))));
+        // Counted only once in the queue: C, sent after, finds it full.
         s.wait_for("B to be queued", |st| st["queued"] == 2);
         let r = s.post(MESSAGES, &message(json!("C"), json!({})));
         assert_eq!(r.status, 529, "{}", r.text());

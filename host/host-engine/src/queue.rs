@@ -6,7 +6,7 @@
 //! with more choices than the limit, or not, depending on how fast the
 //! engine drained the first ones.)
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 
@@ -43,23 +43,31 @@ pub struct Outbox<T> {
 
 impl<T> Outbox<T> {
     /// Queues every item, or none when the queue already holds its limit
-    /// (or `items` is larger than a group may be).
-    pub fn send_all(&self, items: Vec<T>) -> Result<(), Refused> {
+    /// (or `items` is larger than a group may be). The items it queues are
+    /// added to `counted` first, within the turn, before the engine can take
+    /// any: a count that reached n means n items passed the room check, and
+    /// a later sender finds the room they took (the caller's view, e.g.
+    /// /stats' `queued`, never runs ahead of the queue).
+    pub fn send_all(&self, items: Vec<T>, counted: &AtomicU64) -> Result<(), Refused> {
         let _turn = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if items.len() > MAX_GROUP || self.held.load(Ordering::SeqCst) >= self.limit {
             return Err(Refused::Full);
         }
+        let mut left = items.len() as u64;
+        counted.fetch_add(left, Ordering::SeqCst);
         for item in items {
             self.held.fetch_add(1, Ordering::SeqCst);
             // Only the engine takes items out while the turn is held, so
             // the room checked above is still there.
             self.tx.try_send(item).map_err(|e| {
                 self.held.fetch_sub(1, Ordering::SeqCst);
+                counted.fetch_sub(left, Ordering::SeqCst);
                 match e {
                     TrySendError::Full(_) => Refused::Full,
                     TrySendError::Disconnected(_) => Refused::Closed,
                 }
             })?;
+            left -= 1;
         }
         Ok(())
     }
@@ -106,29 +114,34 @@ mod tests {
     #[test]
     fn a_group_larger_than_the_limit_goes_in_whole_when_the_queue_has_room() {
         let (tx, rx) = bounded::<usize>(2);
-        assert_eq!(tx.send_all((0..MAX_GROUP).collect()), Ok(()));
+        let n = AtomicU64::new(0);
+        assert_eq!(tx.send_all((0..MAX_GROUP).collect(), &n), Ok(()));
         // The queue holds its limit (and more): the next group is refused whole.
-        assert_eq!(tx.send_all(vec![1]), Err(Refused::Full));
+        assert_eq!(tx.send_all(vec![1], &n), Err(Refused::Full));
         for i in 0..MAX_GROUP - 1 {
             assert_eq!(rx.try_recv(), Ok(i));
         }
         // One item waits: below the limit of 2, so a group fits again.
-        assert_eq!(tx.send_all(vec![7, 8]), Ok(()));
-        assert_eq!(tx.send_all(vec![9]), Err(Refused::Full));
+        assert_eq!(tx.send_all(vec![7, 8], &n), Ok(()));
+        assert_eq!(tx.send_all(vec![9], &n), Err(Refused::Full));
         assert_eq!((rx.try_recv(), rx.try_recv(), rx.try_recv()), (Ok(MAX_GROUP - 1), Ok(7), Ok(8)));
         assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
-        assert_eq!(tx.send_all(vec![0; MAX_GROUP + 1]), Err(Refused::Full), "past a group's size");
+        assert_eq!(tx.send_all(vec![0; MAX_GROUP + 1], &n), Err(Refused::Full), "past a group's size");
+        // Counted: every item queued, none of those refused.
+        assert_eq!(n.load(Ordering::SeqCst), MAX_GROUP as u64 + 2);
     }
 
     #[test]
     fn single_items_are_refused_at_the_limit_as_a_channel_of_that_size_would() {
         let (tx, rx) = bounded::<u8>(1);
-        assert_eq!(tx.send_all(vec![1]), Ok(()));
-        assert_eq!(tx.send_all(vec![2]), Err(Refused::Full));
+        let n = AtomicU64::new(0);
+        assert_eq!(tx.send_all(vec![1], &n), Ok(()));
+        assert_eq!(tx.send_all(vec![2], &n), Err(Refused::Full));
         assert_eq!(rx.recv(), Ok(1));
-        assert_eq!(tx.send_all(vec![3]), Ok(()));
+        assert_eq!(tx.send_all(vec![3], &n), Ok(()));
         assert_eq!(rx.recv(), Ok(3));
         drop(rx);
-        assert_eq!(tx.send_all(vec![4]), Err(Refused::Closed));
+        assert_eq!(tx.send_all(vec![4], &n), Err(Refused::Closed));
+        assert_eq!(n.load(Ordering::SeqCst), 2, "the refused and the unsent are not counted");
     }
 }

@@ -218,14 +218,9 @@ impl Worker {
 
     fn send(&self, work: Vec<Work>) -> Result<(), SubmitError> {
         let Backend::Local { tx: Some(tx), .. } = &self.backend else { return Err(SubmitError::Closed) };
-        let n = work.len() as u64;
-        self.stats.queued.fetch_add(n, Ordering::SeqCst);
-        tx.send_all(work).map_err(|e| {
-            self.stats.queued.fetch_sub(n, Ordering::SeqCst);
-            match e {
-                Refused::Full => SubmitError::Full,
-                Refused::Closed => SubmitError::Closed,
-            }
+        tx.send_all(work, &self.stats.queued).map_err(|e| match e {
+            Refused::Full => SubmitError::Full,
+            Refused::Closed => SubmitError::Closed,
         })
     }
 
