@@ -10,6 +10,7 @@
 //! positions and masks, as a server's rows of different conversations do.
 
 use anyhow::{bail, Result};
+use host_engine::admission::gib;
 use host_engine::plan::Planner;
 use host_engine::worker::Worker;
 use host_engine::{Engine, Event, Flow, GenerateRequest, Job};
@@ -212,7 +213,7 @@ pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
             "prompt {lengths} tokens, {} generated, greedy, median of {} trials, MLX buffer cache bound to {:.3} GiB",
             a.gen_len,
             a.trials,
-            limit as f64 / (1u64 << 30) as f64
+            gib(limit)
         );
         println!("| batch | prefill tok/s | decode tok/s | step ms | peak memory GiB |");
         println!("|---|---|---|---|---|");
@@ -223,7 +224,7 @@ pub fn run(engine: Engine, a: BenchArgs, ranks: usize) -> Result<()> {
                 r.prefill_tps,
                 r.decode_tps,
                 r.step_ms,
-                r.peak as f64 / (1u64 << 30) as f64
+                gib(r.peak as u64)
             );
         }
     }

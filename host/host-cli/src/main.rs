@@ -346,9 +346,7 @@ fn main() -> Result<ExitCode> {
             let engine = engine(&model, None)?;
             let m = MemoryModel::measure(&engine);
             let budget = Budget {
-                memory_bytes: memory_budget
-                    .map(|g| (g * (1u64 << 30) as f64) as u64)
-                    .unwrap_or_else(default_memory_budget),
+                memory_bytes: memory_budget.map(serve_cmd::bytes_of_gib).unwrap_or_else(default_memory_budget),
                 kv_bytes: None,
                 mlx_cache_bytes: 0,
             };
@@ -388,7 +386,7 @@ fn main() -> Result<ExitCode> {
                 tp_launch::Role::Rank { ranks } => ranks,
             };
             let engine = engine_over_ranks(&model, None, ranks)?;
-            let mlx_cache_bytes = mlx_cache_limit.map(|g| (g * (1u64 << 30) as f64) as u64);
+            let mlx_cache_bytes = mlx_cache_limit.map(serve_cmd::bytes_of_gib);
             let args =
                 bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json, ragged, mlx_cache_bytes };
             bench_cmd::run(engine, args, ranks)?

@@ -225,7 +225,8 @@ fn stage(n: usize, total: usize, what: &str, t0: Instant) {
     eprintln!("[{done:<20}] {n}/{total} {what} ({:.1}s)", t0.elapsed().as_secs_f64());
 }
 
-fn gib(g: f64) -> u64 {
+/// A size in GiB, as the flags give it, in bytes.
+pub(crate) fn bytes_of_gib(g: f64) -> u64 {
     (g * (1u64 << 30) as f64) as u64
 }
 
@@ -343,12 +344,12 @@ pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant, ranks: usiz
     }
     let ssd_cache = a.ssd_cache.clone().map(|dir| host_engine::ssd_cache::SsdConfig {
         dir,
-        max_bytes: gib(ssd_max),
+        max_bytes: bytes_of_gib(ssd_max),
         verify: a.ssd_cache_verify,
     });
     let cfg = EngineConfig {
         dtype: DtypeChoice::parse(a.dtype.as_deref().unwrap_or("auto"))?,
-        prefix_cache_bytes: gib(cache_gib) as usize,
+        prefix_cache_bytes: bytes_of_gib(cache_gib) as usize,
         ssd_cache,
         model_options: crate::model_options::options(a.gpu_attention.as_deref(), &a.model_option)?
             .into_iter()
@@ -399,11 +400,14 @@ pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant, ranks: usiz
         eprintln!("embeddings: {} pooling{}", p.mode.name(), if p.normalize { ", normalized" } else { "" });
     }
     let memory = host_engine::admission::MemoryModel::measure(&engine);
-    let memory_bytes = a.memory_budget.map(gib).unwrap_or_else(host_engine::admission::default_memory_budget);
-    let mlx_cache_bytes =
-        a.mlx_cache_limit.map(gib).unwrap_or_else(|| host_engine::admission::default_mlx_cache_limit(memory_bytes));
+    let memory_bytes = a.memory_budget.map(bytes_of_gib).unwrap_or_else(host_engine::admission::default_memory_budget);
+    let mlx_cache_bytes = a
+        .mlx_cache_limit
+        .map(bytes_of_gib)
+        .unwrap_or_else(|| host_engine::admission::default_mlx_cache_limit(memory_bytes));
     host_engine::runtime::set_cache_limit(mlx_cache_bytes as usize);
-    let budget = host_engine::admission::Budget { memory_bytes, kv_bytes: a.kv_budget.map(gib), mlx_cache_bytes };
+    let budget =
+        host_engine::admission::Budget { memory_bytes, kv_bytes: a.kv_budget.map(bytes_of_gib), mlx_cache_bytes };
     let g = host_engine::admission::gib;
     eprintln!(
         "memory: weights {:.3} GiB, KV {} bytes/token, budget {:.2} GiB (MLX buffer cache {:.3} GiB){}",
