@@ -15,8 +15,9 @@
 //!   (quantized matmuls for the scores and for the weighted values) on the
 //!   CPU; on the GPU, whose MLX backend has no quantized matmul for codes
 //!   read in place, the codes dequantized for the fused attention
-//!   (`Route`), except for decode steps over affine codes, which a CUDA
-//!   kernel of ours reads in place (`codes_attention`);
+//!   (`Route`): decode steps over affine codes read them in place in a CUDA
+//!   kernel of ours (`codes_attention`), longer queries over affine codes
+//!   get them dequantized in place by another (`dequantize_rows`);
 //! - `layout`: [`Quantized`], the `CacheLayout` around any layout that
 //!   implements [`Columns`]: plain K/V until the cache holds
 //!   `quantized_kv_start` tokens (mlx-lm's `maybe_quantize_kv_cache`), codes
@@ -30,6 +31,7 @@
 mod attention;
 mod codec;
 mod codes_attention;
+mod dequantize_rows;
 mod layout;
 pub mod lloyd_max;
 pub mod rotation;

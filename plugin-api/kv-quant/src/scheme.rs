@@ -6,7 +6,9 @@
 
 use crate::attention::{dequantized_sdpa, quantized_sdpa, QMask, Route};
 use crate::codec::{Affine, Widths};
+use crate::dequantize_rows::dequantize_rows;
 use crate::turbo::Turbo;
+use model_kit::attention::sdpa;
 use model_kit::{Array, Result};
 
 /// How a scheme codes one token's keys and values, and attends them.
@@ -80,6 +82,12 @@ impl KvCodec {
                         crate::codes_attention::decode_attention(q, keys, values, plain, scale, mask, *a)?
                     {
                         return Ok(out);
+                    }
+                    if let (Some(k), Some(v)) = (
+                        dequantize_rows(keys, plain.k, plain.dtype, *a)?,
+                        dequantize_rows(values, plain.v, plain.dtype, *a)?,
+                    ) {
+                        return sdpa(q, &k, &v, scale, &mask.as_mask());
                     }
                 }
                 let k = a.decode(keys, plain.k, plain.dtype)?;

@@ -32,8 +32,13 @@ use mlx_rs::Dtype;
 /// model option `attention-unfused-max` says another length (`routes`).
 pub const MAX_QUERY: i32 = 2048;
 /// The most score elements (batch x query heads x queries x keys) the
-/// unfused path materialises: 2^27, 256 MiB in bf16.
-pub const MAX_SCORES: i64 = 1 << 27;
+/// unfused path materialises: 2^26, 128 MiB in bf16. Measured on the H200
+/// with prompt lengths new to the process: at 16 heads (Qwen3-0.6B) a
+/// 2000-token prompt (2^26 scores) prefilled 1.5x faster unfused; at 32
+/// heads (Qwen3-8B) a 1000-token one (2^25) 1.4x faster unfused, while
+/// 2000 tokens (2^27) and the 2048-token chunks of 4000 ran 1.1-1.2x faster
+/// through MLX's sdpa (docs/benchmarks.md, "Prefill of new prompt lengths").
+pub const MAX_SCORES: i64 = 1 << 26;
 
 /// Queries up to this long attend one by one ([`per_query`]) on a GPU when
 /// the mask is causal or absent; the model option `attention-per-query-max`
