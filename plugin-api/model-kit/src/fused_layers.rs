@@ -23,13 +23,24 @@ fn fused_rows(x: &Array, weights: &[Option<&Array>]) -> Option<i32> {
 
 /// `[l(norm(x)) for l in linears]` (1 to 3 of them).
 pub fn norm_linears(x: &Array, norm: &RmsNorm, linears: &[&Linear]) -> Result<Vec<Array>> {
-    let weights: Vec<Option<&Array>> = linears.iter().map(|l| l.dense_weight()).collect();
-    if let Some(m) = fused_rows(x, &weights) {
-        let w: Vec<&Array> = weights.into_iter().flatten().collect();
-        return gemv::apply(Fusion::NormThen(w.len()), x, m, Some(norm.parts()), &w, None);
+    if let Some(out) = fused_norm_linears(x, norm, linears)? {
+        return Ok(out);
     }
     let xn = norm.forward(x)?;
     linears.iter().map(|l| l.forward(&xn)).collect()
+}
+
+/// `norm_linears` as one kernel, or `None` where the fused route does not
+/// take it (the caller runs the separate ops, perhaps over other layers).
+pub fn fused_norm_linears(x: &Array, norm: &RmsNorm, linears: &[&Linear]) -> Result<Option<Vec<Array>>> {
+    let weights: Vec<Option<&Array>> = linears.iter().map(|l| l.dense_weight()).collect();
+    match fused_rows(x, &weights) {
+        Some(m) => {
+            let w: Vec<&Array> = weights.into_iter().flatten().collect();
+            gemv::apply(Fusion::NormThen(w.len()), x, m, Some(norm.parts()), &w, None).map(Some)
+        }
+        None => Ok(None),
+    }
 }
 
 /// `residual + linear(x)`.

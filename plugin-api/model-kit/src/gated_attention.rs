@@ -6,6 +6,7 @@
 //! full-attention cache layout.
 
 use crate::attention::{attend, positions, Mask};
+use crate::fused_layers;
 use crate::layers::{Linear, LoadCtx, RmsNorm};
 use crate::rope::Rope;
 use crate::{Array, Result};
@@ -66,19 +67,32 @@ impl GatedAttention {
     }
 
     pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let qg = self.q.forward(x)?.reshape(&[b, l, self.heads, -1])?.split_equal(2, -1)?;
+        let (q, k, v) = (self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?);
+        self.o.forward(&self.gated(&q, &k, &v, mask, cache)?)
+    }
+
+    /// `x + attention(norm(x))`, the attention half of a pre-norm block: on
+    /// a GPU decode step or short verify, the norm and q/k/v as one fused
+    /// kernel and o with the residual as another (`fused_layers`), else
+    /// the separate ops.
+    pub fn forward_residual(&self, x: &Array, norm: &RmsNorm, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
+        let qkv = fused_layers::norm_linears(x, norm, &[&self.q, &self.k, &self.v])?;
+        let gated = self.gated(&qkv[0], &qkv[1], &qkv[2], mask, cache)?;
+        fused_layers::linear_add(&gated, &self.o, x)
+    }
+
+    /// The attention output times `sigmoid(gate)`, from the projections.
+    fn gated(&self, qg: &Array, k: &Array, v: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
+        let (b, l) = (qg.shape()[0], qg.shape()[1]);
+        let qg = qg.reshape(&[b, l, self.heads, -1])?.split_equal(2, -1)?;
         let gate = qg[1].reshape(&[b, l, -1])?;
         let q = self.q_norm.forward(&qg[0])?.transpose_axes(&[0, 2, 1, 3])?;
-        let k = self
-            .k_norm
-            .forward(&self.k.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?)?
-            .transpose_axes(&[0, 2, 1, 3])?;
-        let v = self.v.forward(x)?.reshape(&[b, l, self.kv_heads, -1])?.transpose_axes(&[0, 2, 1, 3])?;
+        let k = self.k_norm.forward(&k.reshape(&[b, l, self.kv_heads, -1])?)?.transpose_axes(&[0, 2, 1, 3])?;
+        let v = v.reshape(&[b, l, self.kv_heads, -1])?.transpose_axes(&[0, 2, 1, 3])?;
         let pos = positions(cache)?;
         let q = self.rope.apply(&q, &pos)?;
         let k = self.rope.apply(&k, &pos)?;
         let out = attend(cache, &q, k, v, self.scale, mask)?.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.o.forward(&out.multiply(ops::sigmoid(&gate)?)?)
+        out.multiply(ops::sigmoid(&gate)?)
     }
 }

@@ -288,6 +288,28 @@ impl Linear {
         (self.quant.is_none() && self.bias.is_none() && self.reduce.is_none()).then_some(&self.weight)
     }
 
+    /// One layer giving `a`'s outputs then `b`'s (their weights stacked by
+    /// rows), when both are plain dense products: a fused decode kernel
+    /// takes it as one weight. Its rows equal the two layers' own, though
+    /// MLX's matmul may sum them in another order; callers use it only where
+    /// the fused kernel runs. The stacked weight is evaluated by
+    /// `ctx.materialize`.
+    pub fn stacked(ctx: &mut LoadCtx, a: &Linear, b: &Linear) -> Result<Option<Linear>> {
+        match (a.dense_weight(), b.dense_weight()) {
+            (Some(wa), Some(wb)) if wa.dtype() == wb.dtype() => {
+                let weight = mlx_rs::ops::concatenate(&[wa, wb], 0)?;
+                ctx.loaded.push(weight.clone());
+                Ok(Some(Linear { weight, bias: None, quant: None, reduce: None }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Output rows.
+    pub fn outputs(&self) -> i32 {
+        self.weight.shape()[0]
+    }
+
     /// `x @ W.T` without the bias.
     fn product(&self, x: &Array) -> Result<Array> {
         match &self.quant {

@@ -17,7 +17,8 @@ use crate::delta_kernel;
 use crate::options::Options;
 use model_kit::compiled::{self, silu, Compiled};
 use model_kit::depthwise_conv::DepthwiseConv;
-use model_kit::layers::{Linear, LoadCtx};
+use model_kit::fused_layers;
+use model_kit::layers::{Linear, LoadCtx, RmsNorm};
 use model_kit::ops::{on_gpu, scalar, slice, zeros};
 use model_kit::shape::expect_shape;
 use model_kit::{error, Array, Dtype, Result};
@@ -35,6 +36,9 @@ pub struct DeltaNet {
     in_z: Linear,
     in_b: Linear,
     in_a: Linear,
+    /// `in_b` and `in_a` stacked, for the fused decode kernel (dense
+    /// weights only).
+    in_ba: Option<Linear>,
     /// Depthwise conv over `[conv_dim, K, 1]` weights (MLX's layout).
     conv: DepthwiseConv,
     dt_bias: Array,
@@ -78,11 +82,15 @@ impl DeltaNet {
         let proj = |ctx: &mut LoadCtx, name: &str, out: usize, inp: usize| {
             Linear::load(ctx, &format!("{p}.{name}"), out, inp, false)
         };
+        let in_b = proj(ctx, "in_proj_b", g.v_heads, hidden)?;
+        let in_a = proj(ctx, "in_proj_a", g.v_heads, hidden)?;
+        let in_ba = Linear::stacked(ctx, &in_b, &in_a)?;
         Ok(Self {
             in_qkv: proj(ctx, "in_proj_qkv", g.conv_dim(), hidden)?,
             in_z: proj(ctx, "in_proj_z", g.value_dim(), hidden)?,
-            in_b: proj(ctx, "in_proj_b", g.v_heads, hidden)?,
-            in_a: proj(ctx, "in_proj_a", g.v_heads, hidden)?,
+            in_b,
+            in_a,
+            in_ba,
             conv,
             dt_bias,
             a_log,
@@ -95,13 +103,36 @@ impl DeltaNet {
         })
     }
 
-    pub fn forward(&self, x: &Array, cache: &mut CacheBox) -> Result<Array> {
-        let (b, s) = (x.shape()[0], x.shape()[1]);
+    /// `x + mixer(norm(x))`, the mixer half of a pre-norm block: on a GPU
+    /// decode step or short verify, the norm and the four input projections
+    /// as one fused kernel (`in_ba` for the two narrow ones) and the output
+    /// projection with the residual as another (`fused_layers`), else the
+    /// separate ops.
+    pub fn forward_residual(&self, x: &Array, norm: &RmsNorm, cache: &mut CacheBox) -> Result<Array> {
+        let fused = match &self.in_ba {
+            Some(ba) => fused_layers::fused_norm_linears(x, norm, &[&self.in_qkv, &self.in_z, ba])?,
+            None => None,
+        };
+        let [qkv, z, beta_in, a] = match fused {
+            Some(p) => {
+                let ba = p[2].split_at_indices(&[self.in_b.outputs()], -1)?;
+                [p[0].clone(), p[1].clone(), ba[0].clone(), ba[1].clone()]
+            }
+            None => {
+                let n = norm.forward(x)?;
+                [self.in_qkv.forward(&n)?, self.in_z.forward(&n)?, self.in_b.forward(&n)?, self.in_a.forward(&n)?]
+            }
+        };
+        let y = self.mix(qkv, z, beta_in, a, cache)?;
+        fused_layers::linear_add(&y, &self.out, x)
+    }
+
+    /// The mixer from its input projections, up to the output projection:
+    /// `[B, S, value_dim]`.
+    fn mix(&self, qkv: Array, z: Array, beta_in: Array, a: Array, cache: &mut CacheBox) -> Result<Array> {
+        let (b, s) = (qkv.shape()[0], qkv.shape()[1]);
         let g = &self.g;
-        let qkv = self.in_qkv.forward(x)?;
-        let z = self.in_z.forward(x)?.reshape(&[b, s, g.v_heads as i32, g.v_dim as i32])?;
-        let beta_in = self.in_b.forward(x)?;
-        let a = self.in_a.forward(x)?;
+        let z = z.reshape(&[b, s, g.v_heads as i32, g.v_dim as i32])?;
         let mask = padding_mask(cache, b, s)?;
         // Padded columns enter the conv as zeros, as the zeros before a
         // row's first input do when it runs alone.
@@ -142,8 +173,7 @@ impl DeltaNet {
         if let Some(states) = states {
             boundary(cache.set_position_states(SSM_SLOT, into_tensor(states)))?;
         }
-        let y = self.gated_norm(&y, &z)?;
-        self.out.forward(&y.reshape(&[b, s, -1])?)
+        self.gated_norm(&y, &z)?.reshape(&[b, s, -1])
     }
 
     /// `Qwen3NextRMSNormGated` with a gate: `rms_norm(y)` times `silu(z)`,

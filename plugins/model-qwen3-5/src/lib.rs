@@ -130,20 +130,19 @@ struct Block {
 }
 
 impl Block {
+    /// Each half as its norm, its work and the residual add; on a GPU
+    /// decode step or short verify the projections run fused with their
+    /// norms and residuals (`model_kit::fused_layers`).
     fn forward(&self, x: &Array, mask: Option<&Mask>, cache: &mut CacheBox) -> Result<Array> {
-        let n = self.input_norm.forward(x)?;
-        let r = match (&self.mixer, mask) {
-            (Mixer::Delta(d), _) => d.forward(&n, cache)?,
-            (Mixer::Attention(a), Some(m)) => a.forward(&n, m, cache)?,
+        let h = match (&self.mixer, mask) {
+            (Mixer::Delta(d), _) => d.forward_residual(x, &self.input_norm, cache)?,
+            (Mixer::Attention(a), Some(m)) => a.forward_residual(x, &self.input_norm, m, cache)?,
             (Mixer::Attention(_), None) => return Err(error("attention layer without a mask")),
         };
-        let h = x.add(&r)?;
-        let n = self.post_norm.forward(&h)?;
-        let r = match &self.mlp {
-            Ffn::Dense(m) => m.forward(&n)?,
-            Ffn::Sparse(m) => m.forward(&n)?,
-        };
-        h.add(r)
+        match &self.mlp {
+            Ffn::Dense(m) => m.forward_residual(&self.post_norm, &h),
+            Ffn::Sparse(m) => h.add(m.forward(&self.post_norm.forward(&h)?)?),
+        }
     }
 }
 
