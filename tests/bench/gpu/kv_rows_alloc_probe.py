@@ -4,7 +4,7 @@ tokens by concatenation, each chunk written in place, a window of the first
 S tokens read): per chunk, the wall time of all layers' attention and the
 MLX buffer cache left at the end.
 
-    kv_rows_alloc_probe.py bf16|parts|rows [--clear]
+    kv_rows_alloc_probe.py bf16|parts|rows [--clear | --cache-limit GIB]
 
 - bf16: plain K/V (kv-plain in the model dtype);
 - parts: 8-bit affine codes kept as mx.quantize's three arrays, the window of
