@@ -23,6 +23,13 @@
 //! kernel is the one-key-per-warp form of this over plain K/V). Longer
 //! queries (prompts, speculative verifies) and other masks take the
 //! dequantized route (`attention`).
+//!
+//! What bounds it is the instructions issued per key, not memory: at 16
+//! rows of 32k tokens it moves 0.8 TB/s of codes. So codes become floats
+//! without integer conversions, the running sums are rescaled only when a
+//! maximum moves, and a value's bias is summed once per key. Staging the
+//! rows through shared memory (`cp.async`) added instructions and measured
+//! slower (docs/benchmarks.md, "The codes kernel alone").
 
 use crate::attention::QMask;
 use crate::codec::{Affine, Widths};
@@ -48,6 +55,13 @@ const SOURCE: &str = r#"
         else if constexpr (VALUES == 1) return __half2float(__ushort_as_half(bits));
         else return __uint_as_float(bits);
     };
+    // Code j of a packed word as a float, exactly: the code's bits as the
+    // low mantissa bits of 2^23, less 2^23 (no integer conversion, which
+    // issues at a fraction of the FP32 rate).
+    auto code = [](uint32_t w, int j) -> float {
+        if constexpr (BITS == 8) return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540 + j)) - 8388608.f;
+        else return __uint_as_float(0x4B000000u | ((w >> (j * BITS)) & LOW)) - 8388608.f;
+    };
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int slot = lane / LPK;
@@ -72,14 +86,18 @@ const SOURCE: &str = r#"
             qs[r] += qv[r][i];
         }
     }
-    float m[R], l[R], acc[R][DPL];
+    // acc holds sum(p * scale * code) per dimension and vb sum(p * bias):
+    // a lane's dimensions share one group, so a value's bias is added once
+    // per key, not once per dimension (vb joins acc after the loop).
+    float m[R], l[R], vb[R], acc[R][DPL];
     for (int r = 0; r < R; ++r) {
         m[r] = -INFINITY;
         l[r] = 0.f;
+        vb[r] = 0.f;
         for (int i = 0; i < DPL; ++i) acc[r][i] = 0.f;
     }
-    const size_t kb = (size_t)b * k_strides[0] + (size_t)h * k_strides[1];
-    const size_t vb = (size_t)b * v_strides[0] + (size_t)h * v_strides[1];
+    const size_t kbase = (size_t)b * k_strides[0] + (size_t)h * k_strides[1];
+    const size_t vbase = (size_t)b * v_strides[0] + (size_t)h * v_strides[1];
     for (int tw = t0 + warp * KPW; tw < t1; tw += STEP * U) {
         uint32_t kw[U][WPL], vw[U][WPL];
         float ks[U], kz[U], vs[U], vz[U];
@@ -90,8 +108,8 @@ const SOURCE: &str = r#"
             // A key past the slice or masked out is read at t0 (always in
             // the slice) and weighs nothing: no lane branches around loads.
             const int tt = ok[u] ? t : t0;
-            const auto* krow = k + kb + (size_t)tt * k_strides[2];
-            const auto* vrow = v + vb + (size_t)tt * v_strides[2];
+            const auto* krow = k + kbase + (size_t)tt * k_strides[2];
+            const auto* vrow = v + vbase + (size_t)tt * v_strides[2];
             const uint32_t* kp = reinterpret_cast<const uint32_t*>(krow) + sl * WPL;
             const uint32_t* vp = reinterpret_cast<const uint32_t*>(vrow) + sl * WPL;
             for (int w = 0; w < WPL; ++w) {
@@ -107,10 +125,10 @@ const SOURCE: &str = r#"
         for (int u = 0; u < U; ++u) {
             float c[DPL];
             for (int w = 0; w < WPL; ++w)
-                for (int j = 0; j < CPW; ++j) c[w * CPW + j] = (float)((kw[u][w] >> (j * BITS)) & LOW);
+                for (int j = 0; j < CPW; ++j) c[w * CPW + j] = code(kw[u][w], j);
             for (int r = 0; r < R; ++r) {
                 float dq = 0.f;
-                for (int i = 0; i < DPL; ++i) dq += qv[r][i] * c[i];
+                for (int i = 0; i < DPL; ++i) dq = fmaf(qv[r][i], c[i], dq);
                 s[u][r] = ks[u] * dq + kz[u] * qs[r];
             }
         }
@@ -124,27 +142,36 @@ const SOURCE: &str = r#"
                 if (!ok[u]) s[u][r] = -INFINITY;
                 mn = fmaxf(mn, s[u][r]);
             }
+            // What was summed is rescaled only when the running maximum
+            // moves, which after the first keys is rare (the lanes of a key
+            // agree on it: their scores were reduced alike).
+            if (mn > m[r]) {
+                const float corr = __expf(m[r] - mn);
+                l[r] *= corr;
+                vb[r] *= corr;
+                for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
+                m[r] = mn;
+            }
             // No key seen yet: every weight is exp(-inf) = 0 against 0.
-            const float base = mn == -INFINITY ? 0.f : mn;
-            const float corr = __expf(m[r] - base);
-            float sum = 0.f;
+            const float base = m[r] == -INFINITY ? 0.f : m[r];
             for (int u = 0; u < U; ++u) {
                 p[u][r] = __expf(s[u][r] - base);
-                sum += p[u][r];
+                l[r] += p[u][r];
             }
-            l[r] = l[r] * corr + sum;
-            for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
-            m[r] = mn;
         }
         for (int u = 0; u < U; ++u) {
-            float vv[DPL];
+            float c[DPL];
             for (int w = 0; w < WPL; ++w)
-                for (int j = 0; j < CPW; ++j)
-                    vv[w * CPW + j] = vs[u] * (float)((vw[u][w] >> (j * BITS)) & LOW) + vz[u];
-            for (int r = 0; r < R; ++r)
-                for (int i = 0; i < DPL; ++i) acc[r][i] += p[u][r] * vv[i];
+                for (int j = 0; j < CPW; ++j) c[w * CPW + j] = code(vw[u][w], j);
+            for (int r = 0; r < R; ++r) {
+                const float pv = p[u][r] * vs[u];
+                vb[r] = fmaf(p[u][r], vz[u], vb[r]);
+                for (int i = 0; i < DPL; ++i) acc[r][i] = fmaf(pv, c[i], acc[r][i]);
+            }
         }
     }
+    for (int r = 0; r < R; ++r)
+        for (int i = 0; i < DPL; ++i) acc[r][i] += vb[r];
     for (int o = LPK; o < 32; o <<= 1) {
         for (int r = 0; r < R; ++r) {
             const float mo = __shfl_xor_sync(0xffffffff, m[r], o);
@@ -219,7 +246,8 @@ pub fn decode_attention(
         Dtype::Float32 => 2,
         _ => return Ok(None),
     };
-    let fits = l == 1
+    let fits = model_kit::ops::on_gpu()
+        && l == 1
         && kb == b
         && r > 0
         && lanes_per_key(d, codec.bits).is_some()

@@ -304,3 +304,43 @@ fn code_rows_dequantize_in_place_as_mlx_dequantizes_them() {
         }
     }
 }
+
+/// On the GPU, one query per row over stored code rows (the decode
+/// kernel, which reads the codes in place) is the attention over the
+/// dequantized K/V, with and without a mask of left-padded rows, over a
+/// window of the token axis; elsewhere the kernel does not apply (None).
+#[test]
+fn codes_decode_attention_equals_attention_over_the_dequantized_kv() {
+    let gpu = model_kit::ops::on_gpu();
+    // Keys: one slice with a partial stage (77), and several slices (1000).
+    for (bits, group, dim, keys) in [(8, 64, 128, 1000), (4, 64, 128, 1000), (4, 32, 64, 77), (8, 128, 128, 300)] {
+        let codec = Affine::new(bits, group).unwrap();
+        for dtype in [Dtype::Bfloat16, Dtype::Float32] {
+            let window = |seed| {
+                let rows = codec.encode(&random(&[2, 2, keys + 2, dim], seed).as_dtype(dtype).unwrap()).unwrap();
+                let w = rows.shape()[3];
+                model_kit::ops::slice(&rows, &[0, 0, 2, 0], &[2, 2, keys + 2, w]).unwrap()
+            };
+            let (kr, vr) = (window(11), window(12));
+            let q = random(&[2, 8, 1, dim], 13).as_dtype(dtype).unwrap();
+            // Row 1 starts a third of the keys in.
+            let m: Vec<bool> = (0..2).flat_map(|r| (0..keys).map(move |j| r == 0 || j >= keys / 3)).collect();
+            let m = Array::from_slice(&m, &[2, 1, 1, keys]);
+            let plain = Widths { k: dim, v: dim, dtype };
+            let scale = 1.0 / (dim as f32).sqrt();
+            for (mask, keep) in [(QMask::None, None), (QMask::Array(m.clone()), Some(&m))] {
+                let got = crate::codes_attention::decode_attention(&q, &kr, &vr, plain, scale, &mask, codec).unwrap();
+                let Some(got) = got else {
+                    assert!(!gpu, "{dtype:?} {bits}/{group} d {dim}: the kernel applies on the GPU");
+                    continue;
+                };
+                let (k, v) = (codec.decode(&kr, dim, dtype).unwrap(), codec.decode(&vr, dim, dtype).unwrap());
+                let want = reference(&q.as_dtype(Dtype::Float32).unwrap(), &k, &v, scale, keep, codec);
+                assert_eq!((got.shape(), got.dtype()), (&[2, 8, 1, dim][..], dtype));
+                let tolerance = if dtype == Dtype::Float32 { matmul_tolerance(1e-4) } else { 8e-3 };
+                let d = max_diff(&got.as_dtype(Dtype::Float32).unwrap(), &want);
+                assert!(d < tolerance, "{dtype:?} {bits}/{group} d {dim}, {keys} keys, mask {}: {d}", keep.is_some());
+            }
+        }
+    }
+}
