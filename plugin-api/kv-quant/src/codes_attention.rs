@@ -3,33 +3,32 @@
 //! kernel of our own (model-kit's `cuda_kernel`). MLX 0.32's CUDA backend
 //! has no quantized matmul for codes read in place, and dequantizing a
 //! layer's whole K/V for each call cost 2.3-18x the bf16 attention on an
-//! H200; reading the codes costs less than bf16 K/V, since there are fewer
-//! bytes to read (docs/benchmarks.md, "KV cache schemes": 8-bit codes decode
-//! a 32k-token row 1.36x faster than bf16 K/V at the Qwen3-8B shape, with
-//! the same next-token divergence as the dequantized route).
+//! H200. Reading the codes moves fewer bytes than bf16 K/V: at 16 rows of
+//! 32k tokens this kernel takes 0.70-0.77x the time of MLX's fused bf16
+//! attention per layer (docs/benchmarks.md, "The codes kernel alone").
 //!
-//! The kernel: one block of 8 warps per (row, K/V head, slice of the keys).
-//! A key's packed words are split over `LPK` lanes (16, or fewer when a
-//! row has fewer words), so a warp scores `32 / LPK` keys at once, and each
-//! lane loads `U` keys' words, scales and biases before it uses any (bytes
-//! in flight are what a bandwidth-bound kernel needs). A lane's dimensions
-//! lie in one quantization group, so its partial score is
-//! `scale * (q . codes) + bias * sum(q)`; the partial scores reduce over
-//! the key's lanes only (`log2 LPK` shuffles), and each lane slot keeps an
-//! online softmax (running maximum, sum and weighted values, in float32)
-//! over its keys. The slots of a warp, then the warps of the block, are
-//! merged; the slices (`splits`, so that short batches still fill the GPU)
-//! are merged by model-kit's `merge_slices` (model-kit's masked decode
-//! kernel is the one-key-per-warp form of this over plain K/V). Longer
-//! queries (prompts, speculative verifies) and other masks take the
-//! dequantized route (`attention`).
+//! The products run on tensor cores (`mma.sync` m16n8k16, f16 operands,
+//! f32 sums), because a kernel doing them one lane at a time was bound by
+//! the instructions it issued per key (about 2700), not by memory. One
+//! block of 8 warps per (row, K/V head, slice of the keys); a warp takes 16
+//! keys at a time:
+//! - scores: the query heads sharing the K/V head are the A rows (up to 8
+//!   of the 16), the keys' dequantized codes the B columns; each lane
+//!   unpacks two codes of one word into an f16 pair with no integer
+//!   conversion (1024 + code is exact in f16), scales and offsets them by
+//!   the key's group (`__hfma2`), and the query's dimensions are loaded in
+//!   the order the lanes unpack them;
+//! - an online softmax per head over the 4 lanes that hold its scores
+//!   (rescaled only when the running maximum moves);
+//! - values: the weights as the A operand straight from the scores' layout,
+//!   each lane dequantizing one dimension of four keys per product.
 //!
-//! What bounds it is the instructions issued per key, not memory: at 16
-//! rows of 32k tokens it moves 0.8 TB/s of codes. So codes become floats
-//! without integer conversions, the running sums are rescaled only when a
-//! maximum moves, and a value's bias is summed once per key. Staging the
-//! rows through shared memory (`cp.async`) added instructions and measured
-//! slower (docs/benchmarks.md, "The codes kernel alone").
+//! The warps are merged by model-kit's `BLOCK_MERGE`, the slices (`splits`,
+//! so that short batches still fill the GPU) by its `merge_slices`. Codes
+//! dequantized in f16 are closer to exact than the bf16 values MLX's
+//! `dequantize` gives. Longer queries (prompts, speculative verifies),
+//! other masks, float32 K/V and more than 8 query heads per K/V head take
+//! the dequantized route (`scheme`).
 
 use crate::attention::QMask;
 use crate::codec::{Affine, Widths};
@@ -41,32 +40,40 @@ use plugin_sdk::mlx_rs;
 /// The kernel's body up to the block's merge (model-kit's `BLOCK_MERGE`).
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;
-    constexpr int LPK = (D * BITS / 32) < 16 ? (D * BITS / 32) : 16;
-    constexpr int KPW = 32 / LPK;
-    constexpr int DPL = D / LPK;
-    constexpr int CPW = 32 / BITS;
-    constexpr int WPL = DPL / CPW;
-    constexpr int NWS = D * BITS / 32 * PER_WORD;
+    constexpr int KS = D / 16;
+    constexpr int NT = D / 8;
+    constexpr int NWS = D * BITS / 32 * 2;
     constexpr int NG = D / GROUP;
-    constexpr unsigned LOW = (1u << BITS) - 1;
-    constexpr int STEP = WARPS * KPW;
-    auto value_of = [](auto bits) -> float {
+    constexpr int VW = NT * BITS / 32;
+    auto value_of = [](unsigned short bits) -> float {
         if constexpr (VALUES == 0) return __bfloat162float(__ushort_as_bfloat16(bits));
-        else if constexpr (VALUES == 1) return __half2float(__ushort_as_half(bits));
-        else return __uint_as_float(bits);
+        else return __half2float(__ushort_as_half(bits));
     };
-    // Code j of a packed word as a float, exactly: the code's bits as the
-    // low mantissa bits of 2^23, less 2^23 (no integer conversion, which
-    // issues at a fraction of the FP32 rate).
-    auto code = [](uint32_t w, int j) -> float {
-        if constexpr (BITS == 8) return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540 + j)) - 8388608.f;
-        else return __uint_as_float(0x4B000000u | ((w >> (j * BITS)) & LOW)) - 8388608.f;
+    auto pack = [](float a, float b) -> uint32_t {
+        __half2 x = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t*>(&x);
+    };
+    // Two codes at bits [0, BITS) and [16, 16 + BITS) of x, dequantized
+    // into a half2: 1024 + code is exact in f16's mantissa, so the codes
+    // need no integer conversion.
+    auto dequant = [](uint32_t x, __half2 scale, __half2 bias) -> uint32_t {
+        uint32_t bits = x | 0x64006400u;
+        __half2 c = __hsub2(*reinterpret_cast<__half2*>(&bits), __floats2half2_rn(1024.f, 1024.f));
+        __half2 y = __hfma2(c, scale, bias);
+        return *reinterpret_cast<uint32_t*>(&y);
+    };
+    // c[0..1] += A (rows: query heads; only row gq is nonzero) x B, where
+    // the f32 accumulator rows gq + 8 are not used.
+    auto mma = [](float& c0, float& c1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+        float j2, j3;
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%10,%11,%12,%13};\n"
+                     : "=f"(c0), "=f"(c1), "=f"(j2), "=f"(j3)
+                     : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(0.f), "f"(0.f));
     };
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int slot = lane / LPK;
-    const int sl = lane % LPK;
-    const int g = sl * DPL / GROUP;
+    const int gq = lane >> 2, tq = lane & 3;
     const int blk = blockIdx.x;
     const int splits = gridDim.x / (q_shape[0] * HKV);
     const int bh = blk / splits;
@@ -77,132 +84,142 @@ const SOURCE: &str = r#"
     const int per = (T + splits - 1) / splits;
     const int t0 = split * per;
     const int t1 = min(T, t0 + per);
-    float qv[R][DPL], qs[R];
-    for (int r = 0; r < R; ++r) {
-        qs[r] = 0.f;
-        for (int i = 0; i < DPL; ++i) {
-            qv[r][i] = static_cast<float>(q[(size_t)b * q_strides[0] + (size_t)(h * R + r) * q_strides[1]
-                                            + (size_t)(sl * DPL + i) * q_strides[2]]);
-            qs[r] += qv[r][i];
+    // The query heads as the products' A operand (row gq: head gq), its
+    // dimensions in the order the lanes unpack the codes of a key.
+    auto qf = [&](int d) -> float {
+        return gq < R ? static_cast<float>(q[(size_t)b * q_strides[0] + (size_t)(h * R + gq) * q_strides[1]
+                                             + (size_t)d * q_strides[2]])
+                      : 0.f;
+    };
+    uint32_t qa[KS][2];
+    for (int ks = 0; ks < KS; ++ks) {
+        if constexpr (BITS == 4) {
+            const int d = 16 * ks + tq;
+            qa[ks][0] = pack(qf(d), qf(d + 4));
+            qa[ks][1] = pack(qf(d + 8), qf(d + 12));
+        } else {
+            const int d = 16 * ks + 4 * tq;
+            qa[ks][0] = pack(qf(d), qf(d + 1));
+            qa[ks][1] = pack(qf(d + 2), qf(d + 3));
         }
     }
-    // acc holds sum(p * scale * code) per dimension and vb sum(p * bias):
-    // a lane's dimensions share one group, so a value's bias is added once
-    // per key, not once per dimension (vb joins acc after the loop).
-    float m[R], l[R], vb[R], acc[R][DPL];
-    for (int r = 0; r < R; ++r) {
-        m[r] = -INFINITY;
-        l[r] = 0.f;
-        vb[r] = 0.f;
-        for (int i = 0; i < DPL; ++i) acc[r][i] = 0.f;
-    }
+    float m = -INFINITY, l = 0.f, o[NT][2];
+    for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = 0.f;
     const size_t kbase = (size_t)b * k_strides[0] + (size_t)h * k_strides[1];
     const size_t vbase = (size_t)b * v_strides[0] + (size_t)h * v_strides[1];
-    for (int tw = t0 + warp * KPW; tw < t1; tw += STEP * U) {
-        uint32_t kw[U][WPL], vw[U][WPL];
-        float ks[U], kz[U], vs[U], vz[U];
-        bool ok[U];
-        for (int u = 0; u < U; ++u) {
-            const int t = tw + slot + u * STEP;
-            ok[u] = t < t1 && (!HAS_MASK || mask[(size_t)b * mask_strides[0] + (size_t)t * mask_strides[1]]);
-            // A key past the slice or masked out is read at t0 (always in
-            // the slice) and weighs nothing: no lane branches around loads.
-            const int tt = ok[u] ? t : t0;
-            const auto* krow = k + kbase + (size_t)tt * k_strides[2];
-            const auto* vrow = v + vbase + (size_t)tt * v_strides[2];
-            const uint32_t* kp = reinterpret_cast<const uint32_t*>(krow) + sl * WPL;
-            const uint32_t* vp = reinterpret_cast<const uint32_t*>(vrow) + sl * WPL;
-            for (int w = 0; w < WPL; ++w) {
-                kw[u][w] = kp[w];
-                vw[u][w] = vp[w];
+    auto kept = [&](int t) {
+        return t < t1 && (!HAS_MASK || mask[(size_t)b * mask_strides[0] + (size_t)t * mask_strides[1]]);
+    };
+    // The value dimensions lane gq reads: gq * NT + nt for n-tile nt, one group.
+    const int gv = gq * NT / GROUP;
+    for (int tb = t0 + warp * 16; tb < t1; tb += WARPS * 16) {
+        // Scores of head gq for keys tb + 8j + 2tq + e (the products' C rows).
+        float s[2][2];
+        for (int j = 0; j < 2; ++j) {
+            const int key = tb + 8 * j + gq;
+            const auto* row = k + kbase + (size_t)(kept(key) ? key : t0) * k_strides[2];
+            const uint32_t* w = reinterpret_cast<const uint32_t*>(row);
+            __half2 sc2[NG], bi2[NG];
+            for (int g = 0; g < NG; ++g) {
+                sc2[g] = __float2half2_rn(value_of(row[NWS + g]));
+                bi2[g] = __float2half2_rn(value_of(row[NWS + NG + g]));
             }
-            ks[u] = value_of(krow[NWS + g]);
-            kz[u] = value_of(krow[NWS + NG + g]);
-            vs[u] = value_of(vrow[NWS + g]);
-            vz[u] = value_of(vrow[NWS + NG + g]);
-        }
-        float s[U][R];
-        for (int u = 0; u < U; ++u) {
-            float c[DPL];
-            for (int w = 0; w < WPL; ++w)
-                for (int j = 0; j < CPW; ++j) c[w * CPW + j] = code(kw[u][w], j);
-            for (int r = 0; r < R; ++r) {
-                float dq = 0.f;
-                for (int i = 0; i < DPL; ++i) dq = fmaf(qv[r][i], c[i], dq);
-                s[u][r] = ks[u] * dq + kz[u] * qs[r];
+            s[j][0] = s[j][1] = 0.f;
+            for (int ks = 0; ks < KS; ++ks) {
+                const int g = 16 * ks / GROUP;
+                uint32_t b0, b1;
+                if constexpr (BITS == 4) {
+                    b0 = (w[2 * ks] >> (4 * tq)) & 0x000F000Fu;
+                    b1 = (w[2 * ks + 1] >> (4 * tq)) & 0x000F000Fu;
+                } else {
+                    const uint32_t x = w[4 * ks + tq];
+                    b0 = __byte_perm(x, 0u, 0x4140);
+                    b1 = __byte_perm(x, 0u, 0x4342);
+                }
+                mma(s[j][0], s[j][1], qa[ks][0], qa[ks][1], dequant(b0, sc2[g], bi2[g]), dequant(b1, sc2[g], bi2[g]));
             }
         }
-        for (int o = LPK / 2; o > 0; o >>= 1)
-            for (int u = 0; u < U; ++u)
-                for (int r = 0; r < R; ++r) s[u][r] += __shfl_xor_sync(0xffffffff, s[u][r], o);
-        float p[U][R];
-        for (int r = 0; r < R; ++r) {
-            float mn = m[r];
-            for (int u = 0; u < U; ++u) {
-                if (!ok[u]) s[u][r] = -INFINITY;
-                mn = fmaxf(mn, s[u][r]);
+        bool ok[2][2];
+        float mx = m;
+        for (int j = 0; j < 2; ++j)
+            for (int e = 0; e < 2; ++e) {
+                ok[j][e] = kept(tb + 8 * j + 2 * tq + e);
+                if (!ok[j][e]) s[j][e] = -INFINITY;
+                mx = fmaxf(mx, s[j][e]);
             }
-            // What was summed is rescaled only when the running maximum
-            // moves, which after the first keys is rare (the lanes of a key
-            // agree on it: their scores were reduced alike).
-            if (mn > m[r]) {
-                const float corr = __expf(m[r] - mn);
-                l[r] *= corr;
-                vb[r] *= corr;
-                for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
-                m[r] = mn;
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        // The running sums are rescaled only when the maximum moves (the
+        // four lanes of a head agree on it).
+        if (mx > m) {
+            const float corr = __expf(m - mx);
+            l *= corr;
+            for (int nt = 0; nt < NT; ++nt) {
+                o[nt][0] *= corr;
+                o[nt][1] *= corr;
             }
-            // No key seen yet: every weight is exp(-inf) = 0 against 0.
-            const float base = m[r] == -INFINITY ? 0.f : m[r];
-            for (int u = 0; u < U; ++u) {
-                p[u][r] = __expf(s[u][r] - base);
-                l[r] += p[u][r];
-            }
+            m = mx;
         }
-        for (int u = 0; u < U; ++u) {
-            float c[DPL];
-            for (int w = 0; w < WPL; ++w)
-                for (int j = 0; j < CPW; ++j) c[w * CPW + j] = code(vw[u][w], j);
-            for (int r = 0; r < R; ++r) {
-                const float pv = p[u][r] * vs[u];
-                vb[r] = fmaf(p[u][r], vz[u], vb[r]);
-                for (int i = 0; i < DPL; ++i) acc[r][i] = fmaf(pv, c[i], acc[r][i]);
+        const float base = m == -INFINITY ? 0.f : m;
+        float p[2][2];
+        for (int j = 0; j < 2; ++j)
+            for (int e = 0; e < 2; ++e) {
+                p[j][e] = __expf(s[j][e] - base);
+                l += p[j][e];
             }
+        const uint32_t pa0 = pack(p[0][0], p[0][1]), pa2 = pack(p[1][0], p[1][1]);
+        // Values of the keys 2tq, 2tq + 1 (b0) and 8 + 2tq, 9 + 2tq (b1):
+        // their words holding lane gq's dimensions, scales and biases.
+        uint32_t vw[4][VW];
+        __half2 vs[2], vz[2];
+        {
+            float sv[4], zv[4];
+            for (int i = 0; i < 4; ++i) {
+                const int key = tb + (i >> 1) * 8 + 2 * tq + (i & 1);
+                const bool okv = ok[i >> 1][i & 1];
+                const auto* row = v + vbase + (size_t)(okv ? key : t0) * v_strides[2];
+                const uint32_t* w = reinterpret_cast<const uint32_t*>(row) + gq * VW;
+                for (int x = 0; x < VW; ++x) vw[i][x] = w[x];
+                sv[i] = value_of(row[NWS + gv]);
+                zv[i] = value_of(row[NWS + NG + gv]);
+            }
+            vs[0] = __floats2half2_rn(sv[0], sv[1]);
+            vz[0] = __floats2half2_rn(zv[0], zv[1]);
+            vs[1] = __floats2half2_rn(sv[2], sv[3]);
+            vz[1] = __floats2half2_rn(zv[2], zv[3]);
+        }
+        for (int nt = 0; nt < NT; ++nt) {
+            uint32_t b[2];
+            for (int hi = 0; hi < 2; ++hi) {
+                const uint32_t wa = vw[2 * hi][nt * BITS / 32], wb = vw[2 * hi + 1][nt * BITS / 32];
+                if constexpr (BITS == 4) {
+                    const int byte = (nt % 8) / 2;
+                    const uint32_t x = __byte_perm(wa, wb, byte | ((4 + byte) << 8));
+                    b[hi] = (x >> (4 * (nt & 1))) & 0x000F000Fu;
+                } else {
+                    const int byte = nt % 4;
+                    b[hi] = __byte_perm(wa, wb, byte | ((4 + byte) << 8)) & 0x00FF00FFu;
+                }
+                b[hi] = dequant(b[hi], vs[hi], vz[hi]);
+            }
+            mma(o[nt][0], o[nt][1], pa0, pa2, b[0], b[1]);
         }
     }
-    for (int r = 0; r < R; ++r)
-        for (int i = 0; i < DPL; ++i) acc[r][i] += vb[r];
-    for (int o = LPK; o < 32; o <<= 1) {
-        for (int r = 0; r < R; ++r) {
-            const float mo = __shfl_xor_sync(0xffffffff, m[r], o);
-            const float lo = __shfl_xor_sync(0xffffffff, l[r], o);
-            const float mn = fmaxf(m[r], mo);
-            const float base = mn == -INFINITY ? 0.f : mn;
-            const float mine = __expf(m[r] - base), theirs = __expf(mo - base);
-            l[r] = l[r] * mine + lo * theirs;
-            for (int i = 0; i < DPL; ++i)
-                acc[r][i] = acc[r][i] * mine + __shfl_xor_sync(0xffffffff, acc[r][i], o) * theirs;
-            m[r] = mn;
-        }
-    }
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
     __shared__ float sm_m[WARPS][R];
     __shared__ float sm_l[WARPS][R];
     __shared__ float sm_acc[WARPS][R][D];
-    if (slot == 0) {
-        for (int r = 0; r < R; ++r) {
-            if (sl == 0) {
-                sm_m[warp][r] = m[r];
-                sm_l[warp][r] = l[r];
-            }
-            for (int i = 0; i < DPL; ++i) sm_acc[warp][r][sl * DPL + i] = acc[r][i];
+    if (gq < R) {
+        if (tq == 0) {
+            sm_m[warp][gq] = m;
+            sm_l[warp][gq] = l;
         }
+        for (int nt = 0; nt < NT; ++nt)
+            for (int e = 0; e < 2; ++e) sm_acc[warp][gq][(2 * tq + e) * NT + nt] = o[nt][e];
     }
 "#;
 
-/// Keys each lane slot loads before it uses any (see the module doc): 2
-/// measured best at 16 rows of 32k tokens (1 and 4 were 1.26x and 1.39x
-/// slower; docs/benchmarks.md, "The codes kernel alone").
-const UNROLL: i32 = 2;
 /// Blocks the GPU should get at least: four per SM of an H200 (132 SMs).
 const TARGET_BLOCKS: i32 = 528;
 
@@ -212,16 +229,6 @@ fn kernel() -> Result<&'static CudaKernel> {
         let source = format!("{SOURCE}{BLOCK_MERGE}");
         CudaKernel::new("kv_codes_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], &source)
     })
-}
-
-/// How many lanes share a key of `d` dimensions at `bits` bits: 16, or
-/// the row's packed words when fewer, each lane holding whole words; None
-/// where that does not split evenly (the caller then dequantizes).
-fn lanes_per_key(d: i32, bits: i32) -> Option<i32> {
-    let words = d * bits / 32;
-    let lanes = words.min(16);
-    (d > 0 && d * bits % 32 == 0 && lanes > 0 && (lanes as u32).is_power_of_two() && words % lanes == 0)
-        .then_some(lanes)
 }
 
 /// Attention of one query per row, `q` `[B, Hq, 1, D]`, over the stored
@@ -243,18 +250,17 @@ pub fn decode_attention(
     let values_as = match plain.dtype {
         Dtype::Bfloat16 => 0,
         Dtype::Float16 => 1,
-        Dtype::Float32 => 2,
         _ => return Ok(None),
     };
     let fits = model_kit::ops::on_gpu()
         && l == 1
         && kb == b
-        && r > 0
-        && lanes_per_key(d, codec.bits).is_some()
+        && (1..=8).contains(&r)
+        && d % 16 == 0
+        && d / 8 <= codec.group
         && d == plain.k
         && d == plain.v
         && r * d <= 1024
-        && codec.group % (d / lanes_per_key(d, codec.bits).unwrap_or(1)) == 0
         && values.shape()[..3] == keys.shape()[..3]
         && t > 0;
     if !fits {
@@ -271,7 +277,6 @@ pub fn decode_attention(
     let splits = splits(b, hkv, t, TARGET_BLOCKS);
     let blocks = b * hkv * splits;
     let scaled = q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?.reshape(&[b, hq, d])?;
-    let per_word = if values_as == 2 { 1 } else { 2 };
     let outs = kernel()?.apply(
         &[&scaled, keys, values, mask.as_ref().unwrap_or(&no_mask)],
         &Launch {
@@ -284,10 +289,8 @@ pub fn decode_attention(
                 Template::Int("D", d),
                 Template::Int("R", r),
                 Template::Int("HKV", hkv),
-                Template::Int("PER_WORD", per_word),
                 Template::Int("VALUES", values_as),
                 Template::Bool("HAS_MASK", mask.is_some()),
-                Template::Int("U", UNROLL),
             ],
         },
     )?;

@@ -2,7 +2,8 @@
 Qwen3-8B layer (32 query heads over 8 K/V heads of 128): its time per layer
 call against MLX's fused bf16 attention over the same K/V dequantized, and
 its output against that attention's (max abs difference), for each
-`--variant U:BLOCKS` (keys loaded per lane slot before use, target blocks).
+`--variant U:BLOCKS` (target blocks; U, keys loaded per lane slot before
+use, is read only by earlier kernel bodies given with --body-file).
 The kernel's text is read from plugin-api/kv-quant/src/codes_attention.rs
 and model-kit's decode_attention.rs, as the engine builds it.
 Usage: codes_kernel_probe.py --rows 16 --keys 32768 --bits 4 [--variant 2:528 ...]
