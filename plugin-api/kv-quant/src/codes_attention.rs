@@ -113,7 +113,8 @@ const SOURCE: &str = r#"
     // The value dimensions lane gq reads: gq * NT + nt for n-tile nt, one group.
     const int gv = gq * NT / GROUP;
     for (int tb = t0 + warp * 16; tb < t1; tb += WARPS * 16) {
-        // Scores of head gq for keys tb + 8j + 2tq + e (the products' C rows).
+        // Scores of head gq for keys tb + 8j + 2tq + e (row gq, columns
+        // 2tq + e of the product's C); B column gq is key tb + 8j + gq.
         float s[2][2];
         for (int j = 0; j < 2; ++j) {
             const int key = tb + 8 * j + gq;
@@ -127,6 +128,9 @@ const SOURCE: &str = r#"
             s[j][0] = s[j][1] = 0.f;
             for (int ks = 0; ks < KS; ++ks) {
                 const int g = 16 * ks / GROUP;
+                // This lane's four codes of the k-step's 16 dimensions:
+                // codes tq and tq + 4 of each of its two words (4-bit), or
+                // the four of word tq (8-bit), the order `qa` follows.
                 uint32_t b0, b1;
                 if constexpr (BITS == 4) {
                     b0 = (w[2 * ks] >> (4 * tq)) & 0x000F000Fu;
@@ -188,6 +192,8 @@ const SOURCE: &str = r#"
             vs[1] = __floats2half2_rn(sv[2], sv[3]);
             vz[1] = __floats2half2_rn(zv[2], zv[3]);
         }
+        // B column gq of n-tile nt is dimension gq * NT + nt: code nt of the
+        // lane's words, from two keys at once (the two halves of a pair).
         for (int nt = 0; nt < NT; ++nt) {
             uint32_t b[2];
             for (int hi = 0; hi < 2; ++hi) {
