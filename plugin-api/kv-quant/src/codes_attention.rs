@@ -237,6 +237,14 @@ fn kernel() -> Result<&'static CudaKernel> {
     })
 }
 
+/// Whether the kernel's layout of a head of `d` dimensions works: whole
+/// k-steps of 16 dimensions; a lane's `d / 8` value dimensions in whole
+/// words and inside one group.
+pub(crate) fn head_dim_fits(d: i32, codec: Affine) -> bool {
+    let per_lane = d / 8;
+    d > 0 && d % 16 == 0 && codec.group % per_lane == 0 && per_lane * codec.bits % 32 == 0
+}
+
 /// Attention of one query per row, `q` `[B, Hq, 1, D]`, over the stored
 /// affine code rows `keys` / `values` (`[B, Hkv, T, width]`, read in
 /// place), or None where this kernel does not apply (more queries, a mask
@@ -262,8 +270,7 @@ pub fn decode_attention(
         && l == 1
         && kb == b
         && (1..=8).contains(&r)
-        && d % 16 == 0
-        && d / 8 <= codec.group
+        && head_dim_fits(d, codec)
         && d == plain.k
         && d == plain.v
         && r * d <= 1024

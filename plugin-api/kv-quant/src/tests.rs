@@ -313,7 +313,8 @@ fn code_rows_dequantize_in_place_as_mlx_dequantizes_them() {
 #[test]
 fn codes_decode_attention_equals_attention_over_the_dequantized_kv() {
     let gpu = model_kit::ops::on_gpu();
-    // Keys: one slice with a partial stage (77), and several slices (1000).
+    // Keys: one slice ending in a partial tile of 16 (77), and several
+    // slices (1000).
     for (bits, group, dim, keys) in [(8, 64, 128, 1000), (4, 64, 128, 1000), (4, 32, 64, 77), (8, 128, 128, 300)] {
         let codec = Affine::new(bits, group).unwrap();
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
@@ -343,4 +344,22 @@ fn codes_decode_attention_equals_attention_over_the_dequantized_kv() {
             }
         }
     }
+}
+
+/// The codes kernel serves head dims whose value dimensions split into
+/// whole words per lane inside one group; others (96, 80, 192) go to the
+/// dequantized route instead of a layout the kernel cannot read.
+#[test]
+fn the_codes_kernel_takes_only_head_dims_its_lanes_split_evenly() {
+    use crate::codes_attention::head_dim_fits;
+    let (a4, a8) = (Affine::new(4, 64).unwrap(), Affine::new(8, 64).unwrap());
+    for d in [64, 128, 256] {
+        assert!(head_dim_fits(d, a4) && head_dim_fits(d, a8), "d {d}");
+    }
+    for d in [0, 48, 80, 96, 192] {
+        assert!(!head_dim_fits(d, a4) && !head_dim_fits(d, a8), "d {d}");
+    }
+    assert!(head_dim_fits(32, a8) && !head_dim_fits(32, a4), "d 32: a 4-bit lane would hold half a word");
+    assert!(head_dim_fits(256, Affine::new(4, 32).unwrap()));
+    assert!(!head_dim_fits(512, Affine::new(4, 32).unwrap()), "a lane's 64 dimensions span two groups of 32");
 }
