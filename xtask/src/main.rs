@@ -6,6 +6,7 @@
 //! and prints what it does.
 
 mod build;
+mod cuda_check;
 mod mlx;
 mod models;
 mod python;
@@ -21,7 +22,8 @@ commands:
   build        setup, then build the workspace (release) and place plugin libraries
   models       build, then make the default model folder (and the oracle env)
   serve [ARGS] models, then run `host serve` on the default model (extra ARGS pass through)
-  test  [ARGS] everything above plus the test models, then run the whole test suite
+  test  [ARGS] everything above plus the test models and cuda-check, then run the whole test suite
+  cuda-check   lay out NVRTC and MLX's device headers for the CUDA kernel compile check (.cuda-check)
   gpu-pack     lay out the CUDA MLX runtime for the device machine (.gpu_a, .gpu_b)";
 
 /// Errors end with one line and exit code 1: no backtrace (CI sets
@@ -50,6 +52,7 @@ fn dispatch() -> Result<()> {
         "serve" => models::serve(&root, &rest),
         "test" => models::test(&root, &rest),
         "gpu-pack" => mlx::gpu_pack(&root),
+        "cuda-check" => cuda_check::setup(&root).map(|_| ()),
         "" | "help" | "-h" | "--help" => {
             println!("{USAGE}");
             Ok(())

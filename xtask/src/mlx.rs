@@ -165,13 +165,21 @@ fn fetch_mlx_c(work: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Lays out the CUDA runtime for the device machine in two halves (each call
-/// there carries at most 64 MiB): `.gpu_a/part_aa`, `.gpu_b/part_ab` plus the
-/// libmlxc built here and the small wheels. See docs/benchmarks.md.
-pub fn gpu_pack(root: &Path) -> Result<()> {
-    let prefix = setup(root)?;
+/// The `mlx-cuda-13` wheel of the same MLX version, fetched once into the
+/// cache (the wheel the device machine runs, and where the kernel compile
+/// check finds MLX's device headers).
+pub fn cuda_wheel() -> Result<PathBuf> {
     let dl = cache_dir().join("downloads-cuda");
     std::fs::create_dir_all(&dl)?;
+    let find = || {
+        std::fs::read_dir(&dl).ok()?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| {
+            let f = p.file_name().unwrap().to_string_lossy().to_string();
+            f.starts_with(&format!("mlx_cuda_13-{MLX_VERSION}-")) && f.ends_with(".whl")
+        })
+    };
+    if let Some(w) = find() {
+        return Ok(w);
+    }
     run(Command::new("python3")
         .args([
             "-m",
@@ -190,10 +198,15 @@ pub fn gpu_pack(root: &Path) -> Result<()> {
         ])
         .arg(&dl)
         .arg(format!("mlx-cuda-13=={MLX_VERSION}")))?;
-    let wheel = std::fs::read_dir(&dl)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("mlx_cuda_13-{MLX_VERSION}-")))
-        .context("mlx-cuda-13 wheel")?;
+    find().context("mlx-cuda-13 wheel")
+}
+
+/// Lays out the CUDA runtime for the device machine in two halves (each call
+/// there carries at most 64 MiB): `.gpu_a/part_aa`, `.gpu_b/part_ab` plus the
+/// libmlxc built here and the small wheels. See docs/benchmarks.md.
+pub fn gpu_pack(root: &Path) -> Result<()> {
+    let prefix = setup(root)?;
+    let wheel = cuda_wheel()?;
     for d in [".gpu_a", ".gpu_b"] {
         let p = root.join(d);
         if p.exists() {

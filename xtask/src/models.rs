@@ -56,6 +56,7 @@ pub fn test(root: &Path, extra: &[String]) -> Result<()> {
     lint()?;
     tiny_models(root)?;
     system::ensure_test_packages()?;
+    crate::cuda_check::setup(root)?;
     step("running the test suite");
     let c =
         run_counting(Command::new("cargo").args(["test", "--release", "--workspace", "--no-fail-fast"]).args(extra))?;

@@ -45,4 +45,6 @@ pub use scheme::{KvCodec, Scheme};
 pub use turbo::Turbo;
 
 #[cfg(test)]
+mod kernels_compile;
+#[cfg(test)]
 mod tests;

@@ -4,8 +4,11 @@
 //! `NAME_shape` and `NAME_strides` when the body reads them, so strided
 //! inputs are read in place), compiles it once per set of template
 //! arguments and runs it on the stream like any op. Only on the CUDA
-//! runtime: callers check `ops::on_gpu` first.
+//! runtime: callers check `ops::on_gpu` first. While `cuda_capture` records,
+//! a kernel is described, not built, and its launches are recorded.
 
+use crate::cuda_capture::{self, Launched};
+use crate::cuda_source::{self, Input};
 use crate::ops;
 use crate::{error, Array, Dtype, Result};
 use std::collections::HashMap;
@@ -17,8 +20,13 @@ use std::sync::{Mutex, OnceLock};
 /// why it could not), every later one reuses it.
 pub type Cached = OnceLock<std::result::Result<CudaKernel, String>>;
 
-/// The kernel in `cell`, built by `make` on first use.
+/// The kernel in `cell`, built by `make` on first use. While launches are
+/// recorded, a described kernel of its own each time (leaked: recording is
+/// for the compile check), never the one in `cell`.
 pub fn cached(cell: &'static Cached, make: impl FnOnce() -> Result<CudaKernel>) -> Result<&'static CudaKernel> {
+    if cuda_capture::capturing() {
+        return make().map(|k| &*Box::leak(Box::new(k)));
+    }
     cell.get_or_init(|| make().map_err(|e| e.to_string())).as_ref().map_err(|e| error(e.clone()))
 }
 
@@ -38,7 +46,15 @@ pub struct Launch<'a> {
 }
 
 pub struct CudaKernel {
-    raw: mlx_sys::mlx_fast_cuda_kernel,
+    /// MLX's kernel; None for one described while launches are recorded.
+    raw: Option<mlx_sys::mlx_fast_cuda_kernel>,
+    /// The name it was made under, the name MLX knows it by (with a hash
+    /// of the body), and what its source is written from.
+    label: String,
+    name: String,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    body: String,
     /// Launch configurations built before, by a hash of what they hold: a
     /// decode step launches the same few shapes in every layer and step,
     /// and building one is a dozen calls into MLX.
@@ -111,11 +127,33 @@ impl CudaKernel {
         // MLX keeps one compiled kernel per name in the process: every plugin
         // carries its own model-kit, and one built from other sources must
         // not run this one's code under the same name.
+        let label = name.to_string();
         let name = format!("{name}_{:016x}", fnv1a(source));
-        let (name, source, header) = (cstr(&name)?, cstr(source)?, cstr("")?);
+        let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        let mut kernel = Self {
+            raw: None,
+            label,
+            name,
+            inputs: owned(inputs),
+            outputs: owned(outputs),
+            body: source.to_string(),
+            configs: Mutex::new(HashMap::new()),
+        };
+        if cuda_capture::capturing() {
+            return Ok(kernel);
+        }
+        let (cname, csource, header) = (cstr(&kernel.name)?, cstr(source)?, cstr("")?);
         let (ins, outs) = (strings(inputs)?, strings(outputs)?);
         let raw = unsafe {
-            mlx_sys::mlx_fast_cuda_kernel_new(name.as_ptr(), ins, outs, source.as_ptr(), header.as_ptr(), contiguous, 0)
+            mlx_sys::mlx_fast_cuda_kernel_new(
+                cname.as_ptr(),
+                ins,
+                outs,
+                csource.as_ptr(),
+                header.as_ptr(),
+                contiguous,
+                0,
+            )
         };
         unsafe {
             mlx_sys::mlx_vector_string_free(ins);
@@ -124,11 +162,31 @@ impl CudaKernel {
         if raw.ctx.is_null() {
             return Err(error("MLX could not make the CUDA kernel"));
         }
-        Ok(Self { raw, configs: Mutex::new(HashMap::new()) })
+        kernel.raw = Some(raw);
+        Ok(kernel)
+    }
+
+    /// The source MLX compiles for a launch over `inputs`.
+    fn launched(&self, inputs: &[&Array], launch: &Launch) -> Launched {
+        let function = cuda_source::function_name(&self.name, launch.template);
+        let ins: Vec<Input> =
+            self.inputs.iter().zip(inputs).map(|(name, a)| Input { name, dtype: a.dtype(), ndim: a.ndim() }).collect();
+        let outs: Vec<(&str, Dtype)> =
+            self.outputs.iter().zip(launch.outputs).map(|(name, (_, dtype))| (name.as_str(), *dtype)).collect();
+        let source = cuda_source::source(&function, &self.body, &ins, &outs, launch.template);
+        let input_types = ins.iter().map(|i| cuda_source::cuda_type(i.dtype)).collect::<Vec<_>>().join(",");
+        Launched { kernel: self.label.clone(), function, input_types, source }
     }
 
     /// The kernel over `inputs` (lazily, like any op): its outputs.
     pub fn apply(&self, inputs: &[&Array], launch: &Launch) -> Result<Vec<Array>> {
+        let Some(raw) = self.raw else {
+            if inputs.len() != self.inputs.len() || launch.outputs.len() != self.outputs.len() {
+                return Err(error(format!("kernel {}: arguments do not match its names", self.name)));
+            }
+            cuda_capture::record(self.launched(inputs, launch));
+            return launch.outputs.iter().map(|(shape, dtype)| mlx_rs::ops::zeros_dtype(shape, *dtype)).collect();
+        };
         let key = launch_key(launch);
         let mut configs = self.configs.lock().unwrap_or_else(|e| e.into_inner());
         if !configs.contains_key(&key) {
@@ -142,7 +200,7 @@ impl CudaKernel {
         let config = configs[&key].0;
         let stream = mlx_rs::Stream::thread_local_or_default();
         ops::vector_call("custom CUDA kernel", inputs, |outs, ins| unsafe {
-            mlx_sys::mlx_fast_cuda_kernel_apply(outs, self.raw, ins, config, stream.as_ptr())
+            mlx_sys::mlx_fast_cuda_kernel_apply(outs, raw, ins, config, stream.as_ptr())
         })
     }
 
@@ -187,7 +245,9 @@ impl CudaKernel {
 
 impl Drop for CudaKernel {
     fn drop(&mut self) {
-        unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.raw) };
+        if let Some(raw) = self.raw {
+            unsafe { mlx_sys::mlx_fast_cuda_kernel_free(raw) };
+        }
     }
 }
 

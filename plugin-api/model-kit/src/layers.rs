@@ -396,6 +396,10 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
+    pub fn new(weight: Array, eps: f32) -> Self {
+        Self { weight, eps }
+    }
+
     /// `{path}.weight` `[dim]`.
     pub fn load(ctx: &mut LoadCtx, path: &str, dim: usize, eps: f32) -> Result<Self> {
         let weight = ctx.tensor(&format!("{path}.weight"), &[dim])?;

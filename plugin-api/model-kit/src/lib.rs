@@ -14,13 +14,18 @@ pub mod attention;
 pub mod checkpoint;
 pub mod compiled;
 pub mod config;
+pub mod cuda_capture;
 pub mod cuda_kernel;
+pub mod cuda_source;
 pub mod decode_attention;
 pub mod depthwise_conv;
 pub mod fused_layers;
 pub mod gated_attention;
 pub mod gemv;
 pub mod graph;
+pub mod kernel_check;
+#[cfg(test)]
+mod kernels_compile;
 pub mod layers;
 pub mod moe;
 pub mod ops;

@@ -103,8 +103,12 @@ pub fn dtype_from_raw(raw: u32) -> Result<Dtype> {
 }
 
 /// Whether the default device is a GPU (where MLX sends some ops to
-/// libraries with per-shape setup: `short_attention`, `depthwise_conv`).
+/// libraries with per-shape setup: `short_attention`, `depthwise_conv`);
+/// also while `cuda_capture` records kernel launches.
 pub fn on_gpu() -> bool {
+    if crate::cuda_capture::capturing() {
+        return true;
+    }
     mlx_rs::Device::try_default()
         .ok()
         .and_then(|d| d.get_type().ok())

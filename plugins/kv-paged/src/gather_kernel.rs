@@ -64,3 +64,29 @@ pub fn gather(pool: &Array, flat: &Array, rows: i32, nb: i32, block: i32) -> Res
     )?;
     out.into_iter().next().map(Some).ok_or_else(|| error("the gather kernel returned nothing"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use model_kit::cuda_capture::launches;
+    use model_kit::kernel_check::{assert_compiles, kernels};
+    use model_kit::Dtype;
+    use plugin_sdk::mlx_rs;
+
+    /// The kernel compiles for the H200 (`model_kit::kernel_check`) at the
+    /// gathers the layout makes: bf16 and float32 pools of 16-key blocks.
+    #[test]
+    fn the_gather_kernel_compiles_for_the_h200() {
+        let recorded = launches(|| -> Result<()> {
+            for dtype in [Dtype::Bfloat16, Dtype::Float32] {
+                let pool = mlx_rs::ops::zeros_dtype(&[8, 64 * 16, 128], dtype)?;
+                let flat = mlx_rs::ops::zeros_dtype(&[4 * 8 * 10], Dtype::Int32)?;
+                assert!(gather(&pool, &flat, 4, 10, 16)?.is_some(), "the kernel takes it");
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(kernels(&recorded), ["kv_paged_gather_blocks"]);
+        assert_compiles(&recorded);
+    }
+}

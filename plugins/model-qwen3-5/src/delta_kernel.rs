@@ -155,3 +155,43 @@ pub fn recurrence(
         outs.try_into().map_err(|_| error("the delta kernel returned other outputs"))?;
     Ok(Some(Recurrence { y, state, states: every.then_some(states) }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use model_kit::cuda_capture::launches;
+    use model_kit::kernel_check::{assert_compiles, kernels};
+    use plugin_sdk::mlx_rs;
+
+    fn zeros(shape: &[i32], dtype: Dtype) -> Array {
+        mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
+    }
+
+    /// The kernel compiles for the H200 (`model_kit::kernel_check`) at the
+    /// launches the DeltaNet makes: Qwen3.5's 16 key heads over 32 value
+    /// heads of 128 and a small 64-wide shape, bf16 projections (decay in
+    /// float32, as `compute_g` gives it) or all float32, a prompt with a
+    /// padding mask and a decode step, with and without every position's
+    /// state.
+    #[test]
+    fn the_delta_kernel_compiles_for_the_h200() {
+        let recorded = launches(|| -> Result<()> {
+            for (hk, hv, d, dtype) in [(16, 32, 128, Dtype::Bfloat16), (2, 4, 64, Dtype::Float32)] {
+                for (b, t, mask, every) in [(2, 40, true, false), (1, 1, false, false), (1, 3, false, true)] {
+                    let q = zeros(&[b, t, hk, d], dtype);
+                    let v = zeros(&[b, t, hv, d], dtype);
+                    let g = zeros(&[b, t, hv], Dtype::Float32);
+                    let beta = zeros(&[b, t, hv], dtype);
+                    let state = zeros(&[b, hv, d, d], Dtype::Float32);
+                    let mask = mask.then(|| zeros(&[b, t], Dtype::Bool));
+                    let out = recurrence(&q, &q, &v, &g, &beta, &state, mask.as_ref(), every)?;
+                    assert!(out.is_some(), "the kernel takes it");
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(kernels(&recorded), ["gated_delta_recurrence"]);
+        assert_compiles(&recorded);
+    }
+}

@@ -1,0 +1,114 @@
+//! model-kit's CUDA kernels compile for the H200 (`kernel_check`) at the
+//! launches the engine makes for real shapes: Qwen3-8B's (32 query heads
+//! over 8 K/V heads of 128, hidden 4096, MLP 12288) and SmolLM2's (9 over 3
+//! of 64), in each dtype the routes take.
+
+use crate::cuda_capture::launches;
+use crate::gemv::{self, Fusion};
+use crate::kernel_check::{assert_compiles, kernels};
+use crate::layers::RmsNorm;
+use crate::rope::{Position, Rope};
+use crate::{decode_attention, qk_norm_rope, Array, Dtype, Result};
+
+fn zeros(shape: &[i32], dtype: Dtype) -> Array {
+    mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
+}
+
+#[test]
+fn the_decode_attention_kernels_compile_for_the_h200() {
+    let recorded = launches(|| -> Result<()> {
+        for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
+            for (b, hq, hkv, d, t) in [(1, 32, 8, 128, 4096), (16, 9, 3, 64, 700)] {
+                let q = zeros(&[b, hq, 1, d], dtype);
+                let kv = zeros(&[b, hkv, t, d], dtype);
+                let mask = zeros(&[b, 1, 1, t], Dtype::Bool);
+                let out = decode_attention::masked(&q, &kv, &kv, 0.088, &mask)?;
+                assert_eq!(out.expect("the kernel takes it").shape(), [b, hq, 1, d]);
+            }
+        }
+        let (rows, hkv, block, nb) = (4, 8, 16, 64);
+        let q = zeros(&[rows, 32, 1, 128], Dtype::Bfloat16);
+        let pool = zeros(&[hkv, 512 * block, 128], Dtype::Bfloat16);
+        let flat = zeros(&[rows, hkv, nb], Dtype::Int32);
+        let mask = zeros(&[rows, 1, 1, nb * block], Dtype::Bool);
+        let out = decode_attention::paged(&q, &pool, &pool, &flat, block, 0.088, &mask)?;
+        assert!(out.is_some(), "the paged kernel takes it");
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        kernels(&recorded),
+        ["masked_decode_attention", "decode_attention_merge_slices", "paged_decode_attention"]
+    );
+    assert_compiles(&recorded);
+}
+
+#[test]
+fn the_fused_decode_projections_compile_for_the_h200() {
+    let (hidden, kv, mlp) = (4096, 1024, 12288);
+    let recorded = launches(|| -> Result<()> {
+        for m in [1, 4] {
+            let x = zeros(&[m, 1, hidden], Dtype::Bfloat16);
+            let g = zeros(&[hidden], Dtype::Bfloat16);
+            let w = |n: i32, k: i32| zeros(&[n, k], Dtype::Bfloat16);
+            let (wq, wk, wv) = (w(hidden, hidden), w(kv, hidden), w(kv, hidden));
+            let norm = Some((&g, 1e-6));
+            gemv::apply(Fusion::NormThen(3), &x, m, norm, &[&wq, &wk, &wv], None)?;
+            gemv::apply(Fusion::NormThen(2), &x, m, norm, &[&wq, &wk], None)?;
+            gemv::apply(Fusion::NormThen(1), &x, m, norm, &[&wq], None)?;
+            let (gate, up) = (w(mlp, hidden), w(mlp, hidden));
+            gemv::apply(Fusion::NormSwiGlu, &x, m, norm, &[&gate, &up], None)?;
+            let (down, h) = (w(hidden, mlp), zeros(&[m, 1, mlp], Dtype::Bfloat16));
+            gemv::apply(Fusion::ThenAdd, &h, m, None, &[&down], Some(&x))?;
+            gemv::apply(Fusion::ThenAdd, &x, m, None, &[&wq], Some(&x))?;
+            gemv::apply(Fusion::Plain, &x, m, None, &[&w(49152, hidden)], None)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        kernels(&recorded),
+        ["gemv_norm_then_3", "gemv_norm_then_2", "gemv_norm_then_1", "gemv_norm_swiglu", "gemv_then_add", "gemv_plain"]
+    );
+    assert_compiles(&recorded);
+}
+
+#[test]
+fn the_qk_norm_rope_kernels_compile_for_the_h200() {
+    let llama3 = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
+    let recorded = launches(|| -> Result<()> {
+        let norm = RmsNorm::new(zeros(&[128], Dtype::Bfloat16), 1e-6);
+        for (scaling, pos) in
+            [(None, Position::Offset(7)), (Some(&llama3), Position::PerRow(zeros(&[4], Dtype::Int32)))]
+        {
+            let rope = Rope::new(128, 1_000_000.0, false, scaling)?;
+            let (b, l) = if matches!(pos, Position::Offset(_)) { (1, 5) } else { (4, 1) };
+            let q = zeros(&[b, l, 32 * 128], Dtype::Bfloat16);
+            let k = zeros(&[b, l, 8 * 128], Dtype::Bfloat16);
+            let out = qk_norm_rope::fused(&q, &k, (&norm, &norm), &rope, &pos, (32, 8))?;
+            assert!(out.is_some(), "the fused route takes it");
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(kernels(&recorded), ["qk_norm_rope", "qk_norm_rope_freqs"]);
+    assert_compiles(&recorded);
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_fails_the_check_with_the_compilers_words() {
+    let launched = crate::cuda_capture::Launched {
+        kernel: "broken".into(),
+        function: "custom_kernel_broken".into(),
+        input_types: String::new(),
+        source: crate::cuda_source::source(
+            "custom_kernel_broken",
+            "out[0] = undeclared;",
+            &[],
+            &[("out", Dtype::Float32)],
+            &[],
+        ),
+    };
+    let log = crate::kernel_check::compile(&launched).unwrap_err();
+    assert!(log.contains("undeclared") && log.contains("error"), "{log}");
+}
