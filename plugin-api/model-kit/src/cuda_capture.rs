@@ -21,6 +21,8 @@ pub struct Launched {
     pub input_types: String,
     /// The whole translation unit.
     pub source: String,
+    /// Threads per block of the launch.
+    pub block_threads: i32,
 }
 
 thread_local! {

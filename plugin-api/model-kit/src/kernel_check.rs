@@ -3,7 +3,9 @@
 //! with MLX's own device headers and NVRTC options, as MLX compiles it on
 //! the device, ptxas included. A kernel edit that does not compile, or a
 //! call path that launches a kernel with template values or dtypes its body
-//! does not build for, fails here instead of on a device.
+//! does not build for, fails here instead of on a device; so does a launch
+//! whose blocks need more registers than an SM's register file holds (the
+//! device would refuse to launch it).
 //!
 //! The toolchain (NVRTC, CUDA's and CCCL's headers, MLX's device headers)
 //! is laid out by `cargo xtask cuda-check` at `<repo>/.cuda-check`, or
@@ -21,6 +23,17 @@ pub struct Compiled {
     pub function: String,
     /// Its `Used N registers` and spill lines.
     pub report: String,
+    /// Registers per thread.
+    pub registers: i32,
+}
+
+/// An H200 SM's register file: a block's threads share it.
+const REGISTERS_PER_SM: i32 = 65536;
+
+/// The registers a block of `threads` takes with `per_thread` each: CUDA
+/// hands them out per warp, each thread's count rounded up to 8.
+fn block_registers(per_thread: i32, threads: i32) -> i32 {
+    (per_thread + 7) / 8 * 8 * 32 * ((threads + 31) / 32)
 }
 
 fn toolchain() -> Result<PathBuf, String> {
@@ -125,10 +138,21 @@ pub fn compile(launched: &Launched) -> Result<Compiled, String> {
             })
             .collect::<Vec<_>>()
             .join("; ");
-        if report.is_empty() {
-            return Err(format!("ptxas reported nothing for {}:\n{log}", launched.function));
+        let registers = log
+            .split("Used ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse::<i32>().ok())
+            .ok_or_else(|| format!("ptxas reported no register count for {}:\n{log}", launched.function))?;
+        let needed = block_registers(registers, launched.block_threads);
+        if needed > REGISTERS_PER_SM {
+            return Err(format!(
+                "{registers} registers a thread x {} threads a block need {needed} registers, past an SM's \
+                 {REGISTERS_PER_SM}: the launch would fail",
+                launched.block_threads
+            ));
         }
-        Ok(Compiled { function: launched.function.clone(), report })
+        Ok(Compiled { function: launched.function.clone(), report, registers })
     }
 }
 
@@ -138,7 +162,7 @@ pub fn assert_compiles(launched: &[Launched]) {
     assert!(!launched.is_empty(), "no kernel launch was recorded");
     let mut distinct: Vec<&Launched> = Vec::new();
     for l in launched {
-        if !distinct.iter().any(|d| d.source == l.source) {
+        if !distinct.iter().any(|d| d.source == l.source && d.block_threads == l.block_threads) {
             distinct.push(l);
         }
     }

@@ -108,7 +108,26 @@ fn a_kernel_that_does_not_compile_fails_the_check_with_the_compilers_words() {
             &[("out", Dtype::Float32)],
             &[],
         ),
+        block_threads: 32,
     };
     let log = crate::kernel_check::compile(&launched).unwrap_err();
     assert!(log.contains("undeclared") && log.contains("error"), "{log}");
+}
+
+/// A launch whose blocks need more registers than an SM holds compiles,
+/// but the device would refuse it: the check fails it too.
+#[test]
+fn a_launch_past_the_register_file_fails_the_check() {
+    let mut recorded = launches(|| -> Result<()> {
+        let x = zeros(&[4, 1, 4096], Dtype::Bfloat16);
+        let (g, w) = (zeros(&[4096], Dtype::Bfloat16), zeros(&[4096, 4096], Dtype::Bfloat16));
+        gemv::apply(Fusion::NormThen(3), &x, 4, Some((&g, 1e-6)), &[&w, &w, &w], None)?;
+        Ok(())
+    })
+    .unwrap();
+    let fits = crate::kernel_check::compile(&recorded[0]).expect("it compiles at its own block size");
+    assert!(fits.registers * recorded[0].block_threads <= 65536);
+    recorded[0].block_threads = 1024;
+    let refused = crate::kernel_check::compile(&recorded[0]).unwrap_err();
+    assert!(refused.contains("registers") && refused.contains("65536"), "{refused}");
 }
