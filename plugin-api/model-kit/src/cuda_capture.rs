@@ -21,8 +21,10 @@ pub struct Launched {
     pub input_types: String,
     /// The whole translation unit.
     pub source: String,
-    /// Threads per block of the launch.
-    pub block_threads: i32,
+    /// The launch's threads in all and per block, per axis (MLX's `grid`
+    /// and `threadgroup`).
+    pub grid: [i32; 3],
+    pub threads: [i32; 3],
 }
 
 thread_local! {
@@ -57,4 +59,11 @@ pub fn launches<T>(f: impl FnOnce() -> Result<T>) -> Result<Vec<Launched>> {
     let recorded = RECORDED.with(|r| r.borrow_mut().take()).unwrap_or_default();
     drop(stop);
     Ok(recorded)
+}
+
+impl Launched {
+    /// Threads per block.
+    pub fn block_threads(&self) -> i32 {
+        self.threads.iter().product()
+    }
 }

@@ -175,8 +175,14 @@ impl CudaKernel {
             self.outputs.iter().zip(launch.outputs).map(|(name, (_, dtype))| (name.as_str(), *dtype)).collect();
         let source = cuda_source::source(&function, &self.body, &ins, &outs, launch.template);
         let input_types = ins.iter().map(|i| cuda_source::cuda_type(i.dtype)).collect::<Vec<_>>().join(",");
-        let block_threads = launch.threads.iter().product();
-        Launched { kernel: self.label.clone(), function, input_types, source, block_threads }
+        Launched {
+            kernel: self.label.clone(),
+            function,
+            input_types,
+            source,
+            grid: launch.grid,
+            threads: launch.threads,
+        }
     }
 
     /// The kernel over `inputs` (lazily, like any op): its outputs.

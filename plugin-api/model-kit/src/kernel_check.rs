@@ -4,8 +4,8 @@
 //! the device, ptxas included. A kernel edit that does not compile, or a
 //! call path that launches a kernel with template values or dtypes its body
 //! does not build for, fails here instead of on a device; so does a launch
-//! whose blocks need more registers than an SM's register file holds (the
-//! device would refuse to launch it).
+//! whose blocks need more registers than an SM's register file holds, or
+//! whose shape the device refuses (both compile; neither would launch).
 //!
 //! The toolchain (NVRTC, CUDA's and CCCL's headers, MLX's device headers)
 //! is laid out by `cargo xtask cuda-check` at `<repo>/.cuda-check`, or
@@ -77,8 +77,32 @@ fn nvrtc() -> Result<&'static (Library, PathBuf), String> {
 
 type Program = *mut c_void;
 
-/// Compiles one launch's source; the compiler's log when it fails.
+/// Whether the device takes the launch's shape as MLX hands it over: at
+/// most 1024 threads a block (64 on z), at most 65535 blocks on y and z,
+/// and on no axis fewer threads in all than a block has (MLX would then
+/// launch a smaller block than the kernel was written for).
+fn check_shape(launched: &Launched) -> Result<(), String> {
+    let (g, t) = (launched.grid, launched.threads);
+    if t.iter().any(|&n| n < 1) || launched.block_threads() > 1024 || t[2] > 64 {
+        return Err(format!("{t:?} threads a block: the device takes at most 1024 (64 on z)"));
+    }
+    if let Some(axis) = (0..3).find(|&i| g[i] < t[i]) {
+        return Err(format!(
+            "{g:?} threads in all, {t:?} a block: axis {axis} has fewer threads than a block, so MLX would launch \
+             fewer threads a block than the kernel was written for"
+        ));
+    }
+    let blocks: Vec<i64> = (0..3).map(|i| (g[i] as i64 + t[i] as i64 - 1) / t[i] as i64).collect();
+    if blocks[1] > 65535 || blocks[2] > 65535 {
+        return Err(format!("{blocks:?} blocks: the device takes at most 65535 on y and z"));
+    }
+    Ok(())
+}
+
+/// Checks the launch's shape, then compiles its source; why it fails: the
+/// shape's fault, the compiler's log, or a register count past the SM's.
 pub fn compile(launched: &Launched) -> Result<Compiled, String> {
+    check_shape(launched)?;
     let (lib, dir) = nvrtc()?;
     let include = |sub: &str| format!("--include-path={}", dir.join(sub).display());
     let options = [
@@ -144,12 +168,12 @@ pub fn compile(launched: &Launched) -> Result<Compiled, String> {
             .and_then(|rest| rest.split(' ').next())
             .and_then(|n| n.parse::<i32>().ok())
             .ok_or_else(|| format!("ptxas reported no register count for {}:\n{log}", launched.function))?;
-        let needed = block_registers(registers, launched.block_threads);
+        let needed = block_registers(registers, launched.block_threads());
         if needed > REGISTERS_PER_SM {
             return Err(format!(
                 "{registers} registers a thread x {} threads a block need {needed} registers, past an SM's \
                  {REGISTERS_PER_SM}: the launch would fail",
-                launched.block_threads
+                launched.block_threads()
             ));
         }
         Ok(Compiled { function: launched.function.clone(), report, registers })
@@ -162,7 +186,7 @@ pub fn assert_compiles(launched: &[Launched]) {
     assert!(!launched.is_empty(), "no kernel launch was recorded");
     let mut distinct: Vec<&Launched> = Vec::new();
     for l in launched {
-        if !distinct.iter().any(|d| d.source == l.source && d.block_threads == l.block_threads) {
+        if !distinct.iter().any(|d| d.source == l.source && d.grid == l.grid && d.threads == l.threads) {
             distinct.push(l);
         }
     }

@@ -3,7 +3,7 @@
 //! over 8 K/V heads of 128, hidden 4096, MLP 12288) and SmolLM2's (9 over 3
 //! of 64), in each dtype the routes take.
 
-use crate::cuda_capture::launches;
+use crate::cuda_capture::{launches, Launched};
 use crate::gemv::{self, Fusion};
 use crate::kernel_check::{assert_compiles, kernels};
 use crate::layers::RmsNorm;
@@ -108,7 +108,8 @@ fn a_kernel_that_does_not_compile_fails_the_check_with_the_compilers_words() {
             &[("out", Dtype::Float32)],
             &[],
         ),
-        block_threads: 32,
+        grid: [32, 1, 1],
+        threads: [32, 1, 1],
     };
     let log = crate::kernel_check::compile(&launched).unwrap_err();
     assert!(log.contains("undeclared") && log.contains("error"), "{log}");
@@ -126,8 +127,36 @@ fn a_launch_past_the_register_file_fails_the_check() {
     })
     .unwrap();
     let fits = crate::kernel_check::compile(&recorded[0]).expect("it compiles at its own block size");
-    assert!(fits.registers * recorded[0].block_threads <= 65536);
-    recorded[0].block_threads = 1024;
+    assert!(fits.registers * recorded[0].block_threads() <= 65536);
+    let blocks = recorded[0].grid[0] / recorded[0].threads[0];
+    recorded[0].threads = [1024, 1, 1];
+    recorded[0].grid = [blocks * 1024, 1, 1];
     let refused = crate::kernel_check::compile(&recorded[0]).unwrap_err();
     assert!(refused.contains("registers") && refused.contains("65536"), "{refused}");
+}
+
+/// Launches the device would refuse, or run with fewer threads a block than
+/// the kernel was written for, fail the check before any compiling.
+#[test]
+fn launch_shapes_the_device_refuses_fail_the_check() {
+    let recorded = launches(|| -> Result<()> {
+        let q = zeros(&[1, 32, 1, 128], Dtype::Bfloat16);
+        let kv = zeros(&[1, 8, 300, 128], Dtype::Bfloat16);
+        decode_attention::masked(&q, &kv, &kv, 0.088, &zeros(&[1, 1, 1, 300], Dtype::Bool))?;
+        Ok(())
+    })
+    .unwrap();
+    let good = recorded[0].clone();
+    let with =
+        |grid: [i32; 3], threads: [i32; 3]| crate::kernel_check::compile(&Launched { grid, threads, ..good.clone() });
+    let cases = [
+        ([2048, 1, 1], [2048, 1, 1], "threads a block"),
+        ([64, 1, 128], [1, 1, 128], "threads a block"),
+        ([128, 70000, 1], [128, 1, 1], "blocks"),
+        ([64, 1, 1], [128, 1, 1], "fewer threads"),
+    ];
+    for (grid, threads, why) in cases {
+        let err = with(grid, threads).unwrap_err();
+        assert!(err.contains(why), "{grid:?} / {threads:?}: {err}");
+    }
 }
