@@ -161,7 +161,7 @@ mod tests {
             let texts: Vec<String> = files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
             let makes =
                 texts.iter().any(|t| t.contains("CudaKernel::new(") || t.contains("CudaKernel::new_contiguous("));
-            let compiles = texts.iter().any(|t| t.contains("cuda_capture::launches") && t.contains("assert_compiles("));
+            let compiles = texts.iter().any(|t| t.contains("launches(") && t.contains("assert_compiles("));
             if makes && !krate.ends_with("model-kit") {
                 with_kernels += 1;
             }
