@@ -9,15 +9,11 @@ use crate::dequantize_rows::dequantize_rows;
 use crate::{QMask, Widths};
 use model_kit::cuda_capture::launches;
 use model_kit::kernel_check::{assert_compiles, kernels};
+use model_kit::ops::zeros;
 use model_kit::{Array, Dtype, Result};
-use plugin_sdk::mlx_rs;
-
-fn zeros(shape: &[i32], dtype: Dtype) -> Array {
-    mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
-}
 
 fn code_rows(codec: Affine, rows: i32, heads: i32, keys: i32, d: i32, dtype: Dtype) -> Result<Array> {
-    Ok(zeros(&[rows, heads, keys, codec.width(d, dtype)?], Affine::storage(dtype)?))
+    zeros(&[rows, heads, keys, codec.width(d, dtype)?], Affine::storage(dtype)?)
 }
 
 #[test]
@@ -32,11 +28,11 @@ fn the_codes_kernels_compile_for_the_h200() {
             for dtype in [Dtype::Bfloat16, Dtype::Float16] {
                 let (rows, keys) = (2, 1000);
                 let k = code_rows(codec, rows, hkv, keys, d, dtype)?;
-                let q = zeros(&[rows, hq, 1, d], dtype);
+                let q = zeros(&[rows, hq, 1, d], dtype)?;
                 let plain = Widths { k: d, v: d, dtype };
                 let mut masks = vec![QMask::None];
                 if i == 0 {
-                    masks.push(QMask::Array(zeros(&[rows, 1, 1, keys], Dtype::Bool)));
+                    masks.push(QMask::Array(zeros(&[rows, 1, 1, keys], Dtype::Bool)?));
                 }
                 for mask in masks {
                     let out = decode_attention(&q, &k, &k, plain, 0.088, &mask, codec)?;

@@ -20,7 +20,6 @@ use std::sync::OnceLock;
 /// What ptxas said of one compiled function.
 #[derive(Debug)]
 pub struct Compiled {
-    pub function: String,
     /// Its `Used N registers` and spill lines.
     pub report: String,
     /// Registers per thread.
@@ -176,7 +175,7 @@ pub fn compile(launched: &Launched) -> Result<Compiled, String> {
                 launched.block_threads()
             ));
         }
-        Ok(Compiled { function: launched.function.clone(), report, registers })
+        Ok(Compiled { report, registers })
     }
 }
 

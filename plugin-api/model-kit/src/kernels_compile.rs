@@ -7,30 +7,27 @@ use crate::cuda_capture::{launches, Launched};
 use crate::gemv::{self, Fusion};
 use crate::kernel_check::{assert_compiles, kernels};
 use crate::layers::RmsNorm;
+use crate::ops::zeros;
 use crate::rope::{Position, Rope};
-use crate::{decode_attention, qk_norm_rope, Array, Dtype, Result};
-
-fn zeros(shape: &[i32], dtype: Dtype) -> Array {
-    mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
-}
+use crate::{decode_attention, qk_norm_rope, Dtype, Result};
 
 #[test]
 fn the_decode_attention_kernels_compile_for_the_h200() {
     let recorded = launches(|| -> Result<()> {
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
             for (b, hq, hkv, d, t) in [(1, 32, 8, 128, 4096), (16, 9, 3, 64, 700)] {
-                let q = zeros(&[b, hq, 1, d], dtype);
-                let kv = zeros(&[b, hkv, t, d], dtype);
-                let mask = zeros(&[b, 1, 1, t], Dtype::Bool);
+                let q = zeros(&[b, hq, 1, d], dtype)?;
+                let kv = zeros(&[b, hkv, t, d], dtype)?;
+                let mask = zeros(&[b, 1, 1, t], Dtype::Bool)?;
                 let out = decode_attention::masked(&q, &kv, &kv, 0.088, &mask)?;
                 assert_eq!(out.expect("the kernel takes it").shape(), [b, hq, 1, d]);
             }
         }
         let (rows, hkv, block, nb) = (4, 8, 16, 64);
-        let q = zeros(&[rows, 32, 1, 128], Dtype::Bfloat16);
-        let pool = zeros(&[hkv, 512 * block, 128], Dtype::Bfloat16);
-        let flat = zeros(&[rows, hkv, nb], Dtype::Int32);
-        let mask = zeros(&[rows, 1, 1, nb * block], Dtype::Bool);
+        let q = zeros(&[rows, 32, 1, 128], Dtype::Bfloat16)?;
+        let pool = zeros(&[hkv, 512 * block, 128], Dtype::Bfloat16)?;
+        let flat = zeros(&[rows, hkv, nb], Dtype::Int32)?;
+        let mask = zeros(&[rows, 1, 1, nb * block], Dtype::Bool)?;
         let out = decode_attention::paged(&q, &pool, &pool, &flat, block, 0.088, &mask)?;
         assert!(out.is_some(), "the paged kernel takes it");
         Ok(())
@@ -48,20 +45,20 @@ fn the_fused_decode_projections_compile_for_the_h200() {
     let (hidden, kv, mlp) = (4096, 1024, 12288);
     let recorded = launches(|| -> Result<()> {
         for m in [1, 4] {
-            let x = zeros(&[m, 1, hidden], Dtype::Bfloat16);
-            let g = zeros(&[hidden], Dtype::Bfloat16);
+            let x = zeros(&[m, 1, hidden], Dtype::Bfloat16)?;
+            let g = zeros(&[hidden], Dtype::Bfloat16)?;
             let w = |n: i32, k: i32| zeros(&[n, k], Dtype::Bfloat16);
-            let (wq, wk, wv) = (w(hidden, hidden), w(kv, hidden), w(kv, hidden));
+            let (wq, wk, wv) = (w(hidden, hidden)?, w(kv, hidden)?, w(kv, hidden)?);
             let norm = Some((&g, 1e-6));
             gemv::apply(Fusion::NormThen(3), &x, m, norm, &[&wq, &wk, &wv], None)?;
             gemv::apply(Fusion::NormThen(2), &x, m, norm, &[&wq, &wk], None)?;
             gemv::apply(Fusion::NormThen(1), &x, m, norm, &[&wq], None)?;
-            let (gate, up) = (w(mlp, hidden), w(mlp, hidden));
+            let (gate, up) = (w(mlp, hidden)?, w(mlp, hidden)?);
             gemv::apply(Fusion::NormSwiGlu, &x, m, norm, &[&gate, &up], None)?;
-            let (down, h) = (w(hidden, mlp), zeros(&[m, 1, mlp], Dtype::Bfloat16));
+            let (down, h) = (w(hidden, mlp)?, zeros(&[m, 1, mlp], Dtype::Bfloat16)?);
             gemv::apply(Fusion::ThenAdd, &h, m, None, &[&down], Some(&x))?;
             gemv::apply(Fusion::ThenAdd, &x, m, None, &[&wq], Some(&x))?;
-            gemv::apply(Fusion::Plain, &x, m, None, &[&w(49152, hidden)], None)?;
+            gemv::apply(Fusion::Plain, &x, m, None, &[&w(49152, hidden)?], None)?;
         }
         Ok(())
     })
@@ -77,14 +74,14 @@ fn the_fused_decode_projections_compile_for_the_h200() {
 fn the_qk_norm_rope_kernels_compile_for_the_h200() {
     let llama3 = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
     let recorded = launches(|| -> Result<()> {
-        let norm = RmsNorm::new(zeros(&[128], Dtype::Bfloat16), 1e-6);
+        let norm = RmsNorm::new(zeros(&[128], Dtype::Bfloat16)?, 1e-6);
         for (scaling, pos) in
-            [(None, Position::Offset(7)), (Some(&llama3), Position::PerRow(zeros(&[4], Dtype::Int32)))]
+            [(None, Position::Offset(7)), (Some(&llama3), Position::PerRow(zeros(&[4], Dtype::Int32)?))]
         {
             let rope = Rope::new(128, 1_000_000.0, false, scaling)?;
             let (b, l) = if matches!(pos, Position::Offset(_)) { (1, 5) } else { (4, 1) };
-            let q = zeros(&[b, l, 32 * 128], Dtype::Bfloat16);
-            let k = zeros(&[b, l, 8 * 128], Dtype::Bfloat16);
+            let q = zeros(&[b, l, 32 * 128], Dtype::Bfloat16)?;
+            let k = zeros(&[b, l, 8 * 128], Dtype::Bfloat16)?;
             let out = qk_norm_rope::fused(&q, &k, (&norm, &norm), &rope, &pos, (32, 8))?;
             assert!(out.is_some(), "the fused route takes it");
         }
@@ -120,8 +117,8 @@ fn a_kernel_that_does_not_compile_fails_the_check_with_the_compilers_words() {
 #[test]
 fn a_launch_past_the_register_file_fails_the_check() {
     let mut recorded = launches(|| -> Result<()> {
-        let x = zeros(&[4, 1, 4096], Dtype::Bfloat16);
-        let (g, w) = (zeros(&[4096], Dtype::Bfloat16), zeros(&[4096, 4096], Dtype::Bfloat16));
+        let x = zeros(&[4, 1, 4096], Dtype::Bfloat16)?;
+        let (g, w) = (zeros(&[4096], Dtype::Bfloat16)?, zeros(&[4096, 4096], Dtype::Bfloat16)?);
         gemv::apply(Fusion::NormThen(3), &x, 4, Some((&g, 1e-6)), &[&w, &w, &w], None)?;
         Ok(())
     })
@@ -140,9 +137,9 @@ fn a_launch_past_the_register_file_fails_the_check() {
 #[test]
 fn launch_shapes_the_device_refuses_fail_the_check() {
     let recorded = launches(|| -> Result<()> {
-        let q = zeros(&[1, 32, 1, 128], Dtype::Bfloat16);
-        let kv = zeros(&[1, 8, 300, 128], Dtype::Bfloat16);
-        decode_attention::masked(&q, &kv, &kv, 0.088, &zeros(&[1, 1, 1, 300], Dtype::Bool))?;
+        let q = zeros(&[1, 32, 1, 128], Dtype::Bfloat16)?;
+        let kv = zeros(&[1, 8, 300, 128], Dtype::Bfloat16)?;
+        decode_attention::masked(&q, &kv, &kv, 0.088, &zeros(&[1, 1, 1, 300], Dtype::Bool)?)?;
         Ok(())
     })
     .unwrap();

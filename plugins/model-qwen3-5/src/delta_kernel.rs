@@ -161,11 +161,7 @@ mod tests {
     use super::*;
     use model_kit::cuda_capture::launches;
     use model_kit::kernel_check::{assert_compiles, kernels};
-    use plugin_sdk::mlx_rs;
-
-    fn zeros(shape: &[i32], dtype: Dtype) -> Array {
-        mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
-    }
+    use model_kit::ops::zeros;
 
     /// The kernel compiles for the H200 (`model_kit::kernel_check`) at the
     /// launches the DeltaNet makes: Qwen3.5's 16 key heads over 32 value
@@ -178,12 +174,12 @@ mod tests {
         let recorded = launches(|| -> Result<()> {
             for (hk, hv, d, dtype) in [(16, 32, 128, Dtype::Bfloat16), (2, 4, 64, Dtype::Float32)] {
                 for (b, t, mask, every) in [(2, 40, true, false), (1, 1, false, false), (1, 3, false, true)] {
-                    let q = zeros(&[b, t, hk, d], dtype);
-                    let v = zeros(&[b, t, hv, d], dtype);
-                    let g = zeros(&[b, t, hv], Dtype::Float32);
-                    let beta = zeros(&[b, t, hv], dtype);
-                    let state = zeros(&[b, hv, d, d], Dtype::Float32);
-                    let mask = mask.then(|| zeros(&[b, t], Dtype::Bool));
+                    let q = zeros(&[b, t, hk, d], dtype)?;
+                    let v = zeros(&[b, t, hv, d], dtype)?;
+                    let g = zeros(&[b, t, hv], Dtype::Float32)?;
+                    let beta = zeros(&[b, t, hv], dtype)?;
+                    let state = zeros(&[b, hv, d, d], Dtype::Float32)?;
+                    let mask = mask.then(|| zeros(&[b, t], Dtype::Bool)).transpose()?;
                     let out = recurrence(&q, &q, &v, &g, &beta, &state, mask.as_ref(), every)?;
                     assert!(out.is_some(), "the kernel takes it");
                 }
