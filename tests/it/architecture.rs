@@ -250,3 +250,30 @@ fn no_string_in_host_code_names_a_family_an_architecture_or_a_draft_kind() {
     }
     assert!(hits.is_empty(), "host code names families, architectures or draft kinds:\n{}", hits.join("\n"));
 }
+
+/// Architecture Invariant: CI runs no GPU, so a crate that makes a CUDA
+/// kernel of its own compiles it in a test (`model_kit::kernel_check`,
+/// docs/ARCHITECTURE.md "Where new things go: A CUDA kernel").
+#[test]
+fn every_crate_with_a_cuda_kernel_has_a_compile_test() {
+    let mut with_kernels = 0;
+    for group in ["plugin-api", "plugins", "host"] {
+        for e in std::fs::read_dir(repo_root().join(group)).unwrap() {
+            let krate = e.unwrap().path();
+            if !krate.join("Cargo.toml").exists() {
+                continue;
+            }
+            let mut files = Vec::new();
+            rust_files(&krate.join("src"), &mut files);
+            let texts: Vec<String> = files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
+            let makes =
+                texts.iter().any(|t| t.contains("CudaKernel::new(") || t.contains("CudaKernel::new_contiguous("));
+            let compiles = texts.iter().any(|t| t.contains("launches(") && t.contains("assert_compiles("));
+            if makes && !krate.ends_with("model-kit") {
+                with_kernels += 1;
+            }
+            assert!(!makes || compiles, "{} makes a CUDA kernel and has no compile test", krate.display());
+        }
+    }
+    assert!(with_kernels >= 3, "the scan found the kernel crates ({with_kernels})");
+}
