@@ -100,23 +100,35 @@ fn build_prefix(root: &Path, prefix: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Downloads one wheel by requirement into `dir` and returns its path.
+/// Downloads one wheel by requirement into `dir` (unless it is there
+/// already) and returns its path.
 pub fn download_wheel(req: &str, dir: &Path) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    run(Command::new("python3")
-        .args(["-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d"])
-        .arg(dir)
-        .arg(req))?;
+    fetch_wheel(req, dir, &[])
+}
+
+/// The wheel `name==version` in `dir`, if it has been downloaded.
+fn cached_wheel(req: &str, dir: &Path) -> Result<Option<PathBuf>> {
     let (name, version) = req.split_once("==").context("pinned requirement")?;
     let stem = format!("{}-{version}-", name.replace('-', "_"));
-    for e in std::fs::read_dir(dir)? {
-        let p = e?.path();
+    Ok(std::fs::read_dir(dir)?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| {
         let f = p.file_name().unwrap().to_string_lossy().to_string();
-        if f.starts_with(&stem) && f.ends_with(".whl") {
-            return Ok(p);
-        }
+        f.starts_with(&stem) && f.ends_with(".whl")
+    }))
+}
+
+/// `download_wheel` with pip's platform options `platform`.
+fn fetch_wheel(req: &str, dir: &Path, platform: &[&str]) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    if let Some(w) = cached_wheel(req, dir)? {
+        return Ok(w);
     }
-    bail!("no wheel for {req} in {}", dir.display())
+    run(Command::new("python3")
+        .args(["-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"])
+        .args(platform)
+        .arg("-d")
+        .arg(dir)
+        .arg(req))?;
+    cached_wheel(req, dir)?.with_context(|| format!("no wheel for {req} in {}", dir.display()))
 }
 
 /// The wheel bundles a reference BLAS; Debian's OpenBLAS is ~17x faster for
@@ -169,36 +181,8 @@ fn fetch_mlx_c(work: &Path) -> Result<PathBuf> {
 /// cache (the wheel the device machine runs, and where the kernel compile
 /// check finds MLX's device headers).
 pub fn cuda_wheel() -> Result<PathBuf> {
-    let dl = cache_dir().join("downloads-cuda");
-    std::fs::create_dir_all(&dl)?;
-    let find = || {
-        std::fs::read_dir(&dl).ok()?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| {
-            let f = p.file_name().unwrap().to_string_lossy().to_string();
-            f.starts_with(&format!("mlx_cuda_13-{MLX_VERSION}-")) && f.ends_with(".whl")
-        })
-    };
-    if let Some(w) = find() {
-        return Ok(w);
-    }
-    run(Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.12",
-            "--implementation",
-            "cp",
-            "--platform",
-            "manylinux_2_35_x86_64",
-            "-d",
-        ])
-        .arg(&dl)
-        .arg(format!("mlx-cuda-13=={MLX_VERSION}")))?;
-    find().context("mlx-cuda-13 wheel")
+    let platform = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_35_x86_64"];
+    fetch_wheel(&format!("mlx-cuda-13=={MLX_VERSION}"), &cache_dir().join("downloads-cuda"), &platform)
 }
 
 /// Lays out the CUDA runtime for the device machine in two halves (each call
