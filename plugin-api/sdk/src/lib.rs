@@ -5,10 +5,13 @@
 //! boundary [`Tensor`]s and mlx-rs [`Array`]s that respect the ownership
 //! rules, [`Locked`] (a graph holding MLX arrays made `Sync` without
 //! `unsafe`), [`shared`] weights across instances, manifest helpers, and
-//! [`draft_sampling`] (drafters drawing drafts as the host samples). Never
+//! [`draft_sampling`] (drafters drawing drafts as the host samples),
+//! [`kv_need`] (what every cache layout checks of an update, and the mask of
+//! unpadded rows). Never
 //! depends on a host crate.
 
 pub mod draft_sampling;
+pub mod kv_need;
 mod locked;
 pub mod shared;
 

@@ -9,7 +9,8 @@ use model_kit::ops::dtype_size;
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
-use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, quietly, to_array};
+use plugin_sdk::kv_need::{array_mask, implicit_mask, KvShape};
+use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_error, quietly, to_array};
 use std::sync::atomic::Ordering;
 
 pub struct PagedKv {
@@ -291,28 +292,19 @@ impl CacheLayout for PagedKv {
             let n = queries as usize;
             Ok(if view::uneven(&self.rows, &self.pending) {
                 let lens = view::lengths_after(&self.rows, &self.pending, n);
-                let mask = view::mask(&lens, n, self.block())?;
-                AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(mask)) }
-            } else if queries <= 1 {
-                AttentionMask { mode: MaskMode::NONE, array: ROption::RNone }
+                array_mask(view::mask(&lens, n, self.block())?)
             } else {
-                AttentionMask { mode: MaskMode::CAUSAL, array: ROption::RNone }
+                implicit_mask(queries)
             })
         })
     }
 
     fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
-        guard_mlx(|| {
+        guard(|| {
             let (k, v) = (into_array(keys), into_array(values));
             let g = self.geometry;
-            if k.ndim() != 4 || k.shape()[1] != g.heads || k.shape()[3] != g.k_dim || v.shape()[3] != g.v_dim {
-                return Err(error(format!(
-                    "kv-paged: keys {:?} / values {:?} do not match the declared need",
-                    k.shape(),
-                    v.shape()
-                )));
-            }
-            let (k, v) = self.store(k, v)?;
+            KvShape { heads: g.heads, k_dim: g.k_dim, v_dim: g.v_dim }.check("kv-paged", &k, &v)?;
+            let (k, v) = self.store(k, v).map_err(mlx_error)?;
             Ok(KvPair { keys: into_tensor(k), values: into_tensor(v) })
         })
     }

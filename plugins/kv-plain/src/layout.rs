@@ -2,6 +2,8 @@
 //! boundary) and answered by the storage's own methods.
 
 use super::*;
+use plugin_sdk::kv_need::{array_mask, implicit_mask, KvShape};
+use plugin_sdk::mlx_error;
 
 impl CacheLayout for PlainKv {
     fn signature(&self) -> RString {
@@ -26,33 +28,22 @@ impl CacheLayout for PlainKv {
 
     fn attention_mask(&self, queries: u32) -> PResult<AttentionMask> {
         guard_mlx(|| {
-            Ok(if self.padded() {
-                AttentionMask {
-                    mode: MaskMode::ARRAY,
-                    array: ROption::RSome(into_tensor(self.mask_array(queries as usize)?)),
-                }
-            } else if queries <= 1 {
-                AttentionMask { mode: MaskMode::NONE, array: ROption::RNone }
-            } else {
-                AttentionMask { mode: MaskMode::CAUSAL, array: ROption::RNone }
-            })
+            Ok(if self.padded() { array_mask(self.mask_array(queries as usize)?) } else { implicit_mask(queries) })
         })
     }
 
     fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
-        guard_mlx(|| {
+        guard(|| {
             let (k, v) = (into_array(keys), into_array(values));
-            if k.ndim() != 4 || k.shape()[1] != self.heads || k.shape()[3] != self.k_dim || v.shape()[3] != self.v_dim {
-                return Err(error(format!(
-                    "kv-plain: keys {:?} / values {:?} do not match the declared need",
-                    k.shape(),
-                    v.shape()
+            KvShape { heads: self.heads, k_dim: self.k_dim, v_dim: self.v_dim }.check("kv-plain", &k, &v)?;
+            if k.shape()[0] as usize != self.rows() {
+                return Err(PluginError::invalid_input(format!(
+                    "kv-plain: {} rows given, cache holds {}",
+                    k.shape()[0],
+                    self.rows()
                 )));
             }
-            if k.shape()[0] as usize != self.rows() {
-                return Err(error(format!("kv-plain: {} rows given, cache holds {}", k.shape()[0], self.rows())));
-            }
-            let (k, v) = self.store(k, v)?;
+            let (k, v) = self.store(k, v).map_err(mlx_error)?;
             Ok(KvPair { keys: into_tensor(k), values: into_tensor(v) })
         })
     }

@@ -5,6 +5,7 @@ use model_kit::ops::dtype_size;
 use model_kit::{Array, Dtype};
 use plugin_api::abi_stable::std_types::RString;
 use plugin_api::PluginError;
+use plugin_sdk::kv_need::KvShape;
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Geometry {
@@ -32,21 +33,7 @@ impl Geometry {
     /// Fails unless `k` is `[B, heads, L, k_dim]` and `v` `[B, heads, L, v_dim]`
     /// (the row count is the caller's to check).
     pub fn check_kv(&self, k: &Array, v: &Array) -> Result<(), PluginError> {
-        let (ks, vs) = (k.shape(), v.shape());
-        if k.ndim() != 4
-            || v.ndim() != 4
-            || ks[1] != self.heads
-            || ks[3] != self.k_dim
-            || vs[1] != self.heads
-            || vs[3] != self.v_dim
-            || ks[2] != vs[2]
-            || ks[0] != vs[0]
-        {
-            return Err(PluginError::invalid_input(format!(
-                "kv-rotating: keys {ks:?} / values {vs:?} do not match the declared need"
-            )));
-        }
-        Ok(())
+        KvShape { heads: self.heads, k_dim: self.k_dim, v_dim: self.v_dim }.check("kv-rotating", k, v)
     }
 
     /// Bytes one token takes in one row, keys and values.

@@ -14,6 +14,7 @@ use crate::round::Round;
 use model_kit::Array;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
+use plugin_sdk::kv_need::array_mask;
 use plugin_sdk::{guard, into_array, into_tensor, mlx_error, quietly};
 
 /// Which of mlx-lm's classes a cache answers as.
@@ -100,7 +101,7 @@ impl CacheLayout for RotatingKv {
             Kind::Serial => Ok(self.ring.serial_mask(queries as usize)),
             Kind::Batch => {
                 let mask = self.ring.rows_mask(queries as usize).map_err(mlx_error)?;
-                Ok(AttentionMask { mode: MaskMode::ARRAY, array: ROption::RSome(into_tensor(mask)) })
+                Ok(array_mask(mask))
             }
         })
     }

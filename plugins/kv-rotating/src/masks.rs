@@ -9,9 +9,8 @@
 use crate::columns::{len, roll};
 use crate::ring::Ring;
 use model_kit::{Array, Result};
-use plugin_api::abi_stable::std_types::ROption;
-use plugin_api::{AttentionMask, MaskMode};
-use plugin_sdk::into_tensor;
+use plugin_api::AttentionMask;
+use plugin_sdk::kv_need::{array_mask, implicit_mask};
 
 /// mlx-lm `create_causal_mask(n, offset, window_size=window)` as `[1, 1, n, offset + n]`.
 fn window_mask(n: usize, offset: usize, window: usize) -> Array {
@@ -33,12 +32,9 @@ impl Ring {
         if n > 1 {
             let offset = (max_size - 1).min(self.seen);
             if offset + n > window {
-                AttentionMask {
-                    mode: MaskMode::ARRAY,
-                    array: ROption::RSome(into_tensor(window_mask(n, offset, window))),
-                }
+                array_mask(window_mask(n, offset, window))
             } else {
-                AttentionMask { mode: MaskMode::CAUSAL, array: ROption::RNone }
+                implicit_mask(n as u32)
             }
         } else if self.seen >= window && max_size > window {
             // Only when the window is narrower than the ring (never as
@@ -49,12 +45,9 @@ impl Ring {
             let base: Vec<bool> = (0..size).map(|i| i >= size - window).collect();
             let shift = (idx + 1) % size;
             let rolled: Vec<bool> = (0..size).map(|j| base[(j + size - shift) % size]).collect();
-            AttentionMask {
-                mode: MaskMode::ARRAY,
-                array: ROption::RSome(into_tensor(Array::from_slice(&rolled, &[1, 1, 1, size as i32]))),
-            }
+            array_mask(Array::from_slice(&rolled, &[1, 1, 1, size as i32]))
         } else {
-            AttentionMask { mode: MaskMode::NONE, array: ROption::RNone }
+            implicit_mask(1)
         }
     }
 
