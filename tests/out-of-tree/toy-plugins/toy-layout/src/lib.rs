@@ -10,7 +10,8 @@ use model_kit::{error, Array, Result};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
-use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, quietly, rstrings};
+use plugin_sdk::kv_need::{implicit_mask, KvShape};
+use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_error, quietly, rstrings};
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -104,19 +105,19 @@ impl CacheLayout for ToyKv {
     }
 
     fn attention_mask(&self, queries: u32) -> PResult<AttentionMask> {
-        let mode = if queries <= 1 { MaskMode::NONE } else { MaskMode::CAUSAL };
-        guard(|| Ok(AttentionMask { mode, array: ROption::RNone }))
+        guard(|| Ok(implicit_mask(queries)))
     }
 
     fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
-        guard_mlx(|| {
+        guard(|| {
             let (k, v) = (into_array(keys), into_array(values));
-            if k.ndim() != 4 || k.shape()[0] != 1 || k.shape()[1] != self.heads || k.shape()[3] != self.k_dim {
-                return Err(error(format!("toy-layout: keys {:?} do not match the declared need", k.shape())));
+            KvShape { heads: self.heads, k_dim: self.k_dim, v_dim: self.v_dim }.check("toy-layout", &k, &v)?;
+            if k.shape()[0] != 1 {
+                return Err(PluginError::invalid_input(format!("toy-layout: {} rows given, it holds one", k.shape()[0])));
             }
             #[cfg(feature = "faults")]
             faults::on_update(k.shape()[2]);
-            let (k, v) = self.append(k, v)?;
+            let (k, v) = self.append(k, v).map_err(mlx_error)?;
             Ok(KvPair { keys: into_tensor(k), values: into_tensor(v) })
         })
     }
