@@ -432,7 +432,17 @@ impl Engine {
     /// prefill ~8x slower through the HTTP server (TTFT 489 vs 57 ms,
     /// docs/benchmarks.md; the cause is not isolated yet).
     pub(crate) fn prefill_chunk(&self, tokens: &Array, caches: &mut [CacheBox]) -> Result<(), EngineError> {
-        self.forward(tokens, caches, false)?.eval()?;
+        let t0 = std::time::Instant::now();
+        let h = self.forward(tokens, caches, false)?;
+        let t1 = std::time::Instant::now();
+        h.eval()?;
+        tracing::trace!(
+            target: "host_engine::step",
+            tokens = tokens.size(),
+            graph_ms = (t1 - t0).as_secs_f64() * 1e3,
+            eval_ms = t1.elapsed().as_secs_f64() * 1e3,
+            "prefill chunk"
+        );
         Ok(())
     }
 

@@ -1,6 +1,10 @@
 //! The weights of a model folder: `model.safetensors`, or shards listed by
 //! `model.safetensors.index.json`, or every `*.safetensors` file. MLX maps
-//! them lazily: bytes are read when first evaluated.
+//! them lazily: bytes are read when first evaluated, on the default device's
+//! stream. On a GPU that puts each tensor in device memory; read on the CPU
+//! stream it would land in managed memory that the GPU migrates page by page
+//! on first touch (1.7 s of page faults in the first 4096-token prefill of
+//! an 8B model on the H200, docs/benchmarks.md).
 
 use crate::{error, Array, Result};
 use std::collections::HashMap;
@@ -14,7 +18,8 @@ impl Weights {
     pub fn load(dir: &Path) -> Result<Self> {
         let mut map = HashMap::new();
         for file in weight_files(dir)? {
-            let part = Array::load_safetensors(&file).map_err(|e| error(format!("{}: {e}", file.display())))?;
+            let part = mlx_rs::with_stream(&mlx_rs::Stream::new(), || Array::load_safetensors(&file))
+                .map_err(|e| error(format!("{}: {e}", file.display())))?;
             map.extend(part);
         }
         if map.is_empty() {

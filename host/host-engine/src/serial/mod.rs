@@ -91,7 +91,9 @@ fn start_request(
     if plan.prompt_cache && cached < head.len() {
         // A prompt-boundary snapshot: what the next turn of a chat reuses
         // even when its caches cannot trim (a wrapped ring).
+        let t = std::time::Instant::now();
         engine.prefix().put(head, &caches);
+        tracing::trace!(target: "host_engine::step", ms = t.elapsed().as_secs_f64() * 1e3, "prompt snapshot");
     }
     Ok((caches, cached, states))
 }
