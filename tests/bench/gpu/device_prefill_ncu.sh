@@ -27,5 +27,5 @@ for _ in generate_step(mx.array(ids), m, max_tokens=1): pass
 " > $OUT/ncu_prefill_mlxlm.csv 2> $OUT/ncu_mlxlm.err || { echo "ncu (mlx-lm) failed"; tail -5 $OUT/ncu_mlxlm.err; }
 for side in ours mlxlm; do
   echo "## $side, prefill of $L tokens, $SHAPE"
-  python3 tests/bench/gpu/ncu_kernels.py $OUT/ncu_prefill_$side.csv --top 25
+  python3 tests/bench/gpu/ncu_kernels.py $OUT/ncu_prefill_$side.csv --split-at gather --top 25
 done | tee $OUT/prefill_ncu.md
