@@ -94,9 +94,10 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
 
 /// `mx.fast.scaled_dot_product_attention` with the mask's mode; multi-token
 /// queries on a GPU attend one by one (up to 16, causal) or unfused while
-/// their scores stay small (`short_attention` says why); a masked decode
-/// step on a GPU (rows of different lengths) goes to our kernel, where MLX
-/// has no fused one (`decode_attention` says why).
+/// their scores stay small (`short_attention` says why), and longer causal
+/// chunks at a bucketed shape (`bucketed_attention` says why); a masked
+/// decode step on a GPU (rows of different lengths) goes to our kernel,
+/// where MLX has no fused one (`decode_attention` says why).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
     if let Mask::Array(m) = mask {
         if let Some(out) = crate::decode_attention::masked(q, k, v, scale, m)? {
@@ -112,7 +113,8 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
     match mask {
         Mask::None => mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, None, None),
         Mask::Causal => {
-            mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Causal, None)
+            let bucket = crate::routes::current().bucket_causal && crate::ops::on_gpu();
+            crate::bucketed_attention::causal(q, k, v, scale, bucket)
         }
         Mask::Array(m) => {
             mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Array(m), None)

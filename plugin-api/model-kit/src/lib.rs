@@ -11,6 +11,7 @@
 //! mlx-lm is a tested promise.
 
 pub mod attention;
+pub mod bucketed_attention;
 pub mod checkpoint;
 pub mod compiled;
 pub mod config;
