@@ -12,8 +12,9 @@
 //! before and the padded rows, sliced off, see only padding and real keys.
 //! With the query count rounded up to a multiple of [`BUCKET`] a process
 //! meets at most `2048 / BUCKET` shapes per prefix length, and cuDNN's plan
-//! cache keeps them. The real rows' values equal the unpadded call's
-//! (checked bit for bit on the H200 by `bucketed_rows_equal_the_unpadded_call`).
+//! cache keeps them. The real rows' values equal the unpadded call's: bit
+//! for bit through cuDNN on the H100 (`tests/bench/gpu/sdpa_bucket_probe.py`),
+//! and through MLX's CPU fallback in `bucketed_rows_equal_the_unpadded_call`.
 
 use crate::{Array, Result};
 use mlx_rs::fast::ScaledDotProductAttentionMask;
@@ -67,9 +68,9 @@ mod tests {
     }
 
     /// The padded call attends each real query over the keys the unpadded
-    /// one does. On the CPU both go through MLX's unfused fallback, which
-    /// sums the same scores, so the rows agree to float32 rounding; on the
-    /// H200 the cuDNN kernel gave them bit for bit.
+    /// one does: a padding that moved the causal diagonal would let real
+    /// queries see other keys, and the rows would differ by far more than
+    /// float32 rounding.
     #[test]
     fn bucketed_rows_equal_the_unpadded_call() {
         for (l, past) in [(3, 0), (37, 0), (37, 11), (256, 5)] {
