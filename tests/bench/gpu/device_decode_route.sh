@@ -9,7 +9,7 @@
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 shape qwen3-8b
-I512=$(python3 -c "import random; r=random.Random(5); print(','.join(str(r.randrange(100,49000)) for _ in range(512)))")
+I512=$(ids 5 512)
 python3 tests/bench/bench_variants.py --host $H --plugins $P --model /tmp/m/qwen3-8b --prompt-ids $I512 --gen 256 --reps 3 \
   --variant "cudnn=" --variant "vector=env:MLX_CUDA_USE_CUDNN_SDPA=0" | tee $OUT/decode_route.md
 bash tests/bench/gpu/device_prefill_timeline.sh qwen3-8b ours:4096 mlxlm:4096

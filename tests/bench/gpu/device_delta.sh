@@ -17,7 +17,7 @@ set -euo pipefail
 source tests/bench/gpu/device_env.sh
 route_args() { [ $1 = kernel ] || echo "--model-option delta=ops"; }
 HY=/tmp/d/qwen3_5-8b
-LONG=$(python3 -c "import random; r=random.Random(1); print(','.join(str(r.randrange(100,49000)) for _ in range(300)))")
+LONG=$(ids 1 300)
 {
   echo "## parity"
   python3 models/scripts/oracle.py --model $TINY --prompt-ids $LONG --max-tokens 64 --out /tmp/tiny.ref.json > /dev/null

@@ -13,7 +13,10 @@ H=.device/host; P=.device/plugins
 # 2-layer draft pair at agreement knob $1 (make_spec_pair.py), and 64
 # random prompt ids.
 pair() { [ -d /tmp/m/pair-$1 ] || python3 tests/bench/make_spec_pair.py --out /tmp/m/pair-$1 --eps $1 --tokenizer-from .device/tok > /dev/null; }
-IDS=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(100,49000)) for _ in range(64)))")
+# `ids SEED N`: N random prompt token ids, comma-separated, the same for a
+# given seed on every machine.
+ids() { python3 -c "import random; r=random.Random($1); print(','.join(str(r.randrange(100,49000)) for _ in range($2)))"; }
+IDS=$(ids 0 64)
 # Random-weight benchmark folders, made once per machine: a make_shape.py
 # preset at /tmp/m/PRESET (`shape qwen3-8b`), the Qwen3-0.6B shape
 # (/tmp/m/qwen3-0.6b) and the families at a small shape (/tmp/f/*).

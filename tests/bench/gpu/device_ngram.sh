@@ -5,7 +5,7 @@
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 qwen06b
-IDS=$(python3 -c "import random; r=random.Random(1); print(','.join(str(r.randrange(100,49000)) for _ in range(32)))")
+IDS=$(ids 1 32)
 for extra in "" "--draft-kind ngram --num-draft-tokens 4" "--draft-kind ngram --num-draft-tokens 8"; do
   $H generate --plugins $P --model /tmp/m/qwen3-0.6b --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup $extra \
     | python3 -c "import json,sys; d=json.load(sys.stdin); s=d.get('speculation') or {}; print('| ${extra:-plain} | %.1f | %s | %s |' % (d['decode_tokens_per_s'], s.get('acceptance'), s.get('rounds')), d['tokens'][-12:])"

@@ -12,7 +12,7 @@ shape $SHAPE
 echo "| prompt tokens | unfused up to | prefill tok/s, ${REPS:-3} runs |"
 echo "|---|---|---|"
 for L in ${LENS:-100 500 1000 2000 4000}; do
-  IDS=$(python3 -c "import random; r=random.Random($L); print(','.join(str(r.randrange(100,49000)) for _ in range($L)))")
+  IDS=$(ids $L $L)
   for lim in 16 2048; do
     rs=""
     for rep in $(seq ${REPS:-3}); do

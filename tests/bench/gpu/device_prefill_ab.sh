@@ -12,7 +12,7 @@ SHAPE=$1; REPS=$2; shift 2
 shape $SHAPE
 mkdir -p /tmp/other && tar -C /tmp/other -xJf .devpack_b/device.tar.xz
 for L in "$@"; do
-  IDS=$(python3 -c "import random; r=random.Random($L); print(','.join(str(r.randrange(100,49000)) for _ in range($L)))")
+  IDS=$(ids $L $L)
   for r in $(seq $REPS); do
     for side in other this; do
       if [ $side = this ]; then BIN=$H; PL=$P; else BIN=/tmp/other/.device/host; PL=/tmp/other/.device/plugins; fi

@@ -9,7 +9,7 @@ set -euo pipefail
 source tests/bench/gpu/device_env.sh
 L=${1:-4096}; SHAPE=${2:-qwen3-8b}
 shape $SHAPE
-IDS=$(python3 -c "import random; r=random.Random($L); print(','.join(str(r.randrange(100,49000)) for _ in range($L)))")
+IDS=$(ids $L $L)
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 export MLX_USE_CUDA_GRAPHS=0
 timeout 280 $NCU --clock-control none --metrics gpu__time_duration.sum --csv \

@@ -16,7 +16,6 @@ SHAPE=$1; shift
 shape $SHAPE
 source tests/bench/gpu/build_cupti_trace.sh
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$CUPTI_LIB"
-ids() { python3 -c "import random; r=random.Random($1); print(','.join(str(r.randrange(100,49000)) for _ in range($2)))"; }
 
 n=0
 for run in "$@"; do

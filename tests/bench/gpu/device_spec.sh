@@ -22,7 +22,7 @@ echo "## n-gram, real model"
 python3 tests/bench/bench_ngram.py --host $H --plugins $P --model /tmp/smollm2-q4 --gen 256 | tee $OUT/ngram_real.md
 echo "## prefill of a new prompt length (tok/s), unfused attention up to 16 vs 2048 query tokens"
 for L in 100 500 1000 2000; do
-  IDS=$(python3 -c "import random; r=random.Random($L); print(','.join(str(r.randrange(100,49000)) for _ in range($L)))")
+  IDS=$(ids $L $L)
   for lim in 16 2048; do
     r=$($H generate --plugins $P --model /tmp/m/pair-0.02/target --prompt-ids $IDS --max-tokens 4 --ignore-eos --json --warmup \
       --model-option attention-unfused-max=$lim | python3 -c "import json,sys; print(round(json.load(sys.stdin)['prefill_tokens_per_s'],1))")
