@@ -38,20 +38,16 @@ fn pad_end(x: &Array, p: i32) -> Result<Array> {
 /// queries came out of a fused kernel, or whose keys are a slice of wider
 /// storage, would otherwise plan again.
 pub fn causal(q: &Array, k: &Array, v: &Array, scale: f32, bucket: bool) -> Result<Array> {
+    let attend = |q: &Array, k: &Array, v: &Array| {
+        mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Causal, None)
+    };
     let l = q.shape()[2];
     if !bucket || k.shape()[2] < l {
-        return mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, ScaledDotProductAttentionMask::Causal, None);
+        return attend(q, k, v);
     }
     let p = (BUCKET - l % BUCKET) % BUCKET;
     let fit = |x: &Array| if p == 0 { crate::ops::contiguous(x) } else { pad_end(x, p) };
-    let out = mlx_rs::fast::scaled_dot_product_attention(
-        &fit(q)?,
-        &fit(k)?,
-        &fit(v)?,
-        scale,
-        ScaledDotProductAttentionMask::Causal,
-        None,
-    )?;
+    let out = attend(&fit(q)?, &fit(k)?, &fit(v)?)?;
     if p == 0 {
         return Ok(out);
     }
