@@ -20,7 +20,9 @@ Targets and events (host/host-engine/src):
 
 Usage: traces.py FILE [--target host_engine::spec] [--event "speculative round"]
                  [--last N] [--stat median|mean] [--fields draft_ms,build_ms,wait_ms]
-Prints, for the matching events (the last N when given), each numeric field's
+                 [--where "leaving>0"] [--where "pipelined=true"]
+Prints, for the matching events (the last N when given; `--where` keeps those
+whose field compares so: `=`, `>` or `<`, numbers compared as numbers), each numeric field's
 median or mean, min and max, and the most common width when there is one.
 `--by-event` instead prints, per event of the target, its count and the sum
 of its `ms` field (the batched trace's time per step kind).
@@ -56,6 +58,22 @@ def number(v):
         return None
 
 
+WHERE = re.compile(r"^(\w+)([=<>])(.+)$")
+
+
+def holds(fields, cond):
+    """Whether an event's fields satisfy one `--where` condition."""
+    key, op, want = WHERE.match(cond).groups()
+    if key not in fields:
+        return False
+    have, x, y = fields[key], number(fields[key]), number(want)
+    if op == "=":
+        return x == y if x is not None and y is not None else have == want
+    if x is None or y is None:
+        return False
+    return x > y if op == ">" else x < y
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
@@ -65,8 +83,16 @@ def main():
     ap.add_argument("--stat", choices=("median", "mean"), default="median")
     ap.add_argument("--fields", default=None, help="comma-separated; default: every numeric field")
     ap.add_argument("--by-event", action="store_true")
+    ap.add_argument("--where", action="append", default=[], help="FIELD=V, FIELD>N or FIELD<N (repeatable)")
     a = ap.parse_args()
-    rows = [(e, f) for t, e, f in parse(a.file) if t == a.target and (a.event is None or e == a.event)]
+    for cond in a.where:
+        if not WHERE.match(cond):
+            sys.exit(f"--where {cond!r}: expected FIELD=V, FIELD>N or FIELD<N")
+    rows = [
+        (e, f)
+        for t, e, f in parse(a.file)
+        if t == a.target and (a.event is None or e == a.event) and all(holds(f, c) for c in a.where)
+    ]
     if a.last:
         rows = rows[-a.last:]
     if not rows:

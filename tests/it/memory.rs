@@ -31,6 +31,8 @@ fn retained(make: impl FnOnce() -> Vec<CacheState>) -> (usize, usize, usize) {
     host_engine::runtime::clear_cache();
     let before = active_memory();
     let states = make();
+    // `own` queues the copies; what they keep alive counts once they ran.
+    owned_state::wait(&states).unwrap();
     let live = active_memory().saturating_sub(before);
     (live, owned_state::bytes(&states), tensors(&states))
 }
@@ -52,7 +54,7 @@ fn batch(e: &Engine, lens: &[usize]) -> Vec<CacheBox> {
     let rows: Vec<Vec<CacheState>> =
         (0..lens.len() as u32).map(|r| b.iter().map(|c| c.extract_row(r).unwrap()).collect()).collect();
     for r in rows {
-        owned_state::own(r).unwrap();
+        owned_state::wait(&owned_state::own(r).unwrap()).unwrap();
     }
     b
 }

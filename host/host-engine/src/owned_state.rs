@@ -6,10 +6,16 @@
 //! as they are, such tensors keep the whole source buffer alive (a lazy
 //! graph holds its inputs; an evaluated slice is a view into them), and a
 //! source buffer that is still referenced cannot be updated in place, so the
-//! next decode step copies it. `own` turns every tensor into an evaluated
-//! array whose buffer is its own: MLX's `contiguous` copies whenever the
-//! source buffer is more than 16 KiB larger than the tensor
-//! (`Contiguous::eval_*`), and evaluating detaches the result from its graph.
+//! next decode step copies it. `own` turns every tensor into an array whose
+//! buffer is its own: MLX's `contiguous` copies whenever the source buffer
+//! is more than 16 KiB larger than the tensor (`Contiguous::eval_*`), and
+//! evaluating detaches the result from its graph.
+//!
+//! The copies are queued (`async_eval`), not waited for: a batch retires
+//! rows while its next step is already on the device, and waiting for the
+//! copies would wait for that step too, leaving the host idle where it
+//! should build the step after it. Anything that reads the bytes on the
+//! host (the SSD tier) calls [`wait`] first.
 
 use crate::engine::EngineError;
 use mlx_rs::Array;
@@ -31,8 +37,8 @@ fn contiguous(a: &Array) -> Result<Array, EngineError> {
     Ok(unsafe { Array::from_ptr(res) })
 }
 
-/// Copies every tensor of `states` into a buffer of its own and evaluates
-/// them all at once (one synchronisation for the whole set).
+/// Copies every tensor of `states` into a buffer of its own, all queued on
+/// the device at once (nothing waits for them here).
 pub fn own(states: Vec<CacheState>) -> Result<Vec<CacheState>, EngineError> {
     let mut out = Vec::with_capacity(states.len());
     let mut all: Vec<Array> = Vec::new();
@@ -43,12 +49,24 @@ pub fn own(states: Vec<CacheState>) -> Result<Vec<CacheState>, EngineError> {
             let a = unsafe { Array::from_ptr(t.into_raw()) };
             let c = contiguous(&a)?;
             all.push(c.clone());
-            owned.push(unsafe { Tensor::from_raw(new_handle(&c)) });
+            owned.push(unsafe { Tensor::from_raw(new_handle(c.as_ptr())) });
         }
         out.push(CacheState { signature, offset, tensors: owned, meta });
     }
-    mlx_rs::transforms::eval(all.iter())?;
+    mlx_rs::transforms::async_eval(all.iter())?;
     Ok(out)
+}
+
+/// Waits until every tensor of `states` is computed, so that its bytes can
+/// be read on the host.
+pub fn wait(states: &[CacheState]) -> Result<(), EngineError> {
+    let arrays: Vec<Array> = states
+        .iter()
+        .flat_map(|s| s.tensors.iter())
+        .map(|t| unsafe { Array::from_ptr(new_handle(t.as_raw())) })
+        .collect();
+    mlx_rs::transforms::eval(arrays.iter())?;
+    Ok(())
 }
 
 /// Bytes the tensors of `states` take from MLX's allocator (their sizes as
@@ -63,8 +81,8 @@ pub fn bytes(states: &[CacheState]) -> usize {
 }
 
 /// A new owned raw handle to the same array.
-fn new_handle(a: &Array) -> mlx_sys::mlx_array {
+fn new_handle(a: mlx_sys::mlx_array) -> mlx_sys::mlx_array {
     let mut out = unsafe { mlx_sys::mlx_array_new() };
-    unsafe { mlx_sys::mlx_array_set(&mut out, a.as_ptr()) };
+    unsafe { mlx_sys::mlx_array_set(&mut out, a) };
     out
 }

@@ -129,8 +129,7 @@ impl PlainKv {
         Ok(())
     }
 
-    /// Row r's live columns, from position 0: a slice of the storage, or a
-    /// gather where the row has holes.
+    /// Row r's live columns, from position 0 (what a drafter reads).
     pub(crate) fn view(&self, row: u32) -> Result<KvView> {
         let r = row as usize;
         if r >= self.rows() {
@@ -143,18 +142,23 @@ impl PlainKv {
             );
             return Ok(KvView { keys: into_tensor(k), values: into_tensor(v), first: 0 });
         };
+        let (keys, values) = self.live_row(k, v, r)?;
+        Ok(KvView { keys: into_tensor(keys), values: into_tensor(values), first: 0 })
+    }
+
+    /// Row `r`'s live columns of the storage `k` / `v`, `[1, H, live, D]`
+    /// each: a slice (a view, no copy) when the row has no holes, else its
+    /// live columns gathered.
+    fn live_row(&self, k: &Array, v: &Array, r: usize) -> Result<(Array, Array)> {
         let (ks, vs) = (k.shape(), v.shape());
         let (pad, end) = (self.left_pad[r] as i32, self.idx as i32);
         let row_k = slice(k, &[r as i32, 0, pad, 0], &[r as i32 + 1, ks[1], end, ks[3]])?;
         let row_v = slice(v, &[r as i32, 0, pad, 0], &[r as i32 + 1, vs[1], end, vs[3]])?;
-        let (keys, values) = if self.holes.count(r) == 0 {
-            (row_k, row_v)
-        } else {
-            let live: Vec<i32> =
-                self.holes.live_columns(r, self.left_pad[r], self.idx).iter().map(|c| c - pad).collect();
-            (gather_columns(&row_k, std::slice::from_ref(&live))?, gather_columns(&row_v, &[live])?)
-        };
-        Ok(KvView { keys: into_tensor(keys), values: into_tensor(values), first: 0 })
+        if self.holes.count(r) == 0 {
+            return Ok((row_k, row_v));
+        }
+        let live: Vec<i32> = self.holes.live_columns(r, self.left_pad[r], self.idx).iter().map(|c| c - pad).collect();
+        Ok((gather_columns(&row_k, std::slice::from_ref(&live))?, gather_columns(&row_v, &[live])?))
     }
 
     pub(crate) fn extract(&self, row: u32) -> Result<CacheState> {
@@ -164,13 +168,10 @@ impl PlainKv {
         }
         let mut one = self.emptied(1);
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
-            let (ks, vs) = (k.shape(), v.shape());
-            let row_k = slice(k, &[r as i32, 0, 0, 0], &[r as i32 + 1, ks[1], self.idx as i32, ks[3]])?;
-            let row_v = slice(v, &[r as i32, 0, 0, 0], &[r as i32 + 1, vs[1], self.idx as i32, vs[3]])?;
-            let live = vec![self.holes.live_columns(r, self.left_pad[r], self.idx)];
-            one.idx = live[0].len();
-            one.keys = Some(gather_columns(&row_k, &live)?);
-            one.values = Some(gather_columns(&row_v, &live)?);
+            let (keys, values) = self.live_row(k, v, r)?;
+            one.idx = keys.shape()[2] as usize;
+            one.keys = Some(keys);
+            one.values = Some(values);
         }
         one.state()
     }

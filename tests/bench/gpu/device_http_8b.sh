@@ -12,6 +12,9 @@ for per in 2 6; do
   echo "## ours, $per chats per client, step trace"
   RUST_LOG=host_engine::batch=trace http --per-client $per --servers ours --server-log /tmp/trace$per
   python3 tests/bench/traces.py /tmp/trace$per.ours --target host_engine::batch --event "batched plain step" --fields rows,build_ms,wait_ms,ms
+  echo "steps where rows left / the other pipelined steps:"
+  python3 tests/bench/traces.py /tmp/trace$per.ours --target host_engine::batch --event "batched plain step" --where "leaving>0" --fields rows,leaving,build_ms,wait_ms,ms
+  python3 tests/bench/traces.py /tmp/trace$per.ours --target host_engine::batch --event "batched plain step" --where "leaving=0" --where pipelined=true --fields rows,build_ms,wait_ms,ms
   python3 tests/bench/traces.py /tmp/trace$per.ours --target host_engine::batch --by-event
 done 2>&1 | tee $OUT/http_8b_trace.md
 echo "## ours against mlx_lm.server, 6 chats per client"

@@ -206,6 +206,10 @@ impl SsdTier {
             return;
         }
         let Some(tx) = &self.tx else { return };
+        // The writer reads the bytes on its own thread: they must be there.
+        if crate::owned_state::wait(&states).is_err() {
+            return;
+        }
         c.pending.fetch_add(1, Relaxed);
         if tx.send(WriteJob { name, tokens: tokens.to_vec(), trimmable, states }).is_err() {
             c.pending.fetch_sub(1, Relaxed);
