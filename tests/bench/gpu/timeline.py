@@ -8,12 +8,14 @@ graph build, an NVRTC compile and module load, a synchronisation).
 
 Markers: `--rust-log FILE` takes the `host_engine::step` trace lines of a
 `RUST_LOG=host_engine::step=trace` run (their RFC 3339 time stamps, each at
-the end of what it reports); `--markers FILE` takes `label realtime_ns`
+the end of what it reports; `--target host_engine::spec` takes the
+speculative rounds' lines instead); `--markers FILE` takes `label realtime_ns`
 lines (what the mlx-lm driver in device_prefill_timeline.sh prints).
 `--after TEXT` starts at the last marker whose label holds TEXT (`--back N`:
 N markers before it), e.g. the timed prompt after a warm-up; `--last N`
-keeps the last N stretches and adds their mean (decode steps).
-Usage: timeline.py TRACE.csv (--rust-log F | --markers F) [--after TEXT [--back N]] [--last N] [--gaps 3]"""
+keeps the last N stretches and adds their mean (decode steps), and the
+host API calls of those stretches by name: calls and ms per stretch.
+Usage: timeline.py TRACE.csv (--rust-log F [--target T] | --markers F) [--after TEXT [--back N]] [--last N] [--gaps 3]"""
 import argparse
 import bisect
 import collections
@@ -42,8 +44,8 @@ def read_trace(path):
     return events, offset
 
 
-def rust_markers(path):
-    stamp = re.compile(r"^(\S+Z)\s+TRACE\s+host_engine::step:\s*(.*)$")
+def rust_markers(path, target):
+    stamp = re.compile(r"^(\S+Z)\s+TRACE\s+" + re.escape(target) + r":\s*(.*)$")
     out = []
     for line in open(path, errors="replace"):
         m = stamp.match(re.sub(r"\x1b\[[0-9;]*m", "", line.strip()))
@@ -96,6 +98,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--rust-log")
+    ap.add_argument("--target", default="host_engine::step")
     ap.add_argument("--markers")
     ap.add_argument("--after")
     ap.add_argument("--back", type=int, default=0)
@@ -104,7 +107,7 @@ def main():
     ap.add_argument("--top-api", type=int, default=5)
     a = ap.parse_args()
     events, offset = read_trace(a.trace)
-    marks = rust_markers(a.rust_log) if a.rust_log else plain_markers(a.markers)
+    marks = rust_markers(a.rust_log, a.target) if a.rust_log else plain_markers(a.markers)
     marks = [(ns + offset, label) for ns, label in marks]
     if a.after:
         last = max(i for i, (_, label) in enumerate(marks) if a.after in label)
@@ -117,12 +120,17 @@ def main():
     print("| stretch ending at | wall ms | GPU busy ms | kernels | host API calls taking most time (ms) |")
     print("|---|---|---|---|---|")
     details = []
+    # Every stretch's host API calls by name: (calls, ms).
+    calls = collections.defaultdict(lambda: [0, 0.0])
     for (lo, _), (hi, label) in zip(marks, marks[1:]):
         kernels = sum(1 for s, e, k, _ in events if k == "kernel" and lo <= s < hi)
         by_name = collections.defaultdict(float)
         for s, e, n in api[bisect.bisect_left(starts, lo - 10**9) : bisect.bisect_left(starts, hi)]:
             if e > lo:
                 by_name[n] += (min(e, hi) - max(s, lo)) / 1e6
+                if s >= lo:
+                    calls[n][0] += 1
+                    calls[n][1] += (min(e, hi) - s) / 1e6
         top = ", ".join(f"{n} {ms:.1f}" for n, ms in sorted(by_name.items(), key=lambda x: -x[1])[: a.top_api])
         print(f"| {label[:70]} | {(hi - lo) / 1e6:.1f} | {union_ms(device, lo, hi):.1f} | {kernels} | {top} |")
         details.append((label, lo, hi))
@@ -133,6 +141,12 @@ def main():
         print(f"| mean of {n} | {wall:.2f} | {busy:.2f} | | |")
     print()
     if a.last:
+        n = max(len(details), 1)
+        print("| host API call | calls per stretch | ms per stretch |")
+        print("|---|---|---|")
+        for name, (count, ms) in sorted(calls.items(), key=lambda x: -x[1][1])[: a.top_api * 2]:
+            print(f"| {name} | {count / n:.1f} | {ms / n:.3f} |")
+        print()
         return
     for label, lo, hi in details:
         print(f"## {label[:90]}: longest GPU idle gaps")
