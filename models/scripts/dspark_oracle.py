@@ -35,6 +35,15 @@ Writes, under OUT:
   speculators-dspark-rnn/
                      the same drafters in speculators' layout
                      (speculators_layout.py; not with BITS);
+  speculators-dflash-reduced/, speculators-dspark-reduced/
+                     DFlash and DSpark drafters with speculators' reduced
+                     draft vocabulary (48 of the 96 tokens: the target's
+                     greedy output topped up at random; `t2d`, `d2t`; the
+                     DSpark one with an LM head of its own, the target's
+                     rows plus noise), which mlx-vlm does not read: their
+                     reference runs mlx-vlm's classes and loop with
+                     speculators' maps added (`ReducedDFlash`,
+                     `ReducedDSpark`, `ReducedMarkov`; not with BITS);
   reference.json     {"plain": greedy tokens of the target alone,
                       "dflash"|"dspark": {"emitted": tokens of the reference
                       loop, "rounds": [{"drafts", "accepted", "logits",
@@ -130,7 +139,11 @@ CONFIGS = {
 }
 CONFIGS["dspark-gated"] = dict(CONFIGS["dspark"], dflash_config=dict(CONFIGS["dspark"]["dflash_config"], markov_head_type="gated"))
 CONFIGS["dspark-rnn"] = dict(CONFIGS["dspark"], dflash_config=dict(CONFIGS["dspark"]["dflash_config"], markov_head_type="rnn"))
-KINDS = ("dflash", "dspark", "deepspec", "dspark-gated", "dspark-rnn")
+# speculators' reduced draft vocabulary over a kind above: the kind each reduces.
+REDUCED = {"dflash-reduced": "dflash", "dspark-reduced": "dspark"}
+CONFIGS.update({k: CONFIGS[v] for k, v in REDUCED.items()})
+DRAFT_VOCAB = 48
+KINDS = ("dflash", "dspark", "deepspec", "dspark-gated", "dspark-rnn", "dflash-reduced", "dspark-reduced")
 
 
 class SpeculatorsMarkov(nn.Module):
@@ -174,6 +187,32 @@ class SpeculatorsMarkov(nn.Module):
         return mx.concatenate(sampled, axis=1)
 
 
+class ReducedMarkov(nn.Module):
+    """speculators' vanilla `MarkovHead` over a reduced draft vocabulary:
+    `markov_w1` reads the previous token by its verifier id, `markov_w2`
+    corrects the draft vocabulary's logits; each pick is mapped back to its
+    verifier id (`ids`, d2t's `i + d2t[i]`) before it feeds the next step."""
+
+    def __init__(self, vocab, draft_vocab, rank, ids):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w2 = nn.Linear(rank, draft_vocab, bias=False)
+        self._ids = ids
+
+    def get_prev_embeddings(self, token_ids):
+        return self.markov_w1(token_ids)
+
+    def apply_step_logits(self, logits, token_ids):
+        return logits + self.markov_w2(self.get_prev_embeddings(token_ids))
+
+    def sample_block(self, base_logits, *, first_prev_tokens, sampler, hidden):
+        previous, sampled = first_prev_tokens.reshape(-1), []
+        for step in range(base_logits.shape[1]):
+            previous = self._ids[sampler(self.apply_step_logits(base_logits[:, step], previous)).reshape(-1)]
+            sampled.append(previous[:, None])
+        return mx.concatenate(sampled, axis=1)
+
+
 class SpeculatorsDSpark(DSparkDraftModel):
     """mlx-vlm's DSpark drafter with a `SpeculatorsMarkov` head: its
     `draft_block`, with the block's output per draft slot handed to the
@@ -188,6 +227,64 @@ class SpeculatorsDSpark(DSparkDraftModel):
         return self.markov_head.sample_block(
             self._logits(draft_hidden), first_prev_tokens=anchor, sampler=sampler, hidden=draft_hidden
         ).astype(token_dtype)
+class ReducedDFlash(DFlashDraftModel):
+    """mlx-vlm's DFlash drafter over speculators' reduced draft vocabulary
+    (`DraftVocabMixin`): logits over the D tokens `_ids` lists, from the
+    verifier's head at those rows, or from `draft_lm_head` `[D, H]` when
+    set (a checkpoint's own `lm_head`); drafts mapped back to verifier ids."""
+
+    def _logits(self, hidden):
+        if "draft_lm_head" in self:
+            return self.draft_lm_head(hidden)
+        return self.lm_head(hidden)[..., self._ids]
+
+    def draft_block(self, *args, **kw):
+        return self._ids[super().draft_block(*args, **kw)]
+
+    def draft_block_greedy(self, *args, **kw):
+        return self.draft_block(*args, **kw)
+
+
+class ReducedDSpark(SpeculatorsDSpark):
+    """The DSpark drafter over a reduced draft vocabulary: `ReducedDFlash`'s
+    logits, a `ReducedMarkov` head (which maps the drafts)."""
+
+    def _logits(self, hidden):
+        if "draft_lm_head" in self:
+            return self.draft_lm_head(hidden)
+        return self.lm_head(hidden)[..., self._ids]
+
+
+def draft_vocabulary(tokens):
+    """speculators' maps of a reduced draft vocabulary of DRAFT_VOCAB
+    tokens: `tokens` (what the target says, so drafts can agree) topped up
+    with others drawn at random, never the mask: t2d `[V]` (bool) and d2t
+    `[D]` (draft id i is verifier id i + d2t[i]), and the ids ascending."""
+    import random
+
+    chosen = set(t for t in tokens if t != MASK)
+    rest = [t for t in range(base.VOCAB) if t != MASK and t not in chosen]
+    random.Random(41).shuffle(rest)
+    ids = sorted(chosen | set(rest[: DRAFT_VOCAB - len(chosen)]))
+    assert len(ids) == DRAFT_VOCAB
+    t2d = mx.zeros((base.VOCAB,), dtype=mx.bool_)
+    t2d[mx.array(ids)] = True
+    d2t = mx.array([t - i for i, t in enumerate(ids)], dtype=mx.int64)
+    return t2d, d2t, mx.array(ids, dtype=mx.int32)
+
+
+def reduce(model, kind, ids):
+    """Turns a drafter built as `REDUCED[kind]` into `kind`: the DSpark
+    one gets a `ReducedMarkov` head and a head of its own (the verifier's
+    rows plus noise, so that a checkpoint's head is seen to be used)."""
+    model._ids = ids
+    if kind == "dspark-reduced":
+        rank = CONFIGS[kind]["dflash_config"]["markov_rank"]
+        model.markov_head = ReducedMarkov(base.VOCAB, DRAFT_VOCAB, rank, ids)
+        model.markov_head.markov_w2.weight = MARKOV_GAIN * model.markov_head.markov_w2.weight
+    return model
+
+
 # How much of the anchor each slot carries (see the docstring).
 QUERY_NORM = 0.3
 CONTEXT_NORM = 0.05
@@ -205,6 +302,10 @@ def build(kind, cfg):
         return model
     if kind == "dspark":
         return DSparkDraftModel(DSparkConfig.from_dict(cfg))
+    if kind == "dflash-reduced":
+        return ReducedDFlash(DFlashConfig.from_dict(cfg))
+    if kind == "dspark-reduced":
+        return ReducedDSpark(DSparkConfig.from_dict(cfg))
     if kind.startswith("dspark-"):
         head = cfg["dflash_config"]["markov_head_type"]
         vanilla = dict(cfg, dflash_config=dict(cfg["dflash_config"], markov_head_type="vanilla"))
@@ -214,10 +315,12 @@ def build(kind, cfg):
     return DFlashDraftModel(DFlashConfig.from_dict(cfg))
 
 
-def make_drafter(kind, lm):
+def make_drafter(kind, lm, ids=None):
     model = build(kind, CONFIGS[kind])
     model.set_dtype(mx.float32)
-    mx.random.seed({"dflash": 19, "dspark": 23, "deepspec": 29, "dspark-gated": 31, "dspark-rnn": 37}[kind])
+    seeds = {"dflash": 19, "dspark": 23, "deepspec": 29, "dspark-gated": 31, "dspark-rnn": 37}
+    seeds.update({"dflash-reduced": 43, "dspark-reduced": 47})
+    mx.random.seed(seeds[kind])
     h = base.HIDDEN
     gemma = kind == "deepspec"
     # Head width and KV heads: Gemma 4 layers attend at global_head_dim
@@ -255,9 +358,15 @@ def make_drafter(kind, lm):
         # Its own vocabulary head: copies of the target's (tied) embedding.
         model.embed_tokens.weight = lm.model.embed_tokens.weight
         model.lm_head.weight = lm.model.embed_tokens.weight
-    if kind != "dflash":
+    if REDUCED.get(kind, kind) != "dflash":
         m = model.markov_head
         m.markov_w2.weight = MARKOV_GAIN * m.markov_w2.weight
+    if kind in REDUCED:
+        reduce(model, kind, ids)
+        if kind == "dspark-reduced":
+            rows = lm.model.embed_tokens.weight[ids]
+            model.draft_lm_head = nn.Linear(h, DRAFT_VOCAB, bias=False)
+            model.draft_lm_head.weight = rows + 0.02 * mx.random.normal(rows.shape)
     mx.eval(model.parameters())
     return model
 
@@ -364,7 +473,29 @@ def main():
     base.save_tokenizer(target_dir)
     result = {"plain": base.greedy(lm, prompt, max_tokens)}
     summary = {}
+    t2d, d2t, ids = draft_vocabulary(result["plain"])
     for kind in KINDS:
+        if kind in REDUCED:
+            if bits:
+                continue
+            # mlx-vlm reads no reduced vocabulary: only speculators' folder,
+            # and the reference runs the drafter as made.
+            drafter = make_drafter(kind, lm, ids)
+            tensors = dict(tree_flatten(drafter.parameters()))
+            if "draft_lm_head.weight" in tensors:
+                tensors["lm_head.weight"] = tensors.pop("draft_lm_head.weight")
+            speculators_layout.write_block(
+                None,
+                os.path.join(out, f"speculators-{kind}"),
+                CONFIGS[kind],
+                base.TARGET["architectures"],
+                tensors=dict(tensors, t2d=t2d, d2t=d2t),
+                draft_vocab=DRAFT_VOCAB,
+            )
+            emitted, trace = reference_rounds(lm, drafter, prompt, max_tokens)
+            result[kind] = {"emitted": emitted, "rounds": trace}
+            summary[kind] = {"rounds": len(trace), "accepted": [r["accepted"] for r in trace], "lossless": emitted == result["plain"]}
+            continue
         folder = os.path.join(out, kind)
         drafter, config = make_drafter(kind, lm), CONFIGS[kind]
         if bits:

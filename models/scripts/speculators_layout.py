@@ -51,9 +51,12 @@ def _save(folder, tensors, config):
         json.dump(config, f, indent=2, sort_keys=True)
 
 
-def write_block(src, dst, config, verifier_architectures):
+def write_block(src, dst, config, verifier_architectures, tensors=None, draft_vocab=None):
     """The mlx-vlm DFlash/DSpark drafter in folder `src` (its `config`, in
-    mlx-vlm's `dflash_config` layout) as speculators' dflash/dspark folder."""
+    mlx-vlm's `dflash_config` layout) as speculators' dflash/dspark folder;
+    `tensors` instead of `src`'s, and `draft_vocab` (D) for a reduced draft
+    vocabulary (its `t2d` / `d2t` maps, and an `lm_head` `[D, H]` if it has
+    one of its own, among the tensors)."""
     d = config["dflash_config"]
     dspark = "markov_rank" in d or d.get("projector_type") == "dspark"
     layer = {k: v for k, v in config.items() if k not in ("dflash_config", "block_size", "tie_word_embeddings")}
@@ -77,7 +80,7 @@ def write_block(src, dst, config, verifier_architectures):
         "speculators_model_type": "dspark" if dspark else "dflash",
         "speculators_version": VERSION,
         "transformer_layer_config": layer,
-        "draft_vocab_size": config["vocab_size"],
+        "draft_vocab_size": draft_vocab or config["vocab_size"],
         "block_size": block,
         "target_hidden_size": None,
         "aux_hidden_state_layer_ids": [i + 1 for i in d["target_layer_ids"]],
@@ -96,7 +99,7 @@ def write_block(src, dst, config, verifier_architectures):
             enable_confidence_head=d.get("enable_confidence_head", False),
             confidence_head_with_markov=True,
         )
-    _save(dst, mx.load(os.path.join(src, "model.safetensors")), out)
+    _save(dst, tensors if tensors is not None else mx.load(os.path.join(src, "model.safetensors")), out)
 
 
 MTP_NAMES = {

@@ -33,6 +33,8 @@ const DRAFTS: u64 = 3;
 
 /// The drafters the oracle makes, with the kind each folder is detected as.
 const KINDS: [(&str, &str); 3] = [("dflash", "dspark"), ("dspark", "dspark"), ("deepspec", "deepspec")];
+/// The oracle's DSpark drafter with a reduced draft vocabulary (speculators' layout only).
+const REDUCED: &str = "speculators-dspark-reduced";
 
 fn oracle(dir: &Path) -> Value {
     run_oracle("dspark_oracle.py", dir, PROMPT, MAX_TOKENS + REFERENCE_EXTRA)
@@ -105,14 +107,17 @@ fn speculators_markov_heads_match_the_reference_loop() {
 /// `speculators_model_type`, `transformer_layer_config`, taps counting the
 /// embedding output, `block_size` counting slots). Detected as `dspark`
 /// from the folder, each gives the mlx-vlm folder's reference rounds and
-/// plain greedy output.
+/// plain greedy output. Two have a reduced draft vocabulary (48 of the
+/// verifier's 96 tokens, `t2d` / `d2t`; the DSpark one with an LM head of
+/// its own), which mlx-vlm does not read: their reference is mlx-vlm's
+/// loop over its drafter classes with speculators' vocabulary maps added.
 #[test]
 fn speculators_folders_match_the_reference_loop() {
     let dir = Scratch::new("dspark-speculators");
     let reference = oracle(&dir.0);
     let target = dir.0.join("target");
     let plain = ids(&reference["plain"])[..MAX_TOKENS].to_vec();
-    for kind in ["dflash", "dspark", "dspark-gated", "dspark-rnn"] {
+    for kind in ["dflash", "dspark", "dspark-gated", "dspark-rnn", "dflash-reduced", "dspark-reduced"] {
         let drafter = dir.0.join(format!("speculators-{kind}")).to_string_lossy().into_owned();
         let trace = dir.0.join(format!("speculators-{kind}.jsonl"));
         let (out, ours) = speculate(&target, PROMPT, MAX_TOKENS, &["--draft-model", &drafter], &trace);
@@ -145,7 +150,8 @@ fn speculators_configs_the_block_drafters_do_not_build_are_refused_at_start() {
     let dir = Scratch::new("dspark-speculators-refused");
     oracle(&dir.0);
     let cases = [
-        ("cfg['draft_vocab_size'] = 32", "draft_vocab_size 32 differs from the verifier's vocabulary 96"),
+        ("cfg['draft_vocab_size'] = 32", "draft_vocab_size 32 (the verifier's is 96) needs the `t2d` map"),
+        ("cfg['draft_vocab_size'] = 97", "draft_vocab_size 97 must be between 1 and the verifier's vocabulary 96"),
         ("cfg['target_hidden_size'] = 128", "target_hidden_size 128 differs from the draft's hidden_size 64"),
         ("cfg['aux_hidden_state_layer_ids'] = [0, 2]", "aux_hidden_state_layer_ids: 0 (the embedding output)"),
         ("cfg['aux_hidden_state_layer_ids'] = [2, 5]", "taps layer 4, the target has 4 decoder layers"),
@@ -281,7 +287,9 @@ fn sampled_block_drafts_keep_the_target_distribution() {
     oracle(&dir.0);
     let target = dir.0.join("target");
     let plain = Server::start(&target, &["--batch", "1"]);
-    for (kind, _) in KINDS {
+    // With them, a reduced draft vocabulary: its probabilities, over 48 of
+    // the 96 tokens, reach the host spread over all of them.
+    for kind in KINDS.iter().map(|k| k.0).chain([REDUCED]) {
         let drafter = dir.0.join(kind).to_string_lossy().into_owned();
         let spec = Server::start(&target, &["--batch", "1", "--draft-model", &drafter, "--speculate-always"]);
         let (drafted, accepted) = rejection_keeps_the_distribution(&plain, &spec, 400, sample_four, kind);
@@ -299,7 +307,7 @@ fn block_drafters_inside_continuous_batches_are_lossless() {
     let dir = Scratch::new("dspark-batched");
     oracle(&dir.0);
     let target = dir.0.join("target");
-    for (kind, _) in KINDS {
+    for kind in KINDS.iter().map(|k| k.0).chain([REDUCED]) {
         let drafter = dir.0.join(kind).to_string_lossy().into_owned();
         let (drafted, accepted) = batched_matches_serial(&target, &["--draft-model", &drafter], kind);
         assert!(drafted > 0 && accepted > 0 && accepted < drafted, "{kind}: accepted {accepted} of {drafted}");

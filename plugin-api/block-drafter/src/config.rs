@@ -106,6 +106,8 @@ pub struct Args {
     pub own_vocab: Option<f32>,
     /// DSpark's `sliding_window`: the width ceiling by prompt length.
     pub window: Option<usize>,
+    /// speculators' reduced draft vocabulary: its size (`draft_vocab`).
+    pub draft_vocab: Option<usize>,
 }
 
 impl Args {
@@ -232,6 +234,7 @@ impl Args {
             markov,
             confidence,
             own_vocab: None,
+            draft_vocab: None,
             window,
         })
     }
@@ -343,6 +346,7 @@ impl Args {
             markov: Some((markov_kind, rank)),
             confidence,
             own_vocab: Some((hidden as f32).sqrt()),
+            draft_vocab: None,
             window: match raw("sliding_window") {
                 None => Some(1024),
                 Some(Value::Null) => None,

@@ -12,6 +12,7 @@
 
 mod block;
 pub mod config;
+pub mod draft_vocab;
 mod markov;
 mod net;
 mod open;

@@ -32,7 +32,16 @@ pub struct Markov {
 }
 
 impl Markov {
-    pub fn load(ctx: &mut LoadCtx, kind: MarkovKind, vocab: usize, rank: usize, hidden: usize) -> Result<Self> {
+    /// `vocab`: the verifier's (`markov_w1` reads the previous token);
+    /// `out`: the logits' (the draft vocabulary, `markov_w2`).
+    pub fn load(
+        ctx: &mut LoadCtx,
+        kind: MarkovKind,
+        vocab: usize,
+        out: usize,
+        rank: usize,
+        hidden: usize,
+    ) -> Result<Self> {
         let mix = match kind {
             MarkovKind::Vanilla => Mix::Vanilla,
             MarkovKind::Gated => Mix::Gated(Linear::load(ctx, "markov_head.gate_proj", rank, hidden + rank, true)?),
@@ -42,7 +51,7 @@ impl Markov {
         };
         Ok(Self {
             w1: Embedding::load(ctx, "markov_head.markov_w1", vocab, rank)?,
-            w2: Linear::load(ctx, "markov_head.markov_w2", vocab, rank, false)?,
+            w2: Linear::load(ctx, "markov_head.markov_w2", out, rank, false)?,
             mix,
         })
     }

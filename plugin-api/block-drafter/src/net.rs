@@ -4,6 +4,7 @@
 
 use crate::block::Block;
 use crate::config::Args;
+use crate::draft_vocab::DraftVocab;
 use crate::markov::{Confidence, Markov};
 use model_kit::layers::{Embedding, Linear, LoadCtx};
 use model_kit::Array;
@@ -20,6 +21,8 @@ pub struct Net {
     /// The drafter's own embedding and LM head (DeepSpec); else the
     /// target's, through `HostServices`.
     pub vocab: Option<Vocab>,
+    /// speculators' reduced draft vocabulary.
+    pub draft_vocab: Option<DraftVocab>,
 }
 
 pub struct Vocab {
@@ -44,7 +47,10 @@ impl Vocab {
 impl Net {
     pub fn load(ctx: &mut LoadCtx, a: &Args) -> model_kit::Result<Self> {
         let block = Block::load(ctx, a)?;
-        let markov = a.markov.map(|(kind, rank)| Markov::load(ctx, kind, a.vocab_size, rank, a.hidden)).transpose()?;
+        let draft_vocab = a.draft_vocab.map(|d| DraftVocab::load(ctx, d, a.vocab_size, a.hidden)).transpose()?;
+        let out = a.draft_vocab.unwrap_or(a.vocab_size);
+        let markov =
+            a.markov.map(|(kind, rank)| Markov::load(ctx, kind, a.vocab_size, out, rank, a.hidden)).transpose()?;
         let rank = a.markov.map_or(0, |m| m.1);
         let confidence = a.confidence.map(|with| Confidence::load(ctx, a.hidden, rank, with)).transpose()?;
         let vocab = match a.own_vocab {
@@ -55,7 +61,7 @@ impl Net {
             }),
             None => None,
         };
-        Ok(Self { block, markov, confidence, vocab })
+        Ok(Self { block, markov, confidence, vocab, draft_vocab })
     }
 }
 

@@ -111,7 +111,8 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox, layout: Layout) -> Re
         let mut weights = Weights::load(&dir).map_err(|e| PluginError::io(e.what().to_owned()))?;
         weights.strip_prefix("model.");
         if crate::speculators::declared(&text) {
-            weights.drop_matching(crate::speculators::verifier_owned);
+            let reduced = a.draft_vocab.is_some();
+            weights.drop_matching(|name| crate::speculators::verifier_owned(name, reduced));
         }
         let mut ctx = LoadCtx::new(&mut weights, quant.as_ref(), Some(dtype));
         let net = Net::load(&mut ctx, &a).map_err(|e| bad(e.what().to_owned()))?;

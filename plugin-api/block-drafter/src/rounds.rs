@@ -110,10 +110,20 @@ impl BlockDrafter {
         }
     }
 
+    /// The logits of `rows`: over the drafter's own vocabulary (DeepSpec),
+    /// its reduced draft vocabulary (speculators'), else the target's.
     fn logits(&self, rows: &Array) -> Result<Array, PluginError> {
-        match &self.net.lock().vocab {
-            Some(vocab) => vocab.logits(rows).map_err(mlx_error),
-            None => Ok(into_array(self.host.target_lm_head(lend(rows)).into_result()?)),
+        let net = self.net.lock();
+        let target = |r: &Array| -> Result<Array, PluginError> {
+            Ok(into_array(self.host.target_lm_head(lend(r)).into_result()?))
+        };
+        match (&net.vocab, &net.draft_vocab) {
+            (Some(vocab), _) => vocab.logits(rows).map_err(mlx_error),
+            (None, Some(dv)) => match dv.head() {
+                Some(head) => head.forward(rows).map_err(mlx_error),
+                None => dv.columns(&target(rows)?).map_err(mlx_error),
+            },
+            (None, None) => target(rows),
         }
     }
 
@@ -213,8 +223,16 @@ impl BlockDrafter {
         sampling: DraftSampling,
     ) -> Result<Chosen, PluginError> {
         let net = self.net.lock();
+        // Drafts leave as the verifier's ids (a reduced draft vocabulary
+        // chooses among its own).
+        let verifier = |t: Array| match &net.draft_vocab {
+            Some(dv) => dv.to_verifier(&t).map_err(mlx_error),
+            None => Ok(t),
+        };
         if net.markov.is_none() && sampling.is_greedy() {
-            let tokens = ops::indexing::argmax_axis(logits, -1, None).map_err(mlx_error)?;
+            let tokens = verifier(ops::indexing::argmax_axis(logits, -1, None).map_err(mlx_error)?)?
+                .as_dtype(Dtype::Uint32)
+                .map_err(mlx_error)?;
             let rows = match self.trace {
                 Some(_) => (0..k as i32).map(|i| index_rows(logits, i, i + 1)).collect::<Result<Vec<_>, _>>()?,
                 None => Vec::new(),
@@ -234,13 +252,17 @@ impl BlockDrafter {
                 Some(m) => m.step(&row, &previous, &index_rows(hidden, i, i + 1)?, &mut state).map_err(mlx_error)?,
                 None => row,
             };
-            let t = picker.pick(&step).map_err(mlx_error)?.as_dtype(Dtype::Int32).map_err(mlx_error)?;
+            let t = verifier(picker.pick(&step).map_err(mlx_error)?)?.as_dtype(Dtype::Int32).map_err(mlx_error)?;
             previous = t.clone();
             tokens.push(t);
             rows.push(step);
         }
         let tokens = ops::concatenate(&tokens, 0).map_err(mlx_error)?;
         let q = picker.probabilities().map_err(mlx_error)?;
+        let q = match (&net.draft_vocab, q) {
+            (Some(dv), Some(q)) => Some(dv.spread(&q).map_err(mlx_error)?),
+            (_, q) => q,
+        };
         mlx_rs::transforms::eval(std::iter::once(&tokens).chain(&rows).chain(&q)).map_err(mlx_error)?;
         let drafts = tokens.as_slice::<i32>().iter().map(|&t| t as u32).collect();
         Ok(Chosen { drafts, logits: rows, q })

@@ -17,12 +17,14 @@
 //! - DSpark's confidence head is on unless disabled, and `markov_rank` 0
 //!   means no Markov head;
 //! - the embedding and LM head are the verifier's and are not saved (a
-//!   checkpoint that carries copies has them dropped, `verifier_owned`).
+//!   checkpoint that carries copies has them dropped, `verifier_owned`);
+//! - a `draft_vocab_size` below the verifier's is a reduced draft
+//!   vocabulary with its `t2d` / `d2t` maps and maybe an `lm_head` of its
+//!   own (`draft_vocab`).
 //!
-//! Refused by name: a reduced draft vocabulary (`draft_vocab_size` other
-//! than the verifier's, with `d2t`/`t2d` maps), a `target_hidden_size`
-//! other than the draft's, the embedding output as a tap, biased
-//! projections, sliding draft layers.
+//! Refused by name: a `draft_vocab_size` above the verifier's, a
+//! `target_hidden_size` other than the draft's, the embedding output as a
+//! tap, biased projections, sliding draft layers.
 
 use crate::config::{Args, Layout, MarkovKind};
 use model_kit::{error, Result};
@@ -30,12 +32,14 @@ use serde_json::{json, Map, Value};
 
 /// Tensors speculators keeps for training or fills from the verifier: the
 /// verifier's embedding, LM head and final norm, and identity vocabulary
-/// maps. None is a drafter weight here.
-pub fn verifier_owned(name: &str) -> bool {
-    matches!(
-        name,
-        "embed_tokens.weight" | "lm_head.weight" | "verifier_lm_head.weight" | "verifier_norm.weight" | "d2t" | "t2d"
-    )
+/// maps. None is a drafter weight here, except, for a drafter with a
+/// `reduced` vocabulary, its maps and its own LM head.
+pub fn verifier_owned(name: &str, reduced: bool) -> bool {
+    match name {
+        "embed_tokens.weight" | "verifier_lm_head.weight" | "verifier_norm.weight" => true,
+        "lm_head.weight" | "d2t" | "t2d" => !reduced,
+        _ => false,
+    }
 }
 
 /// Whether a config.json is in speculators' layout.
@@ -81,9 +85,9 @@ pub fn args(text: &str) -> Result<Args> {
         int(layer, "vocab_size", tl)?.ok_or_else(|| error("transformer_layer_config.vocab_size is required"))?;
     // speculators' default when the key is absent.
     let draft_vocab = int(&top, "draft_vocab_size", "")?.unwrap_or(32000);
-    if draft_vocab != vocab {
+    if draft_vocab == 0 || draft_vocab > vocab {
         return Err(error(format!(
-            "draft_vocab_size {draft_vocab} differs from the verifier's vocabulary {vocab}: a reduced draft vocabulary (d2t/t2d maps) is not built"
+            "draft_vocab_size {draft_vocab} must be between 1 and the verifier's vocabulary {vocab}"
         )));
     }
     if let Some(t) = int(&top, "target_hidden_size", "")?.filter(|t| *t != hidden) {
@@ -131,6 +135,7 @@ pub fn args(text: &str) -> Result<Args> {
     let mut a = Args::from_config(&Value::Object(cfg).to_string(), Layout::DFlash)?;
     a.width = width;
     a.sample_from_anchor = sample_from_anchor;
+    a.draft_vocab = (draft_vocab < vocab).then_some(draft_vocab as usize);
     a.causal = false;
     (a.markov, a.confidence) = (None, None);
     if dspark {
@@ -171,12 +176,14 @@ mod tests {
         assert_eq!((a.width, a.sample_from_anchor, a.markov, a.confidence), (4, false, None, None));
         let a = args(&config(r#", "markov_rank": 0, "confidence_head_with_markov": false"#)).unwrap();
         assert_eq!((a.markov, a.confidence), (None, Some(false)));
+        assert_eq!(args(&config("")).unwrap().draft_vocab, None);
+        assert_eq!(args(&config(r#", "draft_vocab_size": 32"#)).unwrap().draft_vocab, Some(32));
     }
 
     #[test]
     fn what_is_not_built_is_refused_by_key() {
         let bad = |extra: &str| args(&config(extra)).expect_err(extra).what().to_owned();
-        assert!(bad(r#", "draft_vocab_size": 32"#).contains("draft_vocab_size 32"));
+        assert!(bad(r#", "draft_vocab_size": 97"#).contains("draft_vocab_size 97 must be between 1 and"));
         assert!(bad(r#", "target_hidden_size": 128"#).contains("target_hidden_size 128"));
         assert!(bad(r#", "aux_hidden_state_layer_ids": [0, 2]"#).contains("aux_hidden_state_layer_ids: 0"));
         assert!(bad(r#", "speculators_model_type": "eagle3""#).contains("speculators_model_type `eagle3`"));
