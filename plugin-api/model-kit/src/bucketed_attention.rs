@@ -57,11 +57,7 @@ pub fn causal(q: &Array, k: &Array, v: &Array, scale: f32, bucket: bool) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rand(shape: &[i32], seed: u64) -> Array {
-        let key = mlx_rs::random::key(seed).unwrap();
-        mlx_rs::random::normal::<f32>(shape, None, None, Some(&key)).unwrap()
-    }
+    use crate::test_arrays::normal;
 
     /// The padded call attends each real query over the keys the unpadded
     /// one does: a padding that moved the causal diagonal would let real
@@ -70,9 +66,9 @@ mod tests {
     #[test]
     fn bucketed_rows_equal_the_unpadded_call() {
         for (l, past) in [(3, 0), (37, 0), (37, 11), (256, 5)] {
-            let q = rand(&[1, 4, l, 16], 1);
-            let k = rand(&[1, 2, past + l, 16], 2);
-            let v = rand(&[1, 2, past + l, 16], 3);
+            let q = normal(&[1, 4, l, 16], 1);
+            let k = normal(&[1, 2, past + l, 16], 2);
+            let v = normal(&[1, 2, past + l, 16], 3);
             let plain = causal(&q, &k, &v, 0.25, false).unwrap();
             let padded = causal(&q, &k, &v, 0.25, true).unwrap();
             assert_eq!(padded.shape(), plain.shape());

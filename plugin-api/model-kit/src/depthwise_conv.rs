@@ -110,11 +110,7 @@ fn tap_sum(args: &[Array]) -> Result<Array> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn random(shape: &[i32], seed: u64) -> Array {
-        let key = mlx_rs::random::key(seed).unwrap();
-        mlx_rs::random::normal::<f32>(shape, None, None, Some(&key)).unwrap()
-    }
+    use crate::test_arrays::normal;
 
     fn max_diff(a: &Array, b: &Array) -> f32 {
         assert_eq!(a.shape(), b.shape());
@@ -135,8 +131,8 @@ mod tests {
     fn the_tap_sum_is_mlx_conv1d() {
         for (b, l) in [(1, 1), (2, 5), (3, 17)] {
             let (c, k) = (24, 4);
-            let window = random(&[b, k - 1 + l, c], 1);
-            let conv = DepthwiseConv::new(random(&[c, k, 1], 2)).unwrap();
+            let window = normal(&[b, k - 1 + l, c], 1);
+            let conv = DepthwiseConv::new(normal(&[c, k, 1], 2)).unwrap();
             let want = ops::conv1d(&window, &conv.weight, 1, 0, 1, c).unwrap();
             let got = conv.tap_sum_unfused(&window).unwrap();
             assert_eq!(got.shape(), &[b, l, c]);
@@ -157,16 +153,16 @@ mod tests {
     /// variant is SiLU of the plain one.
     #[test]
     fn the_fused_kernels_take_any_length() {
-        let conv = DepthwiseConv::new(random(&[8, 4, 1], 3)).unwrap();
+        let conv = DepthwiseConv::new(normal(&[8, 4, 1], 3)).unwrap();
         static F: OnceLock<Compiled> = OnceLock::new();
         static G: OnceLock<Compiled> = OnceLock::new();
         for l in [1, 2, 7] {
-            let window = random(&[2, 3 + l, 8], 4 + l as u64);
+            let window = normal(&[2, 3 + l, 8], 4 + l as u64);
             let plain = conv.fused(&F, |a| Ok(vec![tap_sum(a)?]), &window).unwrap();
             assert!(max_diff(&plain, &conv.tap_sum_unfused(&window).unwrap()) == 0.0, "l={l}");
             let act = conv.fused(&G, |a| Ok(vec![silu_ops(&tap_sum(a)?)?]), &window).unwrap();
             assert!(max_diff(&act, &compiled::silu(&plain).unwrap()) < 1e-6, "l={l}");
         }
-        assert!(conv.forward(&random(&[1, 2, 8], 9)).is_err(), "a window shorter than K is refused");
+        assert!(conv.forward(&normal(&[1, 2, 8], 9)).is_err(), "a window shorter than K is refused");
     }
 }

@@ -37,6 +37,8 @@ pub mod shape;
 pub mod shard;
 pub mod short_attention;
 pub mod taps;
+#[cfg(test)]
+mod test_arrays;
 pub mod weights;
 
 pub use mlx_rs::error::Exception;

@@ -183,12 +183,8 @@ pub fn unfused(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_arrays::normal;
     use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
-
-    fn random(shape: &[i32], seed: u64) -> Array {
-        let key = mlx_rs::random::key(seed).unwrap();
-        mlx_rs::random::normal::<f32>(shape, None, None, Some(&key)).unwrap()
-    }
 
     fn close(a: &Array, b: &Array) {
         assert_eq!(a.shape(), b.shape());
@@ -198,7 +194,7 @@ mod tests {
 
     /// Grouped heads (4 query heads over 2 kv heads), 3 queries over 7 keys.
     fn qkv() -> (Array, Array, Array) {
-        (random(&[2, 4, 3, 8], 1), random(&[2, 2, 7, 8], 2), random(&[2, 2, 7, 8], 3))
+        (normal(&[2, 4, 3, 8], 1), normal(&[2, 2, 7, 8], 2), normal(&[2, 2, 7, 8], 3))
     }
 
     type Path = fn(&Array, &Array, &Array, f32, &Mask) -> Result<Array>;
@@ -221,7 +217,7 @@ mod tests {
         let (q, k, v) = qkv();
         agrees_with_the_fused_op(unfused, &(q.clone(), k.clone(), v.clone()));
         // Another shape after the first: the shared causal mask is rebuilt, not reused.
-        let (q2, k2, v2) = (random(&[1, 4, 2, 8], 6), random(&[1, 2, 5, 8], 7), random(&[1, 2, 5, 8], 8));
+        let (q2, k2, v2) = (normal(&[1, 4, 2, 8], 6), normal(&[1, 2, 5, 8], 7), normal(&[1, 2, 5, 8], 8));
         let want =
             scaled_dot_product_attention(&q2, &k2, &v2, 0.35, ScaledDotProductAttentionMask::Causal, None).unwrap();
         close(&unfused(&q2, &k2, &v2, 0.35, &Mask::Causal).unwrap(), &want);
@@ -241,7 +237,7 @@ mod tests {
             scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Array(&keep), None).unwrap();
         close(&unfused(&q, &k, &v, 0.35, &Mask::Array(keep.clone())).unwrap(), &want);
         // Additive, one mask per query head: [1, 4, 3, 7].
-        let add = random(&[1, 4, 3, 7], 4);
+        let add = normal(&[1, 4, 3, 7], 4);
         let want =
             scaled_dot_product_attention(&q, &k, &v, 0.35, ScaledDotProductAttentionMask::Array(&add), None).unwrap();
         close(&unfused(&q, &k, &v, 0.35, &Mask::Array(add)).unwrap(), &want);
