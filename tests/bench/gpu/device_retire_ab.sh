@@ -5,7 +5,7 @@
 # aggregate tok/s, and the median step where rows left against the other
 # pipelined steps (what retiring finished rows costs). Second of two device
 # calls (.gpu_b + .devpack + .devpack_b). `device_retire_ab.sh [ROUNDS]`
-set -euo pipefail
+set -uo pipefail
 source tests/bench/gpu/device_env.sh
 shape qwen3-8b
 mkdir -p /tmp/other && tar -C /tmp/other -xJf .devpack_b/device.tar.xz
@@ -15,7 +15,7 @@ for r in $(seq ${1:-2}); do
     log=/tmp/retire_${side}_$r
     echo "## round $r, $side build"
     RUST_LOG=host_engine::batch=trace python3 tests/bench/bench_http.py --host $BIN --plugins $PL --model /tmp/m/qwen3-8b \
-      --max-tokens 128 --concurrency 32 --extra="--batch 32" --per-client 6 --servers ours --server-log $log | grep "ours c="
+      --max-tokens 128 --concurrency 32 --extra="--batch 32" --per-client 6 --servers ours --server-log $log 2>&1 | grep -E "ours c=|Error|error"
     echo -n "rows left: "
     python3 tests/bench/traces.py $log.ours --target host_engine::batch --event "batched plain step" --where "leaving>0" --fields rows,leaving,build_ms,wait_ms,ms
     echo -n "other pipelined steps: "
