@@ -227,16 +227,23 @@ class SpeculatorsDSpark(DSparkDraftModel):
         return self.markov_head.sample_block(
             self._logits(draft_hidden), first_prev_tokens=anchor, sampler=sampler, hidden=draft_hidden
         ).astype(token_dtype)
-class ReducedDFlash(DFlashDraftModel):
-    """mlx-vlm's DFlash drafter over speculators' reduced draft vocabulary
-    (`DraftVocabMixin`): logits over the D tokens `_ids` lists, from the
+
+
+class ReducedLogits:
+    """speculators' reduced draft vocabulary (`DraftVocabMixin`) on an
+    mlx-vlm drafter: logits over the D tokens `_ids` lists, from the
     verifier's head at those rows, or from `draft_lm_head` `[D, H]` when
-    set (a checkpoint's own `lm_head`); drafts mapped back to verifier ids."""
+    set (a checkpoint's own `lm_head`)."""
 
     def _logits(self, hidden):
         if "draft_lm_head" in self:
             return self.draft_lm_head(hidden)
         return self.lm_head(hidden)[..., self._ids]
+
+
+class ReducedDFlash(ReducedLogits, DFlashDraftModel):
+    """mlx-vlm's DFlash drafter over a reduced draft vocabulary: its drafts
+    mapped back to verifier ids."""
 
     def draft_block(self, *args, **kw):
         return self._ids[super().draft_block(*args, **kw)]
@@ -245,14 +252,9 @@ class ReducedDFlash(DFlashDraftModel):
         return self.draft_block(*args, **kw)
 
 
-class ReducedDSpark(SpeculatorsDSpark):
-    """The DSpark drafter over a reduced draft vocabulary: `ReducedDFlash`'s
-    logits, a `ReducedMarkov` head (which maps the drafts)."""
-
-    def _logits(self, hidden):
-        if "draft_lm_head" in self:
-            return self.draft_lm_head(hidden)
-        return self.lm_head(hidden)[..., self._ids]
+class ReducedDSpark(ReducedLogits, SpeculatorsDSpark):
+    """The DSpark drafter over a reduced draft vocabulary, with a
+    `ReducedMarkov` head (which maps the drafts)."""
 
 
 def draft_vocabulary(tokens):
@@ -273,7 +275,7 @@ def draft_vocabulary(tokens):
     return t2d, d2t, mx.array(ids, dtype=mx.int32)
 
 
-def reduce(model, kind, ids):
+def reduce(model, kind, ids, lm):
     """Turns a drafter built as `REDUCED[kind]` into `kind`: the DSpark
     one gets a `ReducedMarkov` head and a head of its own (the verifier's
     rows plus noise, so that a checkpoint's head is seen to be used)."""
@@ -282,7 +284,9 @@ def reduce(model, kind, ids):
         rank = CONFIGS[kind]["dflash_config"]["markov_rank"]
         model.markov_head = ReducedMarkov(base.VOCAB, DRAFT_VOCAB, rank, ids)
         model.markov_head.markov_w2.weight = MARKOV_GAIN * model.markov_head.markov_w2.weight
-    return model
+        rows = lm.model.embed_tokens.weight[ids]
+        model.draft_lm_head = nn.Linear(base.HIDDEN, DRAFT_VOCAB, bias=False)
+        model.draft_lm_head.weight = rows + 0.02 * mx.random.normal(rows.shape)
 
 
 # How much of the anchor each slot carries (see the docstring).
@@ -358,15 +362,11 @@ def make_drafter(kind, lm, ids=None):
         # Its own vocabulary head: copies of the target's (tied) embedding.
         model.embed_tokens.weight = lm.model.embed_tokens.weight
         model.lm_head.weight = lm.model.embed_tokens.weight
-    if REDUCED.get(kind, kind) != "dflash":
+    if kind in REDUCED:
+        reduce(model, kind, ids, lm)
+    elif kind != "dflash":
         m = model.markov_head
         m.markov_w2.weight = MARKOV_GAIN * m.markov_w2.weight
-    if kind in REDUCED:
-        reduce(model, kind, ids)
-        if kind == "dspark-reduced":
-            rows = lm.model.embed_tokens.weight[ids]
-            model.draft_lm_head = nn.Linear(h, DRAFT_VOCAB, bias=False)
-            model.draft_lm_head.weight = rows + 0.02 * mx.random.normal(rows.shape)
     mx.eval(model.parameters())
     return model
 

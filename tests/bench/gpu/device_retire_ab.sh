@@ -15,7 +15,7 @@ for r in $(seq ${1:-2}); do
     log=/tmp/retire_${side}_$r
     echo "## round $r, $side build"
     RUST_LOG=host_engine::batch=trace python3 tests/bench/bench_http.py --host $BIN --plugins $PL --model /tmp/m/qwen3-8b \
-      --max-tokens 128 --concurrency 32 --extra="--batch 32" --per-client 6 --servers ours --server-log $log 2>&1 | grep -E "ours c=|Error|error"
+      --max-tokens 128 --concurrency 32 --extra="--batch 32" --per-client 6 --servers ours --server-log $log 2>&1 | grep -E "ours c=|Traceback|Error"
     echo -n "rows left: "
     python3 tests/bench/traces.py $log.ours --target host_engine::batch --event "batched plain step" --where "leaving>0" --fields rows,leaving,build_ms,wait_ms,ms
     echo -n "other pipelined steps: "
