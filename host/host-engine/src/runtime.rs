@@ -113,31 +113,28 @@ pub fn set_cache_limit(bytes: usize) -> usize {
     old
 }
 
-/// Returns every cached buffer to the system (or the device), then the C
-/// heap's free pages: MLX's CPU buffers come from `malloc`, and glibc keeps
-/// freed ones (and the gaps between live ones) resident until trimmed.
+/// Returns every cached buffer to the system (or the device), then the
+/// process heap's free pages: MLX's CPU buffers come from `malloc`, and the
+/// allocator keeps freed ones resident for reuse until told to return them.
 /// Buffers stay in the heap between these points, so a step reuses the
 /// pages the one before it freed; mapping each large buffer on its own
-/// instead (a 1 MiB mmap threshold) faulted in fresh zeroed pages for every
-/// array, 20% of a batched step on the CPU (docs/benchmarks.md, "The server
-/// comparison, CPU").
+/// instead (a 1 MiB mmap threshold under glibc) faulted in fresh zeroed
+/// pages for every array, 20% of a batched step on the CPU
+/// (docs/benchmarks.md, "The server comparison, CPU").
 pub fn clear_cache() {
     unsafe { mlx_sys::mlx_clear_cache() };
     trim_heap();
 }
 
-/// `malloc_trim(0)`: every whole free page of the C heap back to the system.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// Every free page of the process heap back to the system. The heap is
+/// mimalloc's, which overrides `malloc` for the whole process (the host,
+/// libmlx, CUDA's libraries and every plugin; docs/ARCHITECTURE.md, "One
+/// allocator"): `mi_collect(true)` also collects other threads' abandoned
+/// pages.
 pub fn trim_heap() {
-    extern "C" {
-        fn malloc_trim(pad: usize) -> i32;
-    }
-    // SAFETY: glibc's malloc_trim takes no pointer and is thread-safe.
-    unsafe { malloc_trim(0) };
+    // SAFETY: takes no pointer; mimalloc's collection is thread-safe.
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn trim_heap() {}
 
 /// Trims the C heap at most once per `HeapTrim::INTERVAL` while work runs.
 /// Rows join and leave every few steps, each time freeing and allocating
