@@ -26,3 +26,13 @@ family_shapes() { [ -d /tmp/f/qwen3_5-small ] || python3 tests/bench/make_family
 # The real default model, 4-bit (pack_smollm2_q4.sh), from its two halves
 # copied to /tmp/mlxparts by earlier calls: /tmp/smollm2-q4.
 smollm2_q4() { [ -d /tmp/smollm2-q4 ] || cat /tmp/mlxparts/smq4_aa /tmp/mlxparts/smq4_ab | tar -C /tmp -xf -; }
+# `perf_kit`: sets PERF to the machine's perf or to the one pack_device.sh
+# packed from the build machine (its own libraries only; the profiled
+# command gets the caller's LD_LIBRARY_PATH back through `env`); false if
+# neither.
+perf_kit() {
+  if command -v perf > /dev/null; then PERF=(perf); return 0; fi
+  [ -f .devpack/perfkit.tar.xz ] || return 1
+  [ -x /tmp/perfkit/perf ] || tar -C /tmp -xJf .devpack/perfkit.tar.xz
+  PERF=(env LD_LIBRARY_PATH=/tmp/perfkit/lib /tmp/perfkit/perf)
+}

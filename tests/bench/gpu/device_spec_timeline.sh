@@ -4,9 +4,9 @@
 # always-accepted MTP head): the CUDA timeline of each (cupti_trace.c, read
 # by timeline.py), the last 40 plain steps and the last 40 rounds, with the
 # host API calls per step / round by name (launches, allocations, cuBLAS's
-# and cuDNN's calls), then, where the machine has perf, the host functions
+# and cuDNN's calls), then, with perf (the machine's or the kit pack_device.sh adds), the host functions
 # under each run (MLX's launch of the graph). Second of two device calls
-# (.gpu_b + .devpack).
+# (.gpu_b + .devpack). PERF_ONLY=1: the perf profiles alone; PERF_RUNS="mtp": one of them.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 [ -d /tmp/d/qwen3_5-8b ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --only qwen3_5 --tokenizer-from .device/tok > /dev/null
@@ -16,21 +16,34 @@ IDS=$(ids 64 64)
 gen() { $H generate --plugins $P --model /tmp/d/qwen3_5-8b --prompt-ids $IDS --max-tokens 128 --ignore-eos --json --warmup "$@"; }
 MTP=(--draft-model /tmp/d/qwen3_5-8b/mtp-agree --speculate-always)
 {
-  echo "## plain decode, the last 40 steps"
-  RUST_LOG=host_engine::step=trace trace plain gen > $OUT/plain.json 2> $OUT/plain.log
-  python3 tests/bench/gpu/timeline.py $OUT/plain.csv --rust-log $OUT/plain.log --last 40 --top-api 8 | tail -20
-  echo "## MTP (agreeing head, 2 drafts), the last 40 rounds"
-  RUST_LOG=host_engine::spec=trace trace mtp gen "${MTP[@]}" > $OUT/mtp.json 2> $OUT/mtp.log
-  python3 tests/bench/gpu/timeline.py $OUT/mtp.csv --rust-log $OUT/mtp.log --target host_engine::spec --last 40 --top-api 8 | tail -20
-  python3 tests/bench/traces.py $OUT/mtp.log --target host_engine::spec --event "speculative round" --last 40 --fields draft_ms,build_ms,launch_ms,wait_ms,accepted
-  rm -f $OUT/plain.csv $OUT/mtp.csv
-  if command -v perf > /dev/null; then
-    for run in plain mtp; do
+  if [ -z "${PERF_ONLY:-}" ]; then
+    echo "## plain decode, the last 40 steps"
+    RUST_LOG=host_engine::step=trace trace plain gen > $OUT/plain.json 2> $OUT/plain.log
+    python3 tests/bench/gpu/timeline.py $OUT/plain.csv --rust-log $OUT/plain.log --last 40 --top-api 8 | tail -45
+    echo "## MTP (agreeing head, 2 drafts), the last 40 rounds"
+    RUST_LOG=host_engine::spec=trace trace mtp gen "${MTP[@]}" > $OUT/mtp.json 2> $OUT/mtp.log
+    python3 tests/bench/gpu/timeline.py $OUT/mtp.csv --rust-log $OUT/mtp.log --target host_engine::spec --last 40 --top-api 8 | tail -45
+    python3 tests/bench/traces.py $OUT/mtp.log --target host_engine::spec --event "speculative round" --last 40 --fields draft_ms,build_ms,launch_ms,wait_ms,accepted
+    rm -f $OUT/plain.csv $OUT/mtp.csv
+  fi
+  if perf_kit; then
+    for run in ${PERF_RUNS:-plain mtp}; do
       args=(); [ $run = mtp ] && args=("${MTP[@]}")
-      echo "## perf: host functions under $run (self time, top 40)"
-      perf record -q -F 999 -g -o /tmp/perf.$run -- $H generate --plugins $P --model /tmp/d/qwen3_5-8b --prompt-ids $IDS \
-        --max-tokens 256 --ignore-eos --json --warmup "${args[@]}" > /dev/null 2>&1
-      perf report -i /tmp/perf.$run --no-children -g none --sort dso,sym --stdio 2> /dev/null | grep -v '^#' | grep -v '^$' | head -40
+      echo "## perf: host functions under $run's decode, 5 s (self time, top 40)"
+      # Attached by the trace's count of steps or rounds, so the profile
+      # holds steady decoding only (not the load, prefill or first compiles).
+      RUST_LOG=host_engine::step=trace,host_engine::spec=trace $H generate --plugins $P --model /tmp/d/qwen3_5-8b \
+        --prompt-ids $IDS --max-tokens 1200 --ignore-eos --json --warmup "${args[@]}" > /dev/null 2> /tmp/perf.$run.log &
+      pid=$!
+      # Into the second request (--warmup's first, whose first rounds compile):
+      # 1200 plain steps or 400 rounds of 3 tokens each.
+      past=1300; [ $run = mtp ] && past=450
+      until [ "$(grep -c "plain step\|speculative round" /tmp/perf.$run.log)" -gt $past ] || ! kill -0 $pid 2> /dev/null; do sleep 0.2; done
+      "${PERF[@]}" record -q -e cpu-clock -F 1999 -o /tmp/perf.$run -p $pid -- sleep 5 2> /dev/null || true
+      kill $pid 2> /dev/null; wait $pid 2> /dev/null || true
+      "${PERF[@]}" report -i /tmp/perf.$run --no-children --sort dso,sym --stdio 2> /dev/null | grep -v '^#' | grep -v '^$' | head -40 || true
+      echo "### by library"
+      "${PERF[@]}" report -i /tmp/perf.$run --no-children --sort dso --stdio 2> /dev/null | grep -v '^#' | grep -v '^$' | head -12 || true
     done
   else
     echo "(no perf on this machine)"

@@ -18,4 +18,12 @@ for f in tokenizer.json tokenizer_config.json special_tokens_map.json generation
   cp models/smollm2-135m-instruct/$f .device/tok/ 2>/dev/null || true
 done
 tar -cJf .devpack/device.tar.xz .device
-du -sh .device .devpack/device.tar.xz
+# perf for the device's host profiles (device_env.sh's perf_kit), when this
+# machine has it: the binary and the libraries it links, less the C and C++
+# runtimes the device has newer.
+if command -v perf > /dev/null; then
+  k=$(mktemp -d) && mkdir -p "$k/perfkit/lib" && cp "$(readlink -f "$(command -v perf)")" "$k/perfkit/perf"
+  ldd "$k/perfkit/perf" | awk '{print $3}' | grep -v -E 'lib(c|m|pthread|dl|rt|stdc\+\+|gcc_s)\.so|ld-linux' | grep / | xargs -r cp -L -t "$k/perfkit/lib"
+  tar -C "$k" -cJf .devpack/perfkit.tar.xz perfkit && rm -rf "$k"
+fi
+du -sh .device .devpack/*
