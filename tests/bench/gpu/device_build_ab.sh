@@ -8,9 +8,10 @@
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 M=/tmp/d/qwen3_5-8b
-[ -d $M ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --only qwen3_5 --tokenizer-from .device/tok > /dev/null
-mkdir -p /tmp/other && tar -C /tmp/other -xJf .devpack_b/device.tar.xz
+drafter_shape qwen3_5
+other_build
 IDS=$(ids 64 64)
+rm -f /tmp/first.*.json
 {
   echo "| round | build | run | decode tok/s | tokens equal the first run's |"
   echo "|---|---|---|---|---|"
@@ -18,7 +19,7 @@ IDS=$(ids 64 64)
     for run in plain mtp; do
       args=(); [ $run = mtp ] && args=(--draft-model $M/mtp-agree --speculate-always)
       for side in other this; do
-        if [ $side = this ]; then BIN=$H; PL=$P; else BIN=/tmp/other/.device/host; PL=/tmp/other/.device/plugins; fi
+        side_build $side
         $BIN generate --plugins $PL --model $M --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup "${args[@]}" > /tmp/ab.json
         [ -f /tmp/first.$run.json ] || cp /tmp/ab.json /tmp/first.$run.json
         python3 -c "import json,sys; a=json.load(open('/tmp/ab.json')); f=json.load(open('/tmp/first.$run.json')); print(f'| $r | $side | $run | {a[\"decode_tokens_per_s\"]:.1f} | {a[\"tokens\"]==f[\"tokens\"]} |')"

@@ -15,7 +15,7 @@ for t in $TARGETS; do
   [ -d /tmp/d/$t ] && continue
   case $t in
     gemma4-8b) python3 tests/bench/make_assistant_shape.py --out /tmp/d --tokenizer-from .device/tok > /dev/null ;;
-    *) python3 tests/bench/make_drafter_shapes.py --out /tmp/d --only ${t%-8b} --tokenizer-from .device/tok > /dev/null ;;
+    *) drafter_shape ${t%-8b} ;;
   esac
 done
 gen() { $H generate --plugins $P --model "$1" --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup "${@:2}" 2>/dev/null | tail -1; }

@@ -9,7 +9,7 @@ set -euo pipefail
 source tests/bench/gpu/device_env.sh
 # TARGETS picks the folders to make (default both).
 for t in ${TARGETS:-qwen3 qwen3_5}; do
-  [ -d /tmp/d/$t-8b ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --only $t --tokenizer-from .device/tok > /dev/null
+  drafter_shape $t
 done
 # RUNS picks runs by name (default all).
 run() {

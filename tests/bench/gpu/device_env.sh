@@ -23,6 +23,14 @@ IDS=$(ids 0 64)
 shape() { [ -d /tmp/m/$1 ] || python3 tests/bench/make_shape.py --out /tmp/m/$1 --preset $1 --tokenizer-from .device/tok > /dev/null; }
 qwen06b() { shape qwen3-0.6b; }
 family_shapes() { [ -d /tmp/f/qwen3_5-small ] || python3 tests/bench/make_family_shape.py --out /tmp/f --tokenizer-from .device/tok > /dev/null; }
+# `drafter_shape T`: make_drafter_shapes.py's 8B-scale target T (qwen3,
+# qwen3_5) and its drafters at /tmp/d/T-8b, made once per machine.
+drafter_shape() { [ -d /tmp/d/$1-8b ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --only $1 --tokenizer-from .device/tok > /dev/null; }
+# The A/B scripts' other build: `other_build` unpacks its pack
+# (.devpack_b/device.tar.xz); `side_build this|other` sets BIN and PL
+# to that side's host binary and plugins folder.
+other_build() { mkdir -p /tmp/other && tar -C /tmp/other -xJf .devpack_b/device.tar.xz; }
+side_build() { if [ $1 = this ]; then BIN=$H; PL=$P; else BIN=/tmp/other/.device/host; PL=/tmp/other/.device/plugins; fi; }
 # The real default model, 4-bit (pack_smollm2_q4.sh), from its two halves
 # copied to /tmp/mlxparts by earlier calls: /tmp/smollm2-q4.
 smollm2_q4() { [ -d /tmp/smollm2-q4 ] || cat /tmp/mlxparts/smq4_aa /tmp/mlxparts/smq4_ab | tar -C /tmp -xf -; }

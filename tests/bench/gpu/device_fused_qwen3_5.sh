@@ -9,7 +9,7 @@
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 PLUGINS=${PLUGINS:-$P}
-[ -d /tmp/d/qwen3_5-8b ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --only qwen3_5 --tokenizer-from .device/tok > /dev/null
+drafter_shape qwen3_5
 for p in $PLUGINS; do
   n=$(basename $p)
   G="$H generate --plugins $p --model /tmp/d/qwen3_5-8b --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup"

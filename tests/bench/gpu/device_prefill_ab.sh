@@ -10,12 +10,12 @@ set -euo pipefail
 source tests/bench/gpu/device_env.sh
 SHAPE=$1; REPS=$2; shift 2
 shape $SHAPE
-mkdir -p /tmp/other && tar -C /tmp/other -xJf .devpack_b/device.tar.xz
+other_build
 for L in "$@"; do
   IDS=$(ids $L $L)
   for r in $(seq $REPS); do
     for side in other this; do
-      if [ $side = this ]; then BIN=$H; PL=$P; else BIN=/tmp/other/.device/host; PL=/tmp/other/.device/plugins; fi
+      side_build $side
       $BIN generate --plugins $PL --model /tmp/m/$SHAPE --prompt-ids $IDS --max-tokens 8 --ignore-eos --json --warmup \
         | python3 -c "import json,sys,hashlib; d=json.load(sys.stdin); print(f'L=$L round $r $side: prefill {d[\"prefill_tokens_per_s\"]:.0f} tok/s, tokens {hashlib.sha1(str(d[\"tokens\"]).encode()).hexdigest()[:10]}')"
     done

@@ -8,10 +8,10 @@
 set -uo pipefail
 source tests/bench/gpu/device_env.sh
 shape qwen3-8b
-mkdir -p /tmp/other && tar -C /tmp/other -xJf .devpack_b/device.tar.xz
+other_build
 for r in $(seq ${1:-2}); do
   for side in other this; do
-    if [ $side = this ]; then BIN=$H; PL=$P; else BIN=/tmp/other/.device/host; PL=/tmp/other/.device/plugins; fi
+    side_build $side
     log=/tmp/retire_${side}_$r
     echo "## round $r, $side build"
     RUST_LOG=host_engine::batch=trace python3 tests/bench/bench_http.py --host $BIN --plugins $PL --model /tmp/m/qwen3-8b \

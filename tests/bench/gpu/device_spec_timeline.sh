@@ -9,7 +9,7 @@
 # (.gpu_b + .devpack). PERF_ONLY=1: the perf profiles alone; PERF_RUNS="mtp": one of them.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
-[ -d /tmp/d/qwen3_5-8b ] || python3 tests/bench/make_drafter_shapes.py --out /tmp/d --only qwen3_5 --tokenizer-from .device/tok > /dev/null
+drafter_shape qwen3_5
 source tests/bench/gpu/build_cupti_trace.sh
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$CUPTI_LIB"
 IDS=$(ids 64 64)
