@@ -136,7 +136,7 @@ pub fn trim_heap() {
     unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
-/// Trims the C heap at most once per `HeapTrim::INTERVAL` while work runs.
+/// Trims the process heap at most once per `HeapTrim::INTERVAL` while work runs.
 /// Rows join and leave every few steps, each time freeing and allocating
 /// batch-wide K/V, so between clearings of the buffer cache the heap's
 /// free pages would pile up to the largest batch since the last one. A trim

@@ -73,7 +73,7 @@ pub struct Scheduler<'a> {
     pub(super) memory: Option<(MemoryModel, Budget)>,
     /// Decode steps since MLX's buffer cache was last cleared.
     pub(super) steps_since_clear: u32,
-    /// Trims the C heap now and then while rows run (`runtime::HeapTrim`).
+    /// Trims the process heap now and then while rows run (`runtime::HeapTrim`).
     pub(super) heap: crate::runtime::HeapTrim,
     /// Plain and speculative step times, for the batched cost rule.
     pub(super) spec_clock: BatchClock,
