@@ -26,7 +26,8 @@ use crate::{error, Array, Dtype, Result};
 /// K/V read in place; `SOFTMAX_TAIL` completes it. `KEYS` (where the keys
 /// of row `b`, K/V head `h` are: `T`, and `KROW(t)` / `VROW(t)` pointing at
 /// key `t`'s first dimension with `KS` / `VS` between dimensions) is spliced
-/// in, once per kind of K/V storage (`DENSE`, `PAGED`).
+/// in, once per kind of K/V storage (`DENSE`, `PAGED`); `MASK_ROW` and
+/// `MASK_SKIP` are the mask's lines ([`MASK_LINES`]) or nothing.
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;
     constexpr int DPL = D / 32;
@@ -54,9 +55,9 @@ const SOURCE: &str = r#"
         l[r] = 0.f;
         for (int i = 0; i < DPL; ++i) acc[r][i] = 0.f;
     }
-    const size_t mb = (size_t)b * mask_strides[0];
+    MASK_ROW
     for (int t = t0 + warp; t < t1; t += WARPS) {
-        if (!mask[mb + (size_t)t * mask_strides[1]]) continue;
+        MASK_SKIP
         const auto* krow = KROW(t) + lane * DPL * KS;
         const auto* vrow = VROW(t) + lane * DPL * VS;
         float s[R];
@@ -181,18 +182,37 @@ pub const TARGET_BLOCKS: i32 = 264;
 /// Keys a slice holds at least.
 const MIN_SLICE: i32 = 256;
 
+/// [`SOURCE`]'s mask lines: a key is skipped where the row's mask is false.
+const MASK_LINES: [(&str, &str); 2] = [
+    ("MASK_ROW", "const size_t mb = (size_t)b * mask_strides[0];"),
+    ("MASK_SKIP", "if (!mask[mb + (size_t)t * mask_strides[1]]) continue;"),
+];
+
+/// The whole kernel over `keys` (`DENSE` or `PAGED`), with or without a mask.
+fn source(keys: &str, masked: bool) -> String {
+    let mut s = SOURCE.replace("KEYS", keys);
+    for (slot, line) in MASK_LINES {
+        s = s.replace(slot, if masked { line } else { "" });
+    }
+    format!("{s}{SOFTMAX_TAIL}{BLOCK_MERGE}")
+}
+
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
     cached(&KERNEL, || {
-        let source = format!("{}{SOFTMAX_TAIL}{BLOCK_MERGE}", SOURCE.replace("KEYS", DENSE));
-        CudaKernel::new("masked_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], &source)
+        CudaKernel::new("masked_decode_attention", &["q", "k", "v", "mask"], &["part", "ml"], &source(DENSE, true))
     })
+}
+
+fn unmasked_kernel() -> Result<&'static CudaKernel> {
+    static KERNEL: Cached = Cached::new();
+    cached(&KERNEL, || CudaKernel::new("decode_attention", &["q", "k", "v"], &["part", "ml"], &source(DENSE, false)))
 }
 
 fn paged_kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
     cached(&KERNEL, || {
-        let source = format!("{}{SOFTMAX_TAIL}{BLOCK_MERGE}", SOURCE.replace("KEYS", PAGED));
+        let source = source(PAGED, true);
         CudaKernel::new("paged_decode_attention", &["q", "k", "v", "mask", "flat"], &["part", "ml"], &source)
     })
 }
@@ -230,9 +250,9 @@ pub fn merge_slices(part: &Array, ml: &Array, splits: i32, out: [i32; 4], dtype:
 }
 
 /// Whether one query per row `q` `[B, Hq, 1, D]` over K/V of `hkv` heads
-/// and `t` keys under a boolean `mask` (`[B, .., T]` or one row for all)
-/// is what the kernels were built for, on the current device.
-fn fits(q: &Array, hkv: i32, dims: (i32, i32), t: i32, mask: &Array, kv_dtype: Dtype) -> bool {
+/// and `t` keys, under a boolean `mask` (`[B, .., T]` or one row for all)
+/// or none, is what the kernels were built for, on the current device.
+fn fits(q: &Array, hkv: i32, dims: (i32, i32), t: i32, mask: Option<&Array>, kv_dtype: Dtype) -> bool {
     let &[b, hq, l, d] = q.shape() else { return false };
     l == 1
         && hkv > 0
@@ -241,30 +261,30 @@ fn fits(q: &Array, hkv: i32, dims: (i32, i32), t: i32, mask: &Array, kv_dtype: D
         && dims == (d, d)
         && (hq / hkv) * d <= 1024
         && t > 0
-        && mask.dtype() == Dtype::Bool
-        && (mask.size() as i32 == b * t || mask.size() as i32 == t)
+        && mask.is_none_or(|m| m.dtype() == Dtype::Bool && (m.size() as i32 == b * t || m.size() as i32 == t))
         && matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
         && kv_dtype == q.dtype()
         && crate::ops::on_gpu()
 }
 
-/// Launches `kernel` over `inputs` (`q`, `k`, `v`, then the mask as
-/// `[B, T]` is appended, then `extra`) and merges its slices.
+/// Launches `kernel` over `inputs` (`q`, `k`, `v`, then the mask, if any,
+/// as `[B, T]`, then `extra`) and merges its slices.
 fn launch(
     kernel: &CudaKernel,
     q: &Array,
     kv: (&Array, &Array),
-    mask: &Array,
+    mask: Option<&Array>,
     extra: &[&Array],
     (hkv, t, scale): (i32, i32, f32),
     more: &[Template],
 ) -> Result<Array> {
     let &[b, hq, _, d] = q.shape() else { return Err(error("the decode kernel takes [B, Hq, 1, D] queries")) };
     let r = hq / hkv;
-    let mask = mlx_rs::ops::broadcast_to(&mask.reshape(&[-1, t])?, &[b, t])?;
+    let mask = mask.map(|m| mlx_rs::ops::broadcast_to(&m.reshape(&[-1, t])?, &[b, t])).transpose()?;
     let splits = splits(b, hkv, t, TARGET_BLOCKS);
     let blocks = b * hkv * splits;
-    let mut inputs = vec![q, kv.0, kv.1, &mask];
+    let mut inputs = vec![q, kv.0, kv.1];
+    inputs.extend(mask.as_ref());
     inputs.extend_from_slice(extra);
     // The scale as a compile-time constant (its bits): one per model, and
     // nothing to upload per layer and step.
@@ -298,10 +318,34 @@ fn launch(
 /// not built for, not on a GPU): the caller then attends through MLX.
 pub fn masked(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array) -> Result<Option<Array>> {
     let (&[b, ..], &[kb, hkv, t, kd]) = (q.shape(), k.shape()) else { return Ok(None) };
-    if kb != b || v.shape() != k.shape() || !fits(q, hkv, (kd, v.shape()[3]), t, mask, k.dtype()) {
+    if kb != b || v.shape() != k.shape() || !fits(q, hkv, (kd, v.shape()[3]), t, Some(mask), k.dtype()) {
         return Ok(None);
     }
-    launch(kernel()?, q, (k, v), mask, &[], (hkv, t, scale), &[]).map(Some)
+    launch(kernel()?, q, (k, v), Some(mask), &[], (hkv, t, scale), &[]).map(Some)
+}
+
+/// Head sizes past this have neither of MLX 0.32's fused CUDA kernels for
+/// a 1-token query (its vector kernel takes 64, 96 and 128; cuDNN at most
+/// 128): there MLX attends through its fallback, two matmuls and a softmax,
+/// and the product with the values (not transposed) is a cuBLAS call that
+/// MLX captures into a graph of its own on every launch. On the 8B-scale
+/// Qwen3.5 hybrid (head size 256) those were 8 of a plain step's captures
+/// and 24 of an MTP round's 35 (docs/benchmarks.md, "An MTP round on the
+/// CUDA timeline").
+pub const MLX_FUSED_MAX_HEAD: i32 = 128;
+
+/// Attention of one unmasked query per row (causal is the same for one
+/// query at the end of the keys), `q` `[B, Hq, 1, D]` over `k` / `v`
+/// `[B, Hkv, T, D]` read in place, where MLX has no fused kernel for the
+/// head size ([`MLX_FUSED_MAX_HEAD`]) and the routes allow it (not under
+/// the model option `attention=mlx`); None otherwise.
+pub fn single(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Option<Array>> {
+    let (&[b, _, l, d], &[kb, hkv, t, kd]) = (q.shape(), k.shape()) else { return Ok(None) };
+    let wanted = l == 1 && d > MLX_FUSED_MAX_HEAD && crate::routes::current().decode_kernel;
+    if !wanted || kb != b || v.shape() != k.shape() || !fits(q, hkv, (kd, v.shape()[3]), t, None, k.dtype()) {
+        return Ok(None);
+    }
+    launch(unmasked_kernel()?, q, (k, v), None, &[], (hkv, t, scale), &[]).map(Some)
 }
 
 /// As [`masked`], over a block pool read in place: `k` / `v` `[Hkv,
@@ -321,8 +365,8 @@ pub fn paged(
     let (&[b, ..], &[hkv, slots, kd], &[fb, fh, nb]) = (q.shape(), k.shape(), flat.shape()) else { return Ok(None) };
     let t = nb * block;
     let even = block > 0 && slots % block == 0 && fb == b && fh == hkv && v.shape()[..2] == k.shape()[..2];
-    if !even || !fits(q, hkv, (kd, v.shape()[2]), t, mask, k.dtype()) {
+    if !even || !fits(q, hkv, (kd, v.shape()[2]), t, Some(mask), k.dtype()) {
         return Ok(None);
     }
-    launch(paged_kernel()?, q, (k, v), mask, &[flat], (hkv, t, scale), &[Template::Int("BLOCK", block)]).map(Some)
+    launch(paged_kernel()?, q, (k, v), Some(mask), &[flat], (hkv, t, scale), &[Template::Int("BLOCK", block)]).map(Some)
 }

@@ -23,6 +23,20 @@ fn the_decode_attention_kernels_compile_for_the_h200() {
                 assert_eq!(out.expect("the kernel takes it").shape(), [b, hq, 1, d]);
             }
         }
+        // One query at Qwen3.5's head size (256, where MLX has no fused
+        // kernel): ours, unless the routes are MLX's.
+        let q = zeros(&[1, 16, 1, 256], Dtype::Bfloat16)?;
+        let kv = zeros(&[1, 4, 1000, 256], Dtype::Bfloat16)?;
+        let out = decode_attention::single(&q, &kv, &kv, 0.0625)?;
+        assert_eq!(out.expect("the kernel takes it").shape(), [1, 16, 1, 256]);
+        let mlx = crate::routes::Routes { decode_kernel: false, ..Default::default() };
+        assert!(crate::routes::with(mlx, || decode_attention::single(&q, &kv, &kv, 0.0625))?.is_none());
+        // A 3-wide causal verify attends one query at a time, each through it.
+        let q3 = zeros(&[1, 16, 3, 256], Dtype::Bfloat16)?;
+        let out = crate::attention::sdpa(&q3, &kv, &kv, 0.0625, &crate::attention::Mask::Causal)?;
+        assert_eq!(out.shape(), [1, 16, 3, 256]);
+        let (q128, kv128) = (zeros(&[1, 32, 1, 128], Dtype::Bfloat16)?, zeros(&[1, 8, 1000, 128], Dtype::Bfloat16)?);
+        assert!(decode_attention::single(&q128, &kv128, &kv128, 0.088)?.is_none(), "MLX's vector kernel takes 128");
         let (rows, hkv, block, nb) = (4, 8, 16, 64);
         let q = zeros(&[rows, 32, 1, 128], Dtype::Bfloat16)?;
         let pool = zeros(&[hkv, 512 * block, 128], Dtype::Bfloat16)?;
@@ -35,8 +49,10 @@ fn the_decode_attention_kernels_compile_for_the_h200() {
     .unwrap();
     assert_eq!(
         kernels(&recorded),
-        ["masked_decode_attention", "decode_attention_merge_slices", "paged_decode_attention"]
+        ["masked_decode_attention", "decode_attention_merge_slices", "decode_attention", "paged_decode_attention"]
     );
+    let singles = recorded.iter().filter(|l| l.kernel == "decode_attention").count();
+    assert_eq!(singles, 4, "the single query, then the verify's three");
     assert_compiles(&recorded);
 }
 

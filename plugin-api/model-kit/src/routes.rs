@@ -4,7 +4,7 @@
 //!
 //! | key | values | default | what |
 //! |---|---|---|---|
-//! | `attention` | `fast`, `mlx` | `fast` | multi-token queries on a GPU: `fast` takes `short_attention`'s paths below the two limits and pads longer causal chunks to a planned shape (`bucketed_attention`); `mlx` sends every query to MLX's sdpa as it is, as mlx-lm (both limits 0, no padding) |
+//! | `attention` | `fast`, `mlx` | `fast` | multi-token queries on a GPU: `fast` takes `short_attention`'s paths below the two limits and pads longer causal chunks to a planned shape (`bucketed_attention`), and 1-token queries at head sizes past 128 take our decode kernel (`decode_attention::single`); `mlx` sends every query to MLX's sdpa as it is, as mlx-lm (both limits 0, no padding) |
 //! | `attention-per-query-max` | integer | 16 | queries up to this many attend one by one through the fused single-query kernel (0: off) |
 //! | `attention-unfused-max` | integer | 2048 | longer queries up to this many attend through unfused matmuls while the scores stay small (0: off) |
 //! | `conv` | `fused`, `mlx` | `fused` | the depthwise causal conv on a GPU: one fused kernel, or MLX's conv1d |
@@ -35,6 +35,9 @@ pub struct Routes {
     pub unfused_max: i32,
     /// Causal chunks past the unfused path padded to a bucketed shape.
     pub bucket_causal: bool,
+    /// 1-token queries at head sizes MLX has no fused kernel for attend
+    /// through `decode_attention::single`.
+    pub decode_kernel: bool,
     pub fused_conv: bool,
     pub fused_gemv: bool,
 }
@@ -45,6 +48,7 @@ impl Default for Routes {
             per_query_max: crate::short_attention::PER_QUERY_MAX,
             unfused_max: crate::short_attention::MAX_QUERY,
             bucket_causal: true,
+            decode_kernel: true,
             fused_conv: true,
             fused_gemv: true,
         }
@@ -67,6 +71,7 @@ impl Routes {
                         r.per_query_max = 0;
                         r.unfused_max = 0;
                         r.bucket_causal = false;
+                        r.decode_kernel = false;
                     }
                     _ => return Err(bad()),
                 },
@@ -130,7 +135,7 @@ mod tests {
     fn options_set_the_routes_and_unknown_ones_are_refused() {
         assert_eq!(Routes::from_options(&[]).unwrap(), Routes::default());
         let mlx = Routes::from_options(&opts(&[("attention", "mlx")])).unwrap();
-        assert_eq!((mlx.per_query_max, mlx.unfused_max, mlx.bucket_causal), (0, 0, false));
+        assert_eq!((mlx.per_query_max, mlx.unfused_max, mlx.bucket_causal, mlx.decode_kernel), (0, 0, false, false));
         let r =
             Routes::from_options(&opts(&[("attention-unfused-max", "64"), ("conv", "mlx"), ("gemv", "mlx")])).unwrap();
         assert_eq!((r.unfused_max, r.fused_conv, r.fused_gemv), (64, false, false));
@@ -152,8 +157,14 @@ mod tests {
 
     #[test]
     fn routes_are_in_force_only_inside_with() {
-        let mlx =
-            Routes { per_query_max: 0, unfused_max: 0, bucket_causal: false, fused_conv: false, fused_gemv: false };
+        let mlx = Routes {
+            per_query_max: 0,
+            unfused_max: 0,
+            bucket_causal: false,
+            decode_kernel: false,
+            fused_conv: false,
+            fused_gemv: false,
+        };
         assert_eq!(with(mlx, current), mlx);
         assert_eq!(current(), Routes::default());
     }
