@@ -83,12 +83,14 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--every", type=float, default=10)
     ap.add_argument("--json")
+    ap.add_argument("--server-log", help="the server's stderr goes here (with RUST_LOG set: its traces)")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
 
     port = free_port()
     server = subprocess.Popen([a.host, "serve", "--plugins", a.plugins, "--model", a.model, "--port", str(port),
-                               "--queue", str(a.clients * 2), *a.extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--queue", str(a.clients * 2), *a.extra], stdout=subprocess.DEVNULL,
+                              stderr=open(a.server_log, "w") if a.server_log else subprocess.DEVNULL)
     try:
         t0 = time.time()
         while True:
