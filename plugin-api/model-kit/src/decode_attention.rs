@@ -317,11 +317,16 @@ fn launch(
 /// not apply (more queries, another mask dtype or shape, head sizes it was
 /// not built for, not on a GPU): the caller then attends through MLX.
 pub fn masked(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array) -> Result<Option<Array>> {
-    let (&[b, ..], &[kb, hkv, t, kd]) = (q.shape(), k.shape()) else { return Ok(None) };
-    if kb != b || v.shape() != k.shape() || !fits(q, hkv, (kd, v.shape()[3]), t, Some(mask), k.dtype()) {
-        return Ok(None);
-    }
+    let Some((hkv, t)) = dense_fits(q, k, v, Some(mask)) else { return Ok(None) };
     launch(kernel()?, q, (k, v), Some(mask), &[], (hkv, t, scale), &[]).map(Some)
+}
+
+/// `fits` for dense K/V, `k` / `v` `[B, Hkv, T, D]` of `q`'s rows: their
+/// K/V heads and keys when the kernels take them.
+fn dense_fits(q: &Array, k: &Array, v: &Array, mask: Option<&Array>) -> Option<(i32, i32)> {
+    let (&[b, ..], &[kb, hkv, t, kd]) = (q.shape(), k.shape()) else { return None };
+    let fit = kb == b && v.shape() == k.shape() && fits(q, hkv, (kd, v.shape()[3]), t, mask, k.dtype());
+    fit.then_some((hkv, t))
 }
 
 /// Head sizes past this have neither of MLX 0.32's fused CUDA kernels for
@@ -340,11 +345,10 @@ pub const MLX_FUSED_MAX_HEAD: i32 = 128;
 /// head size ([`MLX_FUSED_MAX_HEAD`]) and the routes allow it (not under
 /// the model option `attention=mlx`); None otherwise.
 pub fn single(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Option<Array>> {
-    let (&[b, _, l, d], &[kb, hkv, t, kd]) = (q.shape(), k.shape()) else { return Ok(None) };
-    let wanted = l == 1 && d > MLX_FUSED_MAX_HEAD && crate::routes::current().decode_kernel;
-    if !wanted || kb != b || v.shape() != k.shape() || !fits(q, hkv, (kd, v.shape()[3]), t, None, k.dtype()) {
+    if !(q.shape().get(3).is_some_and(|&d| d > MLX_FUSED_MAX_HEAD) && crate::routes::current().decode_kernel) {
         return Ok(None);
     }
+    let Some((hkv, t)) = dense_fits(q, k, v, None) else { return Ok(None) };
     launch(unmasked_kernel()?, q, (k, v), None, &[], (hkv, t, scale), &[]).map(Some)
 }
 
