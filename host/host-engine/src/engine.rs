@@ -523,9 +523,14 @@ pub(crate) fn tensor_ref(a: &Array) -> TensorRef<'_> {
     unsafe { TensorRef::from_raw(a.as_ptr()) }
 }
 
+/// The array a plugin handed over (its handle, now the host's).
+pub(crate) fn tensor_array(t: Tensor) -> Array {
+    unsafe { Array::from_ptr(t.into_raw()) }
+}
+
 fn take(t: ROption<Tensor>, what: &str) -> Result<Array, EngineError> {
     match t {
-        ROption::RSome(t) => Ok(unsafe { Array::from_ptr(t.into_raw()) }),
+        ROption::RSome(t) => Ok(tensor_array(t)),
         ROption::RNone => Err(EngineError::Model(format!("forward returned no {what}"))),
     }
 }

@@ -46,7 +46,7 @@ pub fn own(states: Vec<CacheState>) -> Result<Vec<CacheState>, EngineError> {
         let CacheState { signature, offset, tensors, meta } = s;
         let mut owned = RVec::with_capacity(tensors.len());
         for t in tensors {
-            let a = unsafe { Array::from_ptr(t.into_raw()) };
+            let a = crate::engine::tensor_array(t);
             let c = contiguous(&a)?;
             all.push(c.clone());
             owned.push(unsafe { Tensor::from_raw(new_handle(c.as_ptr())) });

@@ -5,13 +5,10 @@
 //! (last full, last sliding layer) or a plan index, and whether a layout
 //! can lend is its `kv-view:<scheme>` tag.
 
-use crate::engine::{tensor_ref, EngineError};
+use crate::engine::{tensor_array, tensor_ref, EngineError};
 use host_loader::compose::ComposedModel;
-use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;
-use plugin_api::{
-    caps, CacheBox, Draft, DraftArgs, DrafterBox, KvPick, KvRole, NeedKind, PluginError, TargetKv, Tensor,
-};
+use plugin_api::{caps, CacheBox, Draft, DraftArgs, DrafterBox, KvPick, KvRole, NeedKind, PluginError, TargetKv};
 
 /// One resolved pick: the plan layer and what the drafter is told of it.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,10 +60,6 @@ pub fn resolve(kind: &str, picks: &[KvPick], target: &ComposedModel) -> Result<V
         .collect()
 }
 
-fn array(t: Tensor) -> Array {
-    unsafe { Array::from_ptr(t.into_raw()) }
-}
-
 /// Asks `drafter` for a round: `draft_kv` with row `row`'s views of
 /// `layers` when it reads any, `draft` otherwise.
 pub fn draft(
@@ -82,7 +75,7 @@ pub fn draft(
     let mut held = Vec::with_capacity(layers.len());
     for l in layers {
         let v = caches[l.layer].kv_view(row).into_result()?;
-        held.push((array(v.keys), array(v.values), v.first));
+        held.push((tensor_array(v.keys), tensor_array(v.values), v.first));
     }
     let views: Vec<TargetKv<'_>> = layers
         .iter()

@@ -2,10 +2,10 @@
 //! the target's own forward passes (prefill chunks and verifies), kept by
 //! the host for the call that hands them over, lent as `TargetStates`.
 
-use crate::engine::{tensor_ref, EngineError};
+use crate::engine::{tensor_array, tensor_ref, EngineError};
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::{ROption, RSlice};
-use plugin_api::{ForwardOutput, TargetStates, TargetWants, Tensor, TensorRef};
+use plugin_api::{ForwardOutput, TargetStates, TargetWants, TensorRef};
 
 /// States over positions `first..first + len`, owned by the host.
 #[derive(Default)]
@@ -16,20 +16,16 @@ pub(crate) struct States {
     pub taps: Vec<Array>,
 }
 
-fn array(t: Tensor) -> Array {
-    unsafe { Array::from_ptr(t.into_raw()) }
-}
-
 impl States {
     /// Takes what `wants` asked for out of a forward's output (the rest of
     /// it, logits, stays with the caller).
     pub fn take(out: &mut ForwardOutput, wants: &TargetWants, first: u64, len: u64) -> Result<Self, EngineError> {
         let hidden = match (wants.hidden, std::mem::replace(&mut out.hidden, ROption::RNone)) {
-            (true, ROption::RSome(h)) => Some(array(h)),
+            (true, ROption::RSome(h)) => Some(tensor_array(h)),
             (true, ROption::RNone) => return Err(EngineError::Model("the target returned no hidden state".into())),
             (false, _) => None,
         };
-        let taps: Vec<Array> = std::mem::take(&mut out.taps).into_iter().map(array).collect();
+        let taps: Vec<Array> = std::mem::take(&mut out.taps).into_iter().map(tensor_array).collect();
         if taps.len() != wants.taps.len() {
             return Err(EngineError::Model(format!(
                 "the target returned {} hidden taps, the drafter asked for {}",
