@@ -97,8 +97,9 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
 /// their scores stay small (`short_attention` says why), and longer causal
 /// chunks at a bucketed shape (`bucketed_attention` says why); a masked
 /// decode step on a GPU (rows of different lengths) goes to our kernel,
-/// where MLX has no fused one (`decode_attention` says why), as does a
-/// 1-token query at a head size MLX's fused kernels do not take.
+/// where MLX has no fused one (`decode_attention` says why), as do short
+/// unmasked or causal queries at a head size MLX's fused kernels do not
+/// take (`decode_attention::unmasked`).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
     if let Mask::Array(m) = mask {
         if let Some(out) = crate::decode_attention::masked(q, k, v, scale, m)? {
@@ -106,7 +107,7 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
         }
     }
     if matches!(mask, Mask::None | Mask::Causal) {
-        if let Some(out) = crate::decode_attention::single(q, k, v, scale)? {
+        if let Some(out) = crate::decode_attention::unmasked(q, k, v, scale, matches!(mask, Mask::Causal))? {
             return Ok(out);
         }
     }

@@ -27,28 +27,34 @@ use crate::{error, Array, Dtype, Result};
 /// of row `b`, K/V head `h` are: `T`, and `KROW(t)` / `VROW(t)` pointing at
 /// key `t`'s first dimension with `KS` / `VS` between dimensions) is spliced
 /// in, once per kind of K/V storage (`DENSE`, `PAGED`); `MASK_ROW` and
-/// `MASK_SKIP` are the mask's lines ([`MASK_LINES`]) or nothing.
+/// `MASK_SKIP` are the mask's lines ([`MASK_LINES`]) or nothing. A block's
+/// row is one (batch row, query) pair: the masked kernels take one query
+/// per batch row, the unmasked one up to `PER_QUERY_MAX`; `SEEN` says how
+/// many of the `T` keys the pair's query attends to (`TS`).
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;
     constexpr int DPL = D / 32;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int blk = blockIdx.x;
-    const int splits = gridDim.x / (q_shape[0] * HKV);
+    const int QL = q_shape[2];
+    const int splits = gridDim.x / (q_shape[0] * QL * HKV);
     const int bh = blk / splits;
     const int split = blk % splits;
-    const int b = bh / HKV;
+    const int b = bh / HKV / QL;
+    const int ql = bh / HKV % QL;
     const int h = bh % HKV;
     KEYS
-    const int per = (T + splits - 1) / splits;
+    SEEN
+    const int per = (TS + splits - 1) / splits;
     const int t0 = split * per;
-    const int t1 = min(T, t0 + per);
+    const int t1 = min(TS, t0 + per);
     const float sc = __int_as_float(SCALE_BITS);
     float qv[R][DPL];
     for (int r = 0; r < R; ++r)
         for (int i = 0; i < DPL; ++i)
             qv[r][i] = sc * static_cast<float>(q[(size_t)b * q_strides[0] + (size_t)(h * R + r) * q_strides[1]
-                                                 + (size_t)(lane * DPL + i) * q_strides[3]]);
+                                                 + (size_t)ql * q_strides[2] + (size_t)(lane * DPL + i) * q_strides[3]]);
     float m[R], l[R], acc[R][DPL];
     for (int r = 0; r < R; ++r) {
         m[r] = -INFINITY;
@@ -188,9 +194,14 @@ const MASK_LINES: [(&str, &str); 2] = [
     ("MASK_SKIP", "if (!mask[mb + (size_t)t * mask_strides[1]]) continue;"),
 ];
 
+/// [`SOURCE`]'s keys seen without a mask: all `T`, or when `CAUSAL` (a
+/// template argument) query `ql` of `QL` sits at key `T - QL + ql` and sees
+/// the keys up to it.
+const UNMASKED_SEEN: &str = "const int TS = CAUSAL ? T - (QL - 1 - ql) : T;";
+
 /// The whole kernel over `keys` (`DENSE` or `PAGED`), with or without a mask.
 fn source(keys: &str, masked: bool) -> String {
-    let mut s = SOURCE.replace("KEYS", keys);
+    let mut s = SOURCE.replace("KEYS", keys).replace("SEEN", if masked { "const int TS = T;" } else { UNMASKED_SEEN });
     for (slot, line) in MASK_LINES {
         s = s.replace(slot, if masked { line } else { "" });
     }
@@ -249,12 +260,13 @@ pub fn merge_slices(part: &Array, ml: &Array, splits: i32, out: [i32; 4], dtype:
     merged.into_iter().next().ok_or_else(|| error("the merge kernel returned nothing"))
 }
 
-/// Whether one query per row `q` `[B, Hq, 1, D]` over K/V of `hkv` heads
-/// and `t` keys, under a boolean `mask` (`[B, .., T]` or one row for all)
-/// or none, is what the kernels were built for, on the current device.
+/// Whether queries `q` `[B, Hq, L, D]` (one per row under a boolean
+/// `mask`, `[B, .., T]` or one row for all; up to `t` without) over K/V of
+/// `hkv` heads and `t` keys are what the kernels were built for, on the
+/// current device.
 fn fits(q: &Array, hkv: i32, dims: (i32, i32), t: i32, mask: Option<&Array>, kv_dtype: Dtype) -> bool {
     let &[b, hq, l, d] = q.shape() else { return false };
-    l == 1
+    (l == 1 || (mask.is_none() && (1..=t).contains(&l)))
         && hkv > 0
         && hq % hkv == 0
         && d % 32 == 0
@@ -268,7 +280,9 @@ fn fits(q: &Array, hkv: i32, dims: (i32, i32), t: i32, mask: Option<&Array>, kv_
 }
 
 /// Launches `kernel` over `inputs` (`q`, `k`, `v`, then the mask, if any,
-/// as `[B, T]`, then `extra`) and merges its slices.
+/// as `[B, T]`, then `extra`) and merges its slices into `[B, Hq, L, D]`.
+/// Each query gets the slices a lone query of its row would (`splits` of
+/// the `B` rows), so a verify's query is cut as a decode step's is.
 fn launch(
     kernel: &CudaKernel,
     q: &Array,
@@ -278,11 +292,11 @@ fn launch(
     (hkv, t, scale): (i32, i32, f32),
     more: &[Template],
 ) -> Result<Array> {
-    let &[b, hq, _, d] = q.shape() else { return Err(error("the decode kernel takes [B, Hq, 1, D] queries")) };
+    let &[b, hq, l, d] = q.shape() else { return Err(error("the decode kernel takes [B, Hq, L, D] queries")) };
     let r = hq / hkv;
     let mask = mask.map(|m| mlx_rs::ops::broadcast_to(&m.reshape(&[-1, t])?, &[b, t])).transpose()?;
     let splits = splits(b, hkv, t, TARGET_BLOCKS);
-    let blocks = b * hkv * splits;
+    let blocks = b * l * hkv * splits;
     let mut inputs = vec![q, kv.0, kv.1];
     inputs.extend(mask.as_ref());
     inputs.extend_from_slice(extra);
@@ -308,7 +322,12 @@ fn launch(
         },
     )?;
     let [part, ml]: [Array; 2] = outs.try_into().map_err(|_| error("the decode kernel returned other outputs"))?;
-    merge_slices(&part, &ml, splits, [b, hq, 1, d], q.dtype())
+    // Merged in block order, (row, query) pairs: `[B, L, Hq, D]`.
+    let out = merge_slices(&part, &ml, splits, [b * l, hq, 1, d], q.dtype())?;
+    if l == 1 {
+        return Ok(out);
+    }
+    out.reshape(&[b, l, hq, d])?.swap_axes(1, 2)
 }
 
 /// Attention of one query per row, `q` `[B, Hq, 1, D]`, over `k` / `v`
@@ -339,17 +358,24 @@ fn dense_fits(q: &Array, k: &Array, v: &Array, mask: Option<&Array>) -> Option<(
 /// CUDA timeline").
 pub const MLX_FUSED_MAX_HEAD: i32 = 128;
 
-/// Attention of one unmasked query per row (causal is the same for one
-/// query at the end of the keys), `q` `[B, Hq, 1, D]` over `k` / `v`
-/// `[B, Hkv, T, D]` read in place, where MLX has no fused kernel for the
-/// head size ([`MLX_FUSED_MAX_HEAD`]) and the routes allow it (not under
-/// the model option `attention=mlx`); None otherwise.
-pub fn single(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Option<Array>> {
-    if !(q.shape().get(3).is_some_and(|&d| d > MLX_FUSED_MAX_HEAD) && crate::routes::current().decode_kernel) {
+/// Attention of `L` queries per row with no mask or a causal one, `q`
+/// `[B, Hq, L, D]` over `k` / `v` `[B, Hkv, T, D]` read in place, in one
+/// launch and one merge, where MLX has no fused kernel for the head size
+/// ([`MLX_FUSED_MAX_HEAD`]) and the routes allow it: one query (a decode
+/// step; causal is the same for it) unless the model option `attention`
+/// is `mlx`, and up to `attention-per-query-max` queries (a verify, a
+/// drafter's catch-up), each over its causal prefix when `causal`, in
+/// place of `short_attention::per_query`'s launches per query. None
+/// otherwise.
+pub fn unmasked(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> Result<Option<Array>> {
+    let &[_, _, l, d] = q.shape() else { return Ok(None) };
+    let routes = crate::routes::current();
+    if !(d > MLX_FUSED_MAX_HEAD && routes.decode_kernel && (l == 1 || l <= routes.per_query_max)) {
         return Ok(None);
     }
     let Some((hkv, t)) = dense_fits(q, k, v, None) else { return Ok(None) };
-    launch(unmasked_kernel()?, q, (k, v), None, &[], (hkv, t, scale), &[]).map(Some)
+    let causal = [Template::Bool("CAUSAL", causal && l > 1)];
+    launch(unmasked_kernel()?, q, (k, v), None, &[], (hkv, t, scale), &causal).map(Some)
 }
 
 /// As [`masked`], over a block pool read in place: `k` / `v` `[Hkv,

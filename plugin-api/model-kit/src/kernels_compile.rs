@@ -27,16 +27,25 @@ fn the_decode_attention_kernels_compile_for_the_h200() {
         // kernel): ours, unless the routes are MLX's.
         let q = zeros(&[1, 16, 1, 256], Dtype::Bfloat16)?;
         let kv = zeros(&[1, 4, 1000, 256], Dtype::Bfloat16)?;
-        let out = decode_attention::single(&q, &kv, &kv, 0.0625)?;
+        let out = decode_attention::unmasked(&q, &kv, &kv, 0.0625, false)?;
         assert_eq!(out.expect("the kernel takes it").shape(), [1, 16, 1, 256]);
         let mlx = crate::routes::Routes { decode_kernel: false, ..Default::default() };
-        assert!(crate::routes::with(mlx, || decode_attention::single(&q, &kv, &kv, 0.0625))?.is_none());
-        // A 3-wide causal verify attends one query at a time, each through it.
-        let q3 = zeros(&[1, 16, 3, 256], Dtype::Bfloat16)?;
-        let out = crate::attention::sdpa(&q3, &kv, &kv, 0.0625, &crate::attention::Mask::Causal)?;
-        assert_eq!(out.shape(), [1, 16, 3, 256]);
+        assert!(crate::routes::with(mlx, || decode_attention::unmasked(&q, &kv, &kv, 0.0625, false))?.is_none());
+        // A 3-wide causal verify (two rows) in one launch, unless the
+        // per-query route is off; 17 queries are past it.
+        let q3 = zeros(&[2, 16, 3, 256], Dtype::Bfloat16)?;
+        let kv2 = zeros(&[2, 4, 1000, 256], Dtype::Bfloat16)?;
+        let out = crate::attention::sdpa(&q3, &kv2, &kv2, 0.0625, &crate::attention::Mask::Causal)?;
+        assert_eq!(out.shape(), [2, 16, 3, 256]);
+        let off = crate::routes::Routes { per_query_max: 0, ..Default::default() };
+        assert!(crate::routes::with(off, || decode_attention::unmasked(&q3, &kv2, &kv2, 0.0625, true))?.is_none());
+        let q17 = zeros(&[1, 16, 17, 256], Dtype::Bfloat16)?;
+        assert!(decode_attention::unmasked(&q17, &kv, &kv, 0.0625, true)?.is_none());
         let (q128, kv128) = (zeros(&[1, 32, 1, 128], Dtype::Bfloat16)?, zeros(&[1, 8, 1000, 128], Dtype::Bfloat16)?);
-        assert!(decode_attention::single(&q128, &kv128, &kv128, 0.088)?.is_none(), "MLX's vector kernel takes 128");
+        assert!(
+            decode_attention::unmasked(&q128, &kv128, &kv128, 0.088, false)?.is_none(),
+            "MLX's vector kernel takes 128"
+        );
         let (rows, hkv, block, nb) = (4, 8, 16, 64);
         let q = zeros(&[rows, 32, 1, 128], Dtype::Bfloat16)?;
         let pool = zeros(&[hkv, 512 * block, 128], Dtype::Bfloat16)?;
@@ -51,8 +60,13 @@ fn the_decode_attention_kernels_compile_for_the_h200() {
         kernels(&recorded),
         ["masked_decode_attention", "decode_attention_merge_slices", "decode_attention", "paged_decode_attention"]
     );
-    let singles = recorded.iter().filter(|l| l.kernel == "decode_attention").count();
-    assert_eq!(singles, 4, "the single query, then the verify's three");
+    let unmasked: Vec<_> = recorded.iter().filter(|l| l.kernel == "decode_attention").collect();
+    assert_eq!(unmasked.len(), 2, "the single query, then the whole verify");
+    assert_eq!(
+        unmasked[1].grid[0],
+        2 * 3 * 4 * decode_attention::splits(2, 4, 1000, 264) * 256,
+        "a block per (row, query, K/V head, slice)"
+    );
     assert_compiles(&recorded);
 }
 

@@ -4,8 +4,8 @@
 //!
 //! | key | values | default | what |
 //! |---|---|---|---|
-//! | `attention` | `fast`, `mlx` | `fast` | multi-token queries on a GPU: `fast` takes `short_attention`'s paths below the two limits and pads longer causal chunks to a planned shape (`bucketed_attention`), and 1-token queries at head sizes past 128 take our decode kernel (`decode_attention::single`); `mlx` sends every query to MLX's sdpa as it is, as mlx-lm (both limits 0, no padding) |
-//! | `attention-per-query-max` | integer | 16 | queries up to this many attend one by one through the fused single-query kernel (0: off) |
+//! | `attention` | `fast`, `mlx` | `fast` | multi-token queries on a GPU: `fast` takes `short_attention`'s paths below the two limits and pads longer causal chunks to a planned shape (`bucketed_attention`), and queries at head sizes past 128 (one, or up to `attention-per-query-max` unmasked or causal) take our decode kernel in one launch (`decode_attention::unmasked`); `mlx` sends every query to MLX's sdpa as it is, as mlx-lm (both limits 0, no padding) |
+//! | `attention-per-query-max` | integer | 16 | queries up to this many attend one by one through the fused single-query kernel; at a head size past 128, all of them in one launch of `decode_attention::unmasked` (0: off) |
 //! | `attention-unfused-max` | integer | 2048 | longer queries up to this many attend through unfused matmuls while the scores stay small (0: off) |
 //! | `conv` | `fused`, `mlx` | `fused` | the depthwise causal conv on a GPU: one fused kernel, or MLX's conv1d |
 //! | `gemv` | `fused`, `mlx` | `fused` | a decode step's projections on a GPU: fused with their norm, residual or SwiGLU, and an untied LM head, as our kernels (`fused_layers`), or MLX's matmul and separate ops |
@@ -35,8 +35,8 @@ pub struct Routes {
     pub unfused_max: i32,
     /// Causal chunks past the unfused path padded to a bucketed shape.
     pub bucket_causal: bool,
-    /// 1-token queries at head sizes MLX has no fused kernel for attend
-    /// through `decode_attention::single`.
+    /// Queries at head sizes MLX has no fused kernel for attend through
+    /// `decode_attention::unmasked`.
     pub decode_kernel: bool,
     pub fused_conv: bool,
     pub fused_gemv: bool,

@@ -55,9 +55,9 @@ pub fn per_query_wanted(q: &[i32], mask: &Mask) -> bool {
     matches!(mask, Mask::None | Mask::Causal) && (2..=per_query_limit()).contains(&q[2]) && crate::ops::on_gpu()
 }
 
-/// Each query `i` of q `[B, Hq, L, D]` through the fused kernel alone (ours
-/// where MLX has none for the head size, `decode_attention::single`) over
-/// the keys it may see: all S with no mask; the first `S - L + i + 1` when
+/// Each query `i` of q `[B, Hq, L, D]` through MLX's fused kernel alone over
+/// the keys it may see (head sizes it has none for take
+/// `decode_attention::unmasked`, all queries in one launch): all S with no mask; the first `S - L + i + 1` when
 /// causal (query i sits at key position S - L + i).
 pub fn per_query(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
     use mlx_rs::ops::indexing::IndexOp;
@@ -75,10 +75,7 @@ pub fn per_query(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Re
             } else {
                 (k.index((.., .., ..seen, ..)), v.index((.., .., ..seen, ..)))
             };
-            match crate::decode_attention::single(&qi, &ki, &vi, scale)? {
-                Some(out) => Ok(out),
-                None => mlx_rs::fast::scaled_dot_product_attention(&qi, &ki, &vi, scale, None, None),
-            }
+            mlx_rs::fast::scaled_dot_product_attention(&qi, &ki, &vi, scale, None, None)
         })
         .collect::<Result<Vec<_>>>()?;
     mlx_rs::ops::concatenate(&rows, 2)
