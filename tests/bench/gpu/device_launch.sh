@@ -2,7 +2,7 @@
 # H200: the host's launch cost per step. A/B of plain decoding with the
 # fused elementwise chains (model_kit::compiled) against MLX_DISABLE_COMPILE=1,
 # and of MLX's CUDA graph size (MLX_MAX_OPS_PER_BUFFER: kernels per CUDA
-# graph launch, MLX's default 20); then the families against mlx-lm.
+# graph launch; MLX 0.32's default on compute capability 9.0 is 100); then the families against mlx-lm.
 # Two calls (each under the device's 10 minutes): `device_launch.sh ab`, then
 # `device_launch.sh vs`.
 set -euo pipefail
