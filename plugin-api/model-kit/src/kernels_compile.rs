@@ -64,7 +64,7 @@ fn the_decode_attention_kernels_compile_for_the_h200() {
     assert_eq!(unmasked.len(), 2, "the single query, then the whole verify");
     assert_eq!(
         unmasked[1].grid[0],
-        2 * 3 * 4 * decode_attention::splits(2, 4, 1000, 264) * 256,
+        2 * 3 * 4 * decode_attention::splits(2, 4, 1000, decode_attention::TARGET_BLOCKS) * 256,
         "a block per (row, query, K/V head, slice)"
     );
     assert_compiles(&recorded);

@@ -56,9 +56,10 @@ pub fn per_query_wanted(q: &[i32], mask: &Mask) -> bool {
 }
 
 /// Each query `i` of q `[B, Hq, L, D]` through MLX's fused kernel alone over
-/// the keys it may see (head sizes it has none for take
-/// `decode_attention::unmasked`, all queries in one launch): all S with no mask; the first `S - L + i + 1` when
-/// causal (query i sits at key position S - L + i).
+/// the keys it may see: all S with no mask; the first `S - L + i + 1` when
+/// causal (query i sits at key position S - L + i). Head sizes MLX has no
+/// fused kernel for take `decode_attention::unmasked` before this, all
+/// queries in one launch.
 pub fn per_query(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
     use mlx_rs::ops::indexing::IndexOp;
     let (l, s) = (q.shape()[2], k.shape()[2]);
