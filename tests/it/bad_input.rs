@@ -61,10 +61,11 @@ fn bad_completions_requests_get_openai_errors_and_the_server_keeps_serving() {
         ("model a number", "POST", p(), with(json!({"model": 5})), 400, "model", "`model` must be a string"),
         ("prompt a boolean", "POST", p(), j(json!({"prompt": true})), 400, "prompt", "must be a string"),
         ("prompt a list of booleans", "POST", p(), j(json!({"prompt": [true]})), 400, "prompt", "must be a string"),
-        ("token ids as floats", "POST", p(), j(json!({"prompt": [1.5, 2]})), 400, "prompt", "non-negative integers"),
-        ("token ids with a string", "POST", p(), j(json!({"prompt": [[1, "a"]]})), 400, "prompt", "non-negative"),
+        ("token ids as floats", "POST", p(), j(json!({"prompt": [1.5, 2]})), 400, "prompt", "integers from 0"),
+        ("token ids with a string", "POST", p(), j(json!({"prompt": [[1, "a"]]})), 400, "prompt", "integers from 0"),
+        ("ids and text mixed", "POST", p(), j(json!({"prompt": [1, "a"]})), 400, "prompt", "mixes kinds"),
         ("an empty list of ids", "POST", p(), j(json!({"prompt": [[]]})), 400, "prompt", "empty"),
-        ("a token id past u32", "POST", p(), j(json!({"prompt": [4294967296u64]})), 400, "prompt", "non-negative"),
+        ("a token id past u32", "POST", p(), j(json!({"prompt": [4294967296u64]})), 400, "prompt", "integers from 0"),
         ("a prompt at the context", "POST", p(), j(json!({"prompt": too_long})), 400, "prompt", "maximum context"),
         (
             "max_tokens past the context",
@@ -401,4 +402,51 @@ fn deep(field: &str) -> Vec<u8> {
 /// A body over the 64 KiB limit these servers run with.
 fn oversized(field: &str) -> Vec<u8> {
     format!("{{\"model\": \"m\", \"{field}\": \"{}\"}}", "x".repeat(70_000)).into_bytes()
+}
+
+/// A body that ends before its `Content-Length`, or whose chunks are
+/// malformed: a 400 in the path's API's error shape (the body extractor's
+/// own rejection is plain text), and the server keeps serving.
+#[test]
+fn a_body_cut_short_or_badly_chunked_gets_an_error_in_the_apis_shape() {
+    use std::io::{Read, Write};
+    let s = Server::start(&model("tiny/tiny-llama-f32"), &[]);
+    let send = |path: &str, head: &str, body: &[u8]| -> String {
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        write!(
+            sock,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n{head}\r\n"
+        )
+        .unwrap();
+        sock.write_all(body).unwrap();
+        sock.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut raw = Vec::new();
+        sock.read_to_end(&mut raw).unwrap();
+        String::from_utf8_lossy(&raw).into_owned()
+    };
+    let cut = br#"{"messages": [{"role": "user", "#;
+    for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
+        for (what, head, body) in [
+            ("cut short", "Content-Length: 200\r\n".to_owned(), &cut[..]),
+            ("bad chunk size", "Transfer-Encoding: chunked\r\n".to_owned(), &b"ZZ\r\nabc\r\n"[..]),
+        ] {
+            let raw = send(path, &head, body);
+            let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{path} {what}: {raw}"));
+            assert!(head.starts_with("HTTP/1.1 400"), "{path} {what}: {raw}");
+            assert!(head.to_lowercase().contains("content-type: application/json"), "{path} {what}: {raw}");
+            let v: Value = serde_json::from_str(body.trim()).unwrap_or_else(|e| panic!("{path} {what}: {e}: {raw}"));
+            if path == "/v1/messages" {
+                assert_eq!(
+                    (v["type"].as_str(), v["error"]["type"].as_str()),
+                    (Some("error"), Some("invalid_request_error")),
+                    "{v}"
+                );
+            } else {
+                assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+                assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+            }
+        }
+    }
+    let r = s.post("/v1/completions", &json!({ "prompt": [1, 2, 3], "max_tokens": 2 }));
+    assert_eq!(r.status, 200, "{}", r.text());
 }

@@ -16,6 +16,7 @@ mod exit_stress;
 mod fim;
 mod foundation;
 mod fuzz;
+mod grammar_failures;
 mod http;
 mod isolation;
 mod keepalive;

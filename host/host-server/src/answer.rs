@@ -110,7 +110,7 @@ impl Answer {
                 log_done(&self.id, &self.run, result.tokens.len(), self.first_ms, ending.name());
                 Ok(Step::Done(pieces, Box::new(Ended { ending, result, reasoning_tokens: self.out.reasoning_tokens })))
             }
-            Some(Event::Failed(e)) => Err(ApiError::internal(format!("generation failed: {e}"))),
+            Some(Event::Failed(e)) => Err(ApiError::generation_failed(&e)),
             None => Err(ApiError::internal("the engine dropped the request")),
         }
     }

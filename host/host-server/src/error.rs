@@ -96,17 +96,35 @@ impl ApiError {
         e
     }
 
+    /// A client error of `status` that no route chose (an extractor's
+    /// rejection), with its reason.
+    pub fn client(status: StatusCode, message: impl Into<String>) -> Self {
+        Self::new(status, "invalid_request_error", message)
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
-    /// The same error naming `to` where it named `from`: a shared check
-    /// reports the field by an endpoint's own name (`max_output_tokens`).
+    /// A generation that ended in an error: 400 when the request's own
+    /// grammar failed part-way (a parser limit it ran into), 500 otherwise.
+    pub fn generation_failed(e: &host_engine::EngineError) -> Self {
+        match e {
+            host_engine::EngineError::Grammar(g) => {
+                Self::invalid(format!("the request's grammar failed during generation: {g}"))
+            }
+            other => Self::internal(format!("generation failed: {other}")),
+        }
+    }
+
+    /// The same error naming `to` where it named `from` (as its parameter,
+    /// or quoted in its message): a shared check reports the field by an
+    /// endpoint's own name (`max_output_tokens`).
     pub fn renamed(mut self, from: &str, to: &str) -> Self {
         if self.param.as_deref() == Some(from) {
             self.param = Some(to.to_owned());
-            self.message = self.message.replace(&format!("`{from}`"), &format!("`{to}`"));
         }
+        self.message = self.message.replace(&format!("`{from}`"), &format!("`{to}`"));
         self
     }
 
@@ -218,7 +236,7 @@ mod tests {
     }
 
     #[test]
-    fn renamed_changes_only_the_named_parameter() {
+    fn renamed_changes_the_named_parameter_and_its_name_in_messages() {
         let e =
             ApiError::param("max_tokens", "`max_tokens` must be at least 1").renamed("max_tokens", "max_output_tokens");
         assert_eq!(
@@ -226,6 +244,14 @@ mod tests {
             (Some("max_output_tokens"), "`max_output_tokens` must be at least 1")
         );
         let e = ApiError::param("top_p", "`top_p` is wrong").renamed("max_tokens", "max_output_tokens");
-        assert_eq!(e.param.as_deref(), Some("top_p"));
+        assert_eq!((e.param.as_deref(), e.message.as_str()), (Some("top_p"), "`top_p` is wrong"));
+        // A context error names `messages` but quotes `max_tokens`.
+        let e = ApiError::context_length("the prompt has 9 tokens and `max_tokens` asks for 5000 more")
+            .renamed("max_tokens", "max_output_tokens")
+            .renamed("messages", "input");
+        assert_eq!(
+            (e.param.as_deref(), e.message.as_str()),
+            (Some("input"), "the prompt has 9 tokens and `max_output_tokens` asks for 5000 more")
+        );
     }
 }

@@ -79,7 +79,7 @@ fn request(st: &AppState, c: &Common, prompt: Vec<u32>, logprobs: Option<usize>)
         Some(n) if n <= 0 => return Err(ApiError::param("max_tokens", format!("`max_tokens` must be at least 1, got {n}"))),
         Some(n) if n as u64 > room as u64 => {
             return Err(ApiError::context_length(format!(
-                "this model's maximum context length is {ctx} tokens; the prompt has {} tokens and max_tokens asks for {n} more",
+                "this model's maximum context length is {ctx} tokens; the prompt has {} tokens and `max_tokens` asks for {n} more",
                 prompt.len()
             )))
         }

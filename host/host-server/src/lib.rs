@@ -95,6 +95,13 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
     }
     if status.is_client_error() {
         ServerStats::bump(&st.stats.client_errors);
+        if resp.headers().get("content-type").is_none_or(|v| v.as_bytes().starts_with(b"text/plain")) {
+            // An extractor's plain-text rejection (a body that ended early
+            // or was badly chunked): the same status in the API's shape.
+            let text = axum::body::to_bytes(resp.into_body(), 4096).await.unwrap_or_default();
+            let message = String::from_utf8_lossy(&text).trim().to_owned();
+            return shaped_for(&path, ApiError::client(status, message));
+        }
     }
     resp
 }

@@ -173,7 +173,7 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
                     }
                 }
                 Some(Event::Done(r)) => break r,
-                Some(Event::Failed(e)) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+                Some(Event::Failed(e)) => return Err(ApiError::generation_failed(&e)),
                 None => return Err(ApiError::internal("the engine dropped the request")),
             }
         };
@@ -332,7 +332,7 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
                     out
                 }
                 Event::Failed(e) => {
-                    let err = ApiError::internal(format!("generation failed: {e}"));
+                    let err = ApiError::generation_failed(&e);
                     let _ = tx.send(Ok(sse(&err.body()))).await;
                     let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
                     return;

@@ -106,6 +106,18 @@ pub(super) fn handle_token(
     shutdown: &AtomicBool,
 ) -> Result<Outcome, EngineError> {
     r.first_at.get_or_insert_with(Instant::now);
+    // A grammar that failed (its mask, or now this token, which its mask
+    // allowed: a parser limit) ends its row with that error, the token
+    // unsent; the rows beside it go on.
+    if r.grammar_failed.is_none() {
+        if let Some(Err(e)) = r.constraint.as_mut().map(|c| c.accept(id)) {
+            r.grammar_failed = Some(e);
+        }
+    }
+    if let Some(e) = &r.grammar_failed {
+        tracing::warn!(error = %e, "a constrained row's grammar failed: the row ends with an error");
+        return Ok(Outcome::Done(Finish::Stop));
+    }
     if r.eos.contains(&id) {
         r.ended_by = Some(id);
         return Ok(Outcome::Done(Finish::Stop));
@@ -113,15 +125,6 @@ pub(super) fn handle_token(
     let (logprob, top) = match r.job.request.logprobs {
         Some(k) => (Some(logprob_of(lp, id)?), top_logprobs(lp, k)?),
         None => (None, Vec::new()),
-    };
-    // The grammar moves past the token; one that cannot (the mask allowed
-    // it, so only an internal failure) ends the row where it is.
-    let constraint_failed = match r.constraint.as_mut().map(|c| c.accept(id)) {
-        Some(Err(e)) => {
-            tracing::warn!(error = %e, "a constrained row's grammar failed: the row ends");
-            true
-        }
-        _ => false,
     };
     r.out.push(id);
     r.history.push(id);
@@ -136,7 +139,7 @@ pub(super) fn handle_token(
         return Ok(Outcome::Done(Finish::Length));
     }
     // A complete grammar allows nothing more: the answer is whole.
-    if constraint_failed || r.constraint.as_ref().is_some_and(|c| c.is_done()) {
+    if r.constraint.as_ref().is_some_and(|c| c.is_done()) {
         return Ok(Outcome::Done(Finish::Stop));
     }
     Ok(Outcome::Continue)
@@ -144,6 +147,11 @@ pub(super) fn handle_token(
 
 fn finish_row(mut r: Row, finish: Finish, stats: &Stats, engine: &Engine) {
     stats.active.fetch_sub(1, Ordering::SeqCst);
+    if let Some(e) = r.grammar_failed.take() {
+        stats.failed.fetch_add(1, Ordering::SeqCst);
+        let _ = (r.job.on_event)(Event::Failed(EngineError::Grammar(e)));
+        return;
+    }
     if r.stopped_by_caller {
         stats.cancelled.fetch_add(1, Ordering::SeqCst);
         stats.last_cancelled_tokens.store(r.out.len() as u64, Ordering::SeqCst);

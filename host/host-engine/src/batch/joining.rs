@@ -187,6 +187,7 @@ impl Scheduler<'_> {
             cached: j.cached,
             spec,
             constraint,
+            grammar_failed: None,
             job: j.job,
         });
     }

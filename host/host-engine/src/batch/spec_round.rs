@@ -176,8 +176,8 @@ impl Scheduler<'_> {
     pub(super) fn spec_step(&mut self, mut drafts: Vec<RowDraft>, started: Instant) -> Result<(), EngineError> {
         // A constrained row that drafted nothing still samples under its mask.
         for (r, d) in self.rows.iter_mut().zip(drafts.iter_mut()) {
-            if let (None, Some(c)) = (&d.masks, r.constraint.as_mut()) {
-                d.masks = Some(c.allowed_words()?);
+            if d.masks.is_none() {
+                d.masks = r.allowed_words();
             }
         }
         let b = self.rows.len();

@@ -5,7 +5,7 @@ use super::cohort::Cohort;
 use super::spec_round::RowSpec;
 use super::step::Ahead;
 use crate::admission::{Budget, MemoryModel};
-use crate::constraint::Constraint;
+use crate::constraint::{Constraint, GrammarError};
 use crate::engine::Engine;
 use crate::hold::Hold;
 use crate::job::Job;
@@ -37,6 +37,26 @@ pub(super) struct Row {
     pub spec: Option<RowSpec>,
     /// The grammar its tokens must follow.
     pub constraint: Option<Constraint>,
+    /// Why its grammar failed (a mask it could not compute, a token it could
+    /// not take): the row ends with this error, the rows beside it go on.
+    pub grammar_failed: Option<GrammarError>,
+}
+
+impl Row {
+    /// The tokens a constrained row may take next (`Constraint::allowed_words`;
+    /// None without a grammar). A grammar that fails here fails the row alone:
+    /// it gets every token (its token is then discarded and the row ends).
+    pub fn allowed_words(&mut self) -> Option<Vec<u32>> {
+        let c = self.constraint.as_mut()?;
+        let all = vec![u32::MAX; c.words()];
+        if self.grammar_failed.is_some() {
+            return Some(all);
+        }
+        Some(c.allowed_words().unwrap_or_else(|e| {
+            self.grammar_failed = Some(e);
+            all
+        }))
+    }
 }
 
 /// A request whose prompt is being prefilled before it joins the batch.

@@ -196,8 +196,8 @@ impl Scheduler<'_> {
         let words = (logits.shape()[logits.ndim() - 1] as usize).div_ceil(32);
         let mut allowed = Vec::with_capacity(self.rows.len() * words);
         for r in self.rows.iter_mut() {
-            match r.constraint.as_mut() {
-                Some(c) => allowed.extend(c.allowed_words()?),
+            match r.allowed_words() {
+                Some(w) => allowed.extend(w),
                 None => allowed.extend(std::iter::repeat_n(u32::MAX, words)),
             }
         }

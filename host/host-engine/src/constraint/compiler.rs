@@ -51,8 +51,18 @@ impl GrammarCompiler {
 
     /// A fresh matcher for `grammar`, or why the grammar is refused (a
     /// schema llguidance does not support, a regex or grammar that does not
-    /// parse).
+    /// parse, or one that no text matches: its first mask cannot be
+    /// computed or allows nothing, found here rather than in a running batch).
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
+        let c = self.parse(grammar)?;
+        let first = c.clone().allowed_words()?;
+        if first.iter().all(|&w| w == 0) {
+            return Err(GrammarError("no text matches the grammar: it allows no first token".into()));
+        }
+        Ok(c)
+    }
+
+    fn parse(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
         let top = match grammar {
             Grammar::JsonSchema(schema) => {
                 if !schema.is_object() && !schema.is_boolean() {
@@ -74,13 +84,20 @@ impl GrammarCompiler {
                 TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
             }
         };
-        let parser = self.factory.create_parser(top).map_err(|e| GrammarError(e.to_string()))?;
+        let parser = self.factory.create_parser(top).map_err(|e| GrammarError(reason(e)))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(GrammarError(e));
+            return Err(GrammarError(reason(e)));
         }
         Ok(Constraint::new(matcher, self.vocab, self.eos.clone(), self.clock.clone()).compiled_from(grammar))
     }
+}
+
+/// llguidance's error without the parser state it appends (`<state>…`),
+/// which is for llguidance's own debugging, not for a client.
+pub(super) fn reason(e: impl std::fmt::Display) -> String {
+    let e = e.to_string();
+    e.split("\n<state>").next().unwrap_or_default().trim_end().to_owned()
 }
 
 /// `schema` with the JSON layout answers are written in, unless the client

@@ -67,7 +67,7 @@ impl std::fmt::Debug for Constraint {
 }
 
 fn failed(what: &str, e: impl std::fmt::Display) -> GrammarError {
-    GrammarError(format!("the grammar's matcher failed to {what}: {e}"))
+    GrammarError(format!("the grammar's matcher failed to {what}: {}", super::compiler::reason(e)))
 }
 
 impl Constraint {
@@ -147,6 +147,11 @@ impl Constraint {
             words[i] = if may_end { words[i] | bit } else { words[i] & !bit };
         }
         Ok(words)
+    }
+
+    /// How many bit words a mask has.
+    pub fn words(&self) -> usize {
+        self.vocab.div_ceil(32)
     }
 
     /// `allowed_words` as one flag per id.

@@ -3,7 +3,7 @@
 //! and what the API process asks (submit, embed, cancel, hold) is done here.
 //! When the socket closes (the API process went away), the engine stops.
 
-use super::wire::{read_message, write_message, FromEngine, Hello, Refusal, ToEngine, WireEvent, WireJob};
+use super::wire::{read_message, write_message, FailedBy, FromEngine, Hello, Refusal, ToEngine, WireEvent, WireJob};
 use crate::embed::EmbedJob;
 use crate::engine::EngineError;
 use crate::job::{Event, Flow, Job};
@@ -119,7 +119,10 @@ fn submit(
         let request = match j.request.into_request(text) {
             Ok(r) => r,
             Err(message) => {
-                let _ = out.send(FromEngine::Event { id: j.id, event: WireEvent::Failed { message, invalid: true } });
+                let _ = out.send(FromEngine::Event {
+                    id: j.id,
+                    event: WireEvent::Failed { message, kind: FailedBy::Request },
+                });
                 continue;
             }
         };
@@ -146,9 +149,7 @@ fn forward(
         let event = match ev {
             Event::Token(t) => WireEvent::Token(t),
             Event::Done(r) => WireEvent::Done(r),
-            Event::Failed(e) => {
-                WireEvent::Failed { invalid: matches!(e, EngineError::InvalidRequest(_)), message: e.to_string() }
-            }
+            Event::Failed(e) => WireEvent::Failed { kind: FailedBy::of(&e), message: e.to_string() },
         };
         if out.send(FromEngine::Event { id, event }).is_err() {
             return Flow::Stop;

@@ -340,10 +340,10 @@ impl Remote {
                 }
                 (slot.on_event)(Event::Done(r));
             }
-            WireEvent::Failed { message, invalid } => {
+            WireEvent::Failed { message, kind } => {
                 let Some(mut slot) = jobs.remove(&id) else { return };
                 drop(jobs);
-                (slot.on_event)(Event::Failed(error(message, invalid)));
+                (slot.on_event)(Event::Failed(kind.error(message)));
             }
         }
     }

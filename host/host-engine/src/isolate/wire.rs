@@ -140,11 +140,43 @@ pub enum Refusal {
 pub enum WireEvent {
     Token(TokenOut),
     Done(GenerateResult),
-    /// The engine's error, by its message; `invalid` when it was the request's fault.
+    /// The engine's error, by its message and its kind.
     Failed {
         message: String,
-        invalid: bool,
+        kind: FailedBy,
     },
+}
+
+/// Whose fault a failed request was, as the host's error kinds say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailedBy {
+    /// The request (`EngineError::InvalidRequest`).
+    Request,
+    /// The request's grammar, part-way (`EngineError::Grammar`).
+    Grammar,
+    /// The engine.
+    Engine,
+}
+
+impl FailedBy {
+    pub fn of(e: &crate::engine::EngineError) -> Self {
+        use crate::engine::EngineError as E;
+        match e {
+            E::InvalidRequest(_) => Self::Request,
+            E::Grammar(_) => Self::Grammar,
+            _ => Self::Engine,
+        }
+    }
+
+    /// The error the host's side reports for `message`.
+    pub fn error(self, message: String) -> crate::engine::EngineError {
+        use crate::engine::EngineError as E;
+        match self {
+            Self::Request => E::InvalidRequest(message),
+            Self::Grammar => E::Grammar(crate::constraint::GrammarError(message)),
+            Self::Engine => E::Reported(message),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

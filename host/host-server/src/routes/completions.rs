@@ -28,10 +28,9 @@ fn prompt_input(v: Option<&Value>) -> Result<Prompt, ApiError> {
     let ids = |a: &Vec<Value>| -> Result<Prompt, ApiError> {
         a.iter()
             .map(|x| {
-                x.as_u64()
-                    .filter(|n| *n < u32::MAX as u64)
-                    .map(|n| n as u32)
-                    .ok_or_else(|| ApiError::param("prompt", "token ids must be non-negative integers"))
+                x.as_u64().filter(|n| *n < u32::MAX as u64).map(|n| n as u32).ok_or_else(|| {
+                    ApiError::param("prompt", format!("token ids must be integers from 0 to {}, got {x}", u32::MAX - 1))
+                })
             })
             .collect::<Result<_, _>>()
             .map(Prompt::Ids)
@@ -46,9 +45,13 @@ fn prompt_input(v: Option<&Value>) -> Result<Prompt, ApiError> {
             Value::Array(inner) => ids(inner),
             _ => Err(ApiError::param("prompt", "`prompt` must be a string, an array of strings, or token ids")),
         },
-        Some(Value::Array(_)) => {
+        Some(Value::Array(a)) if a.iter().all(|x| x.is_string() || x.is_array()) => {
             Err(ApiError::unsupported("prompt", "several prompts in one request are not supported (send one)"))
         }
+        Some(Value::Array(_)) => Err(ApiError::param(
+            "prompt",
+            "`prompt` must be a string, an array of strings, or token ids (an array mixes kinds)",
+        )),
         Some(_) => Err(ApiError::param("prompt", "`prompt` must be a string, an array of strings, or token ids")),
     }
 }
