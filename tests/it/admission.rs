@@ -47,38 +47,20 @@ fn a_draft_models_caches_count_against_the_kv_budget() {
 fn requests_that_fit_only_one_at_a_time_wait_instead_of_batching() {
     // Each request may reach 3 + 60 = 63 tokens; the budget holds 100.
     let budget = format!("{}", 100.0 * KV_PER_TOKEN / GIB);
-    let s = Server::start(&model("tiny/tiny-llama-f32"), &["--kv-budget", &budget, "--batch", "8"]);
-    let results: Vec<u16> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..3)
-            .map(|i| {
-                let s = &s;
-                sc.spawn(move || {
-                    s.post("/v1/completions", &json!({ "prompt": [1, 2, 3 + i], "max_tokens": 60, "temperature": 0 }))
-                        .status
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    assert_eq!(results, vec![200, 200, 200]);
+    let bodies: Vec<_> =
+        (0..3).map(|i| json!({ "prompt": [1, 2, 3 + i], "max_tokens": 60, "temperature": 0 })).collect();
+    // All three are queued before the engine looks at any of them.
+    let s =
+        Server::start(&model("tiny/tiny-llama-f32"), &["--kv-budget", &budget, "--batch", "8", "--debug-endpoints"]);
+    let results = s.post_burst("/v1/completions", &bodies);
+    assert!(results.iter().all(|r| r.get("error").is_none() && r["choices"][0]["text"].is_string()), "{results:?}");
     let st = s.stats();
     assert_eq!(st["max_batch_rows"], 1, "rows ran together beyond the KV budget: {st}");
     assert_eq!(st["completed"], 3);
-    // Without the budget the same requests share steps.
-    let free = Server::start(&model("tiny/tiny-llama-f32"), &["--batch", "8"]);
-    std::thread::scope(|sc| {
-        for i in 0..3 {
-            let s = &free;
-            sc.spawn(move || {
-                assert_eq!(
-                    s.post("/v1/completions", &json!({ "prompt": [1, 2, 3 + i], "max_tokens": 60, "temperature": 0 }))
-                        .status,
-                    200
-                )
-            });
-        }
-    });
-    assert!(free.stats()["max_batch_rows"].as_u64().unwrap() >= 2);
+    // Without the budget the same burst shares steps.
+    let free = Server::start(&model("tiny/tiny-llama-f32"), &["--batch", "8", "--debug-endpoints"]);
+    free.post_burst("/v1/completions", &bodies);
+    assert_eq!(free.stats()["max_batch_rows"], 3);
 }
 
 #[test]

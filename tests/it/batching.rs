@@ -50,22 +50,28 @@ fn staggered_requests_batch_and_match_serial_qwen3_f32() {
     staggered_batch_equals_serial("tiny/tiny-qwen3-f32");
 }
 
+/// A streaming row that its client abandons mid-answer, while three
+/// others share its steps: they finish as they do alone, and the abandoned
+/// row is dropped before its `max_tokens`.
 #[test]
 fn a_cancelled_row_does_not_disturb_the_others() {
     let m = model("tiny/tiny-llama-f32");
     let want = serial_texts(&m);
-    let s = Server::start(&m, &["--batch", "8"]);
-    // A long streaming request that the client abandons after a few chunks.
+    let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
+    // All four are queued while the engine is held and admitted together.
+    s.hold();
     let long = json!({ "prompt": [9, 9, 9], "max_tokens": 2000, "stream": true, "temperature": 0 }).to_string();
     let mut sock = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     write!(sock, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
+    s.wait_for("the long request to be queued", |st| st["queued"] == 1);
     let got: Vec<String> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..3)
-            .map(|i| {
-                let s = &s;
-                sc.spawn(move || text(&s.post("/v1/completions", &body(i)).json()))
-            })
-            .collect();
+        let mut hs = Vec::new();
+        for i in 0..3 {
+            let s = &s;
+            hs.push(sc.spawn(move || text(&s.post("/v1/completions", &body(i)).json())));
+            s.wait_for("the next request to be queued", |st| st["queued"].as_u64() == Some(i as u64 + 2));
+        }
+        s.release();
         let mut buf = [0u8; 4096];
         let mut seen = 0;
         while seen < 5 {
@@ -73,38 +79,37 @@ fn a_cancelled_row_does_not_disturb_the_others() {
             assert!(n > 0);
             seen += String::from_utf8_lossy(&buf[..n]).matches("data: ").count();
         }
+        // The client leaves while every row is still decoding (the shortest
+        // of the others has 24 tokens to go, fewer than 8 steps have run).
+        s.hold();
+        let st = s.wait_for("the engine to hold", |st| st["hold"]["parked"] == true);
+        assert_eq!(st["active"], 4, "the rows no longer ran together when the client left: {st}");
         drop(sock);
+        s.release();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for i in 0..3 {
         assert_eq!(got[i], want[i], "request {i} changed when a neighbour was cancelled");
     }
-    let t = std::time::Instant::now();
-    while s.stats()["cancelled"] != 1 {
-        assert!(t.elapsed().as_secs() < 20, "{}", s.stats());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    s.wait_for("the abandoned row to be cancelled", |st| st["cancelled"] == 1);
     assert!(s.stats()["last_cancelled_tokens"].as_u64().unwrap() < 2000);
 }
 
+/// Seeded rows in one batch, two of them with the same seed: each draws
+/// what the seed draws alone.
 #[test]
 fn seeded_sampling_is_reproducible_inside_a_batch() {
     let m = model("tiny/tiny-llama-f32");
-    let s = Server::start(&m, &["--batch", "8"]);
+    let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
     let req = |seed: u64| json!({ "prompt": [1, 2, 3], "max_tokens": 20, "temperature": 1.0, "seed": seed });
     let alone = text(&s.post("/v1/completions", &req(7)).json());
-    let together: Vec<String> = std::thread::scope(|sc| {
-        let hs: Vec<_> = [7u64, 8, 7, 9]
-            .iter()
-            .map(|&seed| {
-                let s = &s;
-                sc.spawn(move || text(&s.post("/v1/completions", &req(seed)).json()))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let bodies: Vec<Value> = [7u64, 8, 7, 9].iter().map(|&seed| req(seed)).collect();
+    let together: Vec<String> = s.post_burst("/v1/completions", &bodies).iter().map(text).collect();
+    let st = s.stats();
+    assert!(st["max_batch_rows"].as_u64().unwrap() >= 4, "the seeded rows never shared a step: {st}");
     assert_eq!(together[0], alone, "a seeded row changed when batched");
     assert_eq!(together[2], alone);
+    assert_ne!(together[1], alone, "seeds 7 and 8 drew the same 20 tokens");
 }
 
 /// bf16 (`--dtype native`): batched and serial kernels round differently

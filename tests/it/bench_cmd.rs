@@ -7,6 +7,7 @@ use it::{host_bin, model, run_ok};
 #[test]
 fn bench_reports_every_batch_size() {
     let dir = model("tiny/tiny-llama-f32");
+    let started = std::time::Instant::now();
     let out = run_ok(std::process::Command::new(host_bin()).current_dir(it::repo_root()).args([
         "bench",
         "--model",
@@ -23,9 +24,21 @@ fn bench_reports_every_batch_size() {
         "--mlx-cache-limit",
         "0.25",
     ]));
+    let wall = started.elapsed().as_secs_f64();
     let rows: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     let rows = rows.as_array().unwrap();
     assert_eq!(rows.iter().map(|r| r["batch"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 3], "{out}");
+    // The timed stretches are parts of the process's life: together they
+    // fit in the wall time the command took.
+    let timed: f64 = rows
+        .iter()
+        .map(|r| {
+            let b = r["batch"].as_f64().unwrap();
+            assert_eq!(r["prompt_tokens"].as_f64(), Some(24.0 * b), "{r}");
+            24.0 * b / r["prefill_tokens_per_s"].as_f64().unwrap() + 5.0 * r["step_ms"].as_f64().unwrap() / 1e3
+        })
+        .sum();
+    assert!(timed < wall, "the rows account for {timed:.3} s of a {wall:.3} s run: {out}");
     let weights: u64 = std::fs::read_dir(&dir)
         .unwrap()
         .filter_map(|e| e.ok())

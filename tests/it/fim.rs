@@ -33,10 +33,14 @@ fn fim_folder(scratch: &Scratch, from: &str) -> (std::path::PathBuf, [u32; 3]) {
     (dst, renames.map(|(id, _)| id))
 }
 
+/// `text`'s ids by Hugging Face's `tokenizers` (Python), without special
+/// tokens: the reference the engine's prompt must match.
 fn encode(folder: &std::path::Path, text: &str) -> Vec<u32> {
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
-    let side = host_engine::tokenizer::TextSide::load(folder, &config, 49152).unwrap();
-    side.encode_rendered(text).unwrap()
+    let script = "import json, sys\nfrom tokenizers import Tokenizer\n\
+        t = Tokenizer.from_file(sys.argv[1] + '/tokenizer.json')\n\
+        print(json.dumps(t.encode(sys.argv[2], add_special_tokens=False).ids))";
+    let out = it::run_ok(it::python().args(["-c", script]).arg(folder).arg(text));
+    serde_json::from_str(out.trim()).unwrap()
 }
 
 fn complete(s: &Server, body: Value) -> Value {

@@ -218,10 +218,7 @@ fn sustained_load_keeps_memory_bounded_and_the_prefix_cache_counts_what_it_holds
     // Idle: MLX holds the weights and the prefix cache's entries. (The
     // engine says when it is idle: rows answered, their work on the
     // device run out, buffers returned.)
-    while s.stats()["engine_idle"] != true || s.stats()["active"].as_u64().unwrap() > 0 {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let st = s.stats();
+    let st = s.wait_for("the engine to be idle", |st| st["engine_idle"] == true && st["active"] == 0);
     assert_eq!(
         (st["queued"].as_u64(), st["active"].as_u64(), st["kv_reserved_bytes"].as_u64()),
         (Some(0), Some(0), Some(0)),

@@ -170,7 +170,9 @@ fn qwen3_5_speculation_is_lossless() {
     let prompt = "1,2,3,4,5,6,7,1,2,3,4,5,6,7,1,2,3";
     let plain = generate(prompt, &[]);
     for (option, replayed) in [(None, false), (Some("rollback=replay"), true)] {
-        let mut args = vec!["--draft-kind", "ngram"];
+        // --speculate-always: every draft is rejected here, and the cost
+        // rule would end the rounds (and the rollbacks) after four.
+        let mut args = vec!["--draft-kind", "ngram", "--speculate-always"];
         args.extend(option.iter().flat_map(|o| ["--model-option", o]));
         let spec = generate(prompt, &args);
         let sp = &spec["speculation"];

@@ -31,29 +31,62 @@ fn greedy_output_is_identical_with_every_drafter() {
     for target in ["tiny/tiny-llama-f32", "tiny/tiny-qwen3-f32", "tiny/tiny-llama-swa-f32"] {
         let plain = gen(target, IDS, &[]);
         assert!(plain.get("speculation").is_none());
-        let self_dir = model(target).to_string_lossy().into_owned();
-        let other = model("tiny/tiny-mistral-f32").to_string_lossy().into_owned();
-        // --speculate-always: the counts below must not depend on timing.
-        for drafter in [
-            vec!["--draft-kind", "ngram", "--speculate-always"],
-            vec!["--draft-model", &self_dir, "--speculate-always"],
-            vec!["--draft-model", &other, "--num-draft-tokens", "4", "--speculate-always"],
-        ] {
+        for drafter in every_drafter(target) {
+            let drafter: Vec<&str> = drafter.iter().map(String::as_str).collect();
             let spec = gen(target, IDS, &drafter);
             assert_eq!(tokens(&spec), tokens(&plain), "{target} with {drafter:?} changed the greedy output");
             let sp = &spec["speculation"];
-            // The sliding-window model's 15-token prompt has already wrapped
-            // its window of 8: kv-rotating refuses the rounds, and says so.
             let refused = sp["disabled"].as_str().is_some_and(|d| d.contains("refused a speculative round"));
-            let drafted = sp["rounds"].as_u64().unwrap() > 0 && sp["drafted"].as_u64().unwrap() > 0;
             if target.contains("swa") {
-                assert!(refused || drafted, "{target} {drafter:?}: {sp}");
+                // The 15-token prompt has already wrapped the window of 8:
+                // kv-rotating refuses the first round, and says so.
+                assert!(refused && sp["drafted"] == 0, "{target} {drafter:?}: {sp}");
             } else {
-                assert!(drafted, "{target} {drafter:?}: {sp}");
+                assert!(drafted(sp), "{target} {drafter:?}: {sp}");
             }
             assert!(spec["execution"]["plan"].as_str().unwrap().starts_with("speculative"), "{}", spec["execution"]);
         }
     }
+}
+
+/// A sliding-window target whose prompt is shorter than its window: rounds
+/// run (and roll the ring back, also across the wrap: n-gram's 10 drafts
+/// after 4 tokens) until the window has wrapped, then kv-rotating refuses
+/// them; the greedy output equals plain decoding throughout.
+#[test]
+fn greedy_output_is_identical_over_a_sliding_window_until_it_wraps() {
+    let target = "tiny/tiny-llama-swa-f32";
+    let short: &[&str] = &["--prompt-ids", "1,2,1,2", "--max-tokens", "24"];
+    let plain = gen(target, short, &[]);
+    for drafter in every_drafter(target) {
+        let drafter: Vec<&str> = drafter.iter().map(String::as_str).collect();
+        let spec = gen(target, short, &drafter);
+        assert_eq!(tokens(&spec), tokens(&plain), "{drafter:?} changed the greedy output");
+        let sp = &spec["speculation"];
+        assert!(drafted(sp), "{drafter:?}: no round ran before the window wrapped: {sp}");
+        // A model drafter drafts every round, so its first round after the
+        // wrap is refused (n-gram drafts only where the history repeats).
+        let refused = sp["disabled"].as_str().is_some_and(|d| d.contains("refused a speculative round"));
+        assert!(refused || drafter[0] == "--draft-kind", "{drafter:?}: no round was refused after the wrap: {sp}");
+    }
+}
+
+/// n-gram, the target drafting for itself, and another model (4 drafts),
+/// each with --speculate-always: the counts asserted must not depend on
+/// timing.
+fn every_drafter(target: &str) -> [Vec<String>; 3] {
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let self_dir = model(target).to_string_lossy().into_owned();
+    let other = model("tiny/tiny-mistral-f32").to_string_lossy().into_owned();
+    [
+        args(&["--draft-kind", "ngram", "--speculate-always"]),
+        args(&["--draft-model", &self_dir, "--speculate-always"]),
+        args(&["--draft-model", &other, "--num-draft-tokens", "4", "--speculate-always"]),
+    ]
+}
+
+fn drafted(sp: &Value) -> bool {
+    sp["rounds"].as_u64().unwrap() > 0 && sp["drafted"].as_u64().unwrap() > 0
 }
 
 #[test]
@@ -76,6 +109,7 @@ fn a_useless_draft_falls_back_to_plain_steps_and_says_so() {
     let spec = gen("tiny/tiny-llama-f32", IDS, &["--draft-model", &other]);
     let why = spec["speculation"]["disabled"].as_str().unwrap_or_else(|| panic!("{}", spec["speculation"]));
     assert!(why.contains("acceptance") && why.contains("plain steps"), "{why}");
+    assert_eq!(tokens(&spec), tokens(&gen("tiny/tiny-llama-f32", IDS, &[])), "falling back changed the output");
 }
 
 const COPY: &str = "The rules of the house:\n1. Shoes stay at the door.\n2. Dishes go in the sink after dinner.\n3. Lights are off by ten.\n4. Guests are welcome on weekends.\n\nThe rules of the house (copy):\n1. Shoes stay at the door.\n2.";
@@ -125,11 +159,8 @@ fn the_default_model_drafting_for_itself_changes_nothing_serial_or_batched() {
 
     let body = json!({ "prompt": COPY, "max_tokens": 24, "temperature": 0 });
     let want = Server::start(&m, &["--batch", "1"]).post("/v1/completions", &body).json();
-    let s = Server::start(&m, &["--batch", "4", "--draft-model", &dir, "--speculate-always"]);
-    let got: Vec<Value> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..2).map(|_| sc.spawn(|| s.post("/v1/completions", &body).json())).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let s = Server::start(&m, &["--batch", "4", "--draft-model", &dir, "--speculate-always", "--debug-endpoints"]);
+    let got = s.post_burst("/v1/completions", &[body.clone(), body.clone()]);
     assert!(s.stats()["max_batch_rows"].as_u64().unwrap() >= 2, "the two requests never shared a step: {}", s.stats());
     for g in &got {
         assert_eq!(g["choices"][0]["text"], want["choices"][0]["text"], "batched two-model changed the output");

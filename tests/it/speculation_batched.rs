@@ -123,38 +123,40 @@ fn batched_two_model_speculation_is_lossless_with_per_row_drafters() {
 }
 
 /// The batched executor's sampling path: 300 seeded two-token samples with
-/// and without a drafter; chi-square at 99.9% as in speculation.rs. Returns
-/// each speculative request's `usage.speculation`.
+/// and without a drafter, the speculative ones sent in bursts of 6 so that
+/// rows of different keys share every round; chi-square at 99.9% as in
+/// speculation.rs. Returns each speculative request's `usage.speculation`.
 fn sampled_distribution_matches_plain(spec_args: &[&str]) -> Vec<Value> {
     let m = model("tiny/tiny-llama-f32");
     let plain = Server::start(&m, &["--batch", "1"]);
-    let spec = Server::start(&m, &[&["--batch", "8"][..], spec_args].concat());
+    let spec = Server::start(&m, &[&["--batch", "8", "--debug-endpoints"][..], spec_args].concat());
     // A prompt whose tail repeats, so the n-gram drafter proposes tokens.
-    let sample = |s: &Server, seed: u64| -> ((String, String), Value) {
-        let r = s.post("/v1/completions", &json!({ "prompt": [9, 8, 7, 9, 8, 7, 9, 8], "max_tokens": 2, "temperature": 1.0, "top_k": 3, "seed": seed, "logprobs": 0 })).json();
+    let body = |seed: u64| json!({ "prompt": [9, 8, 7, 9, 8, 7, 9, 8], "max_tokens": 2, "temperature": 1.0, "top_k": 3, "seed": seed, "logprobs": 0 });
+    let outcome = |r: &Value| -> (String, String) {
         let t = &r["choices"][0]["logprobs"]["tokens"];
-        ((t[0].as_str().unwrap().to_owned(), t[1].as_str().unwrap().to_owned()), r["usage"]["speculation"].clone())
+        (t[0].as_str().unwrap().to_owned(), t[1].as_str().unwrap().to_owned())
     };
-    let n = 300;
+    let (n, burst) = (300, 6);
     let mut counts: std::collections::BTreeMap<(String, String), [f64; 2]> = Default::default();
-    let mut usages = Vec::new();
     for seed in 0..n {
-        counts.entry(sample(&plain, seed).0).or_default()[0] += 1.0;
-        let (k, u) = sample(&spec, 10_000 + seed);
-        counts.entry(k).or_default()[1] += 1.0;
-        usages.push(u);
+        counts.entry(outcome(&plain.post("/v1/completions", &body(seed)).json())).or_default()[0] += 1.0;
     }
+    let mut usages = Vec::new();
+    for start in (0..n).step_by(burst) {
+        let bodies: Vec<Value> = (start..start + burst as u64).map(|seed| body(10_000 + seed)).collect();
+        for r in spec.post_burst("/v1/completions", &bodies) {
+            counts.entry(outcome(&r)).or_default()[1] += 1.0;
+            usages.push(r["usage"]["speculation"].clone());
+        }
+    }
+    let st = spec.stats();
+    assert!(st["max_batch_rows"].as_u64().unwrap() >= 2, "the sampled rows never shared a step: {st}");
     let drafted: u64 = usages.iter().map(|u| u["drafted"].as_u64().unwrap_or(0)).sum();
     assert!(drafted > 0, "speculation never drafted");
-    let mut chi2 = 0.0;
-    for c in counts.values() {
-        let e = (c[0] + c[1]) / 2.0;
-        chi2 += (c[0] - e).powi(2) / e + (c[1] - e).powi(2) / e;
-    }
-    let df = (counts.len() - 1) as f64;
-    let crit = df * (1.0 - 2.0 / (9.0 * df) + 3.09 * (2.0 / (9.0 * df)).sqrt()).powi(3);
-    assert!(counts.len() > 1, "the sampler never varied");
-    assert!(chi2 < crit, "distributions differ: chi2 {chi2:.1} >= {crit:.1} (df {df}); counts {counts:?}");
+    let cells: Vec<[f64; 2]> = counts.values().copied().collect();
+    assert!(cells.len() > 1, "the sampler never varied");
+    let (chi2, crit) = it::chi2_two_sample(&cells);
+    assert!(chi2 < crit, "distributions differ: chi2 {chi2:.1} >= {crit:.1}; counts {counts:?}");
     usages
 }
 

@@ -343,14 +343,27 @@ fn serve_tp2_drops_an_abandoned_row_on_every_rank() {
     let dir = model("tiny/tiny-llama-f32");
     let bodies = mixed_bodies();
     let serial = serial_answers(&dir, &bodies);
-    let two = it::Server::start(&dir, &["--tp", "2", "--batch", "8"]);
+    let two = it::Server::start(&dir, &["--tp", "2", "--batch", "8", "--debug-endpoints"]);
     let long = serde_json::json!({ "prompt": "count with me", "max_tokens": 400, "stream": true, "temperature": 0 });
+    // The long row and the others are queued while the engine is held and
+    // start together; the long row's client leaves after 3 events.
+    two.hold();
     std::thread::scope(|sc| {
         let gone = sc.spawn(|| two.abandon_stream("/v1/completions", &long, 3));
-        let answers: Vec<String> = bodies.iter().map(|b| text(&two.post("/v1/completions", b).json())).collect();
+        two.wait_for("the long request to be queued", |st| st["queued"] == 1);
+        let mut hs = Vec::new();
+        for (i, b) in bodies.iter().enumerate() {
+            let two = &two;
+            hs.push(sc.spawn(move || text(&two.post("/v1/completions", b).json())));
+            two.wait_for("the next request to be queued", |st| st["queued"].as_u64() == Some(i as u64 + 2));
+        }
+        two.release();
+        let answers: Vec<String> = hs.into_iter().map(|h| h.join().unwrap()).collect();
         assert_eq!(answers, serial);
         assert!(gone.join().unwrap() < 400);
     });
+    let rows = two.stats()["max_batch_rows"].as_u64().unwrap();
+    assert!(rows as usize > bodies.len(), "the abandoned row never ran beside the others: {rows} rows at most");
     assert_eq!(two.stats()["active"], 0, "{}", two.stats());
     let answers: Vec<String> = bodies.iter().map(|b| text(&two.post("/v1/completions", b).json())).collect();
     assert_eq!(answers, serial, "after the abandoned row");
