@@ -100,6 +100,21 @@ if syntax == "hermes":
     check(r.usage.prompt_tokens == want, f"the round trip's prompt has transformers' tokens ({r.usage.prompt_tokens} vs {want})")
     r = chat(temperature=0, max_tokens=4, tool_choice="none")
     check(r.usage.prompt_tokens == reference_prompt_tokens(MSG), "a prompt with tools has transformers' tokens")
+else:
+    # A template without tool syntax renders no `tool_calls` (many fail on
+    # the null content): the past call is the assistant's text, written as
+    # the model writes calls, and the prompt is transformers' rendering of
+    # that text conversation.
+    call = whole[0]
+    history = MSG + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, clear"},
+    ]
+    r = chat(messages=history, temperature=0, max_tokens=4, tool_choice="none")
+    written = json.dumps({"name": call.function.name, "arguments": json.loads(call.function.arguments)}, ensure_ascii=False, separators=(",", ":"))
+    as_text = MSG + [{"role": "assistant", "content": written}, {"role": "tool", "content": "18 degrees, clear"}]
+    want = reference_prompt_tokens(as_text)
+    check(r.usage.prompt_tokens == want, f"the round trip's past call is the assistant's text ({r.usage.prompt_tokens} vs {want})")
 
 # 5. auto: the model's own syntax is parsed out of its text (the text is
 # steered into a call with a regex, so a random-weight model makes one).

@@ -5,6 +5,7 @@
 //! own syntax, and 400s for bad tool requests.
 
 use it::{hermes_folder, model, python, run_ok, Server};
+use serde_json::Value;
 
 fn tools_check(dir: &std::path::Path, syntax: &str, serve: &[&str]) {
     let s = Server::start(dir, serve);
@@ -21,4 +22,44 @@ fn tool_calls_with_a_hermes_template() {
 #[test]
 fn tool_calls_with_a_template_without_tool_syntax() {
     tools_check(&model("tiny/tiny-llama-f32"), "none", &[]);
+}
+
+/// The default model's template has no tool syntax and fails on an
+/// assistant turn without text: a tool round trip (an assistant turn of
+/// calls only, then the result; `tool_choice` none, as `auto` cannot be
+/// parsed for such a model) is answered, in chat and in Messages, and its
+/// prompt is the same conversation with the call as the turn's text.
+#[test]
+fn a_tool_round_trip_works_on_a_template_without_tool_syntax() {
+    use serde_json::json;
+    let s = Server::start(&model("smollm2-135m-instruct"), &[]);
+    let tools = json!([{ "type": "function", "function": { "name": "get_weather",
+        "parameters": { "type": "object", "properties": { "city": { "type": "string" } } } } }]);
+    let user = json!({ "role": "user", "content": "Weather in Paris?" });
+    let chat = |messages: Value| {
+        let r = s.post(
+            "/v1/chat/completions",
+            &json!({ "messages": messages, "tools": tools, "tool_choice": "none", "max_tokens": 2, "temperature": 0 }),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let calls =
+        chat(json!([user, { "role": "assistant", "content": null, "tool_calls": [{ "id": "c1", "type": "function",
+        "function": { "name": "get_weather", "arguments": "{\"city\": \"Paris\"}" } }] },
+        { "role": "tool", "tool_call_id": "c1", "content": "sunny" }]));
+    let as_text = chat(
+        json!([user, { "role": "assistant", "content": "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}" },
+        { "role": "tool", "tool_call_id": "c1", "content": "sunny" }]),
+    );
+    assert_eq!(calls, as_text, "the past call is not the assistant's text");
+    let r = s.post(
+        "/v1/messages",
+        &json!({ "model": "m", "max_tokens": 2, "tool_choice": { "type": "none" },
+                 "tools": [{ "name": "get_weather", "input_schema": { "type": "object" } }],
+                 "messages": [{ "role": "user", "content": "Weather in Paris?" },
+                              { "role": "assistant", "content": [{ "type": "tool_use", "id": "t1", "name": "get_weather", "input": { "city": "Paris" } }] },
+                              { "role": "user", "content": [{ "type": "tool_result", "tool_use_id": "t1", "content": "sunny" }] }] }),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
 }

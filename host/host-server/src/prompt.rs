@@ -44,6 +44,9 @@ pub fn render(
     }
     reasoning::template_kwargs(&st.reasoning, st.cfg.thinking, st.cfg.preserve_thinking, ask, &mut kwargs);
     st.cfg.system_rules.apply_to_system(&mut messages);
+    if !st.tools.template_renders_calls {
+        host_tools::inline_calls(&mut messages, st.tools.syntax);
+    }
     let rendered = template
         .render(&Value::Array(messages), true, &kwargs)
         .map_err(|e| ApiError::param("messages", e.to_string()))?;

@@ -100,6 +100,9 @@ pub struct AppState {
 pub struct ToolSupport {
     pub syntax: host_tools::ToolSyntax,
     pub added_tokens: Vec<(u32, String, bool)>,
+    /// The chat template reads messages' `tool_calls` (it renders past calls
+    /// itself); otherwise they are handed to it as text (`inline_calls`).
+    pub template_renders_calls: bool,
 }
 
 impl ToolSupport {
@@ -107,7 +110,11 @@ impl ToolSupport {
         let added_tokens = text.map(TextSide::added_tokens).unwrap_or_default();
         let named: Vec<(String, bool)> = added_tokens.iter().map(|(_, t, s)| (t.clone(), *s)).collect();
         let template = text.and_then(TextSide::template_source).unwrap_or("");
-        Self { syntax: host_tools::ToolSyntax::detect(template, &named), added_tokens }
+        Self {
+            syntax: host_tools::ToolSyntax::detect(template, &named),
+            added_tokens,
+            template_renders_calls: template.contains("tool_calls"),
+        }
     }
 }
 

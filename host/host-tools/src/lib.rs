@@ -2,7 +2,8 @@
 //! to read a request's tools (`request`), know how the model writes calls
 //! (`syntax`), find calls in its text as it streams (`parse`), force calls
 //! with a grammar (`grammar`) and hand the conversation to a chat template
-//! (`messages`). Pure functions over text and JSON; no MLX, no tokenizer.
+//! (`messages`; past calls as text for a template without a syntax,
+//! `inline_calls`). Pure functions over text and JSON; no MLX, no tokenizer.
 
 mod call_id;
 mod decode;
@@ -10,6 +11,7 @@ mod error;
 mod gemma_call;
 mod grammar;
 mod grammar_args;
+mod inline_calls;
 mod json_scan;
 mod messages;
 mod parse;
@@ -20,6 +22,7 @@ mod xml_call;
 pub use call_id::new_call_id;
 pub use error::ToolError;
 pub use grammar::{calls_grammar, tool_choice_grammar};
+pub use inline_calls::inline_calls;
 pub use messages::template_messages;
 pub use parse::{parse_complete, Call, ParsedEvent, ToolCallParser};
 pub use request::{parse_parallel_tool_calls, parse_tool_choice, parse_tools, Tool, ToolChoice, ToolRequest};
