@@ -364,7 +364,8 @@ fn unsupported_block(kind: &str, place: &str) -> String {
         &["image", "document", "search_result", "server_tool_use", "web_search_tool_result", "container_upload"];
     match kind {
         "text" | "tool_use" | "tool_result" | "thinking" | "redacted_thinking" => {
-            let article = if place.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+            // ("an assistant", "a user")
+            let article = if place.starts_with(['a', 'e', 'i', 'o']) { "an" } else { "a" };
             format!("a `{kind}` block cannot appear in {article} {place} message")
         }
         k if KNOWN.contains(&k) => format!("content blocks of type '{k}' are not supported"),
