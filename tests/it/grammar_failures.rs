@@ -96,33 +96,15 @@ fn a_grammar_that_fails_part_way_fails_its_own_row_only() {
     // with the error event (no `stop`), the other's with its text.
     let mut good_stream = good.clone();
     good_stream["stream"] = json!(true);
-    let [bad, ok] = raw_burst(&s, &[failing(true), good_stream]).try_into().unwrap();
-    assert_eq!((bad.0, ok.0), (200, 200));
-    let bad = events(&bad.1);
+    let [bad, ok] = s.burst("/v1/completions", &[failing(true), good_stream]).try_into().unwrap();
+    assert_eq!((bad.status, ok.status), (200, 200));
+    let bad = events(&bad.text());
     assert_grammar_error(bad.last().expect("an event"));
     assert!(bad.iter().all(|e| e["choices"][0]["finish_reason"] != "stop"), "{bad:?}");
-    let ok = events(&ok.1);
+    let ok = events(&ok.text());
     let text: String = ok.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
     assert_eq!(text, alone["choices"][0]["text"].as_str().unwrap(), "{ok:?}");
     assert_eq!(s.post("/v1/completions", &good).json()["choices"][0]["text"], alone["choices"][0]["text"]);
-}
-
-/// `post_burst` for answers that are not one JSON body (streams): each
-/// answer's status and text.
-fn raw_burst(s: &Server, bodies: &[Value]) -> Vec<(u16, String)> {
-    s.hold();
-    std::thread::scope(|sc| {
-        let mut hs = Vec::new();
-        for (i, b) in bodies.iter().enumerate() {
-            hs.push(sc.spawn(move || {
-                let r = s.post("/v1/completions", b);
-                (r.status, r.text())
-            }));
-            s.wait_for("the burst's next request to be queued", |st| st["queued"].as_u64() == Some(i as u64 + 1));
-        }
-        s.release();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
 
 /// A stream's `data:` events, `[DONE]` left out.

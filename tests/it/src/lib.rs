@@ -312,6 +312,7 @@ extern "C" {
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
+#[derive(Debug)]
 pub struct HttpResponse {
     pub status: u16,
     pub headers: Vec<(String, String)>,
@@ -449,11 +450,16 @@ impl Server {
     /// same row of the batch (a row's rounding can depend on its place in
     /// a batched kernel).
     pub fn post_burst(&self, path: &str, bodies: &[serde_json::Value]) -> Vec<serde_json::Value> {
+        self.burst(path, bodies).iter().map(HttpResponse::json).collect()
+    }
+
+    /// `post_burst`'s whole responses (status, headers, a stream's text).
+    pub fn burst(&self, path: &str, bodies: &[serde_json::Value]) -> Vec<HttpResponse> {
         self.hold();
         std::thread::scope(|sc| {
             let mut hs = Vec::new();
             for (i, b) in bodies.iter().enumerate() {
-                hs.push(sc.spawn(move || self.post(path, b).json()));
+                hs.push(sc.spawn(move || self.post(path, b)));
                 let n = i as u64 + 1;
                 self.wait_for("the burst's next request to be queued", |st| st["queued"].as_u64() == Some(n));
             }

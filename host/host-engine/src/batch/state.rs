@@ -48,13 +48,13 @@ impl Row {
     /// it gets every token (its token is then discarded and the row ends).
     pub fn allowed_words(&mut self) -> Option<Vec<u32>> {
         let c = self.constraint.as_mut()?;
-        let all = vec![u32::MAX; c.words()];
+        let all = |c: &Constraint| vec![u32::MAX; c.words()];
         if self.grammar_failed.is_some() {
-            return Some(all);
+            return Some(all(c));
         }
         Some(c.allowed_words().unwrap_or_else(|e| {
             self.grammar_failed = Some(e);
-            all
+            all(c)
         }))
     }
 }

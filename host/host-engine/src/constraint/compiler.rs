@@ -54,8 +54,9 @@ impl GrammarCompiler {
     /// parse, or one that no text matches: its first mask cannot be
     /// computed or allows nothing, found here rather than in a running batch).
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
-        let c = self.parse(grammar)?;
-        let first = c.clone().allowed_words()?;
+        // A mask moves nothing: the matcher stays at the grammar's start.
+        let mut c = self.parse(grammar)?;
+        let first = c.allowed_words()?;
         if first.iter().all(|&w| w == 0) {
             return Err(GrammarError("no text matches the grammar: it allows no first token".into()));
         }

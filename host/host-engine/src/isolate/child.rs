@@ -5,7 +5,6 @@
 
 use super::wire::{read_message, write_message, FailedBy, FromEngine, Hello, Refusal, ToEngine, WireEvent, WireJob};
 use crate::embed::EmbedJob;
-use crate::engine::EngineError;
 use crate::job::{Event, Flow, Job};
 use crate::tokenizer::TextSide;
 use crate::worker::{SubmitError, Worker};
@@ -77,7 +76,7 @@ pub fn serve(stream: UnixStream, hello: Hello, mut worker: Worker, text: Option<
             ToEngine::Embed { id, inputs } => {
                 let done = out.clone();
                 let on_done = Box::new(move |r: crate::embed::Embeddings| {
-                    let result = r.map_err(|e| (e.to_string(), matches!(e, EngineError::InvalidRequest(_))));
+                    let result = r.map_err(|e| (e.to_string(), FailedBy::of(&e)));
                     let _ = done.send(FromEngine::Embedded { id, result });
                 });
                 if let Err(e) = worker.embed(EmbedJob { inputs, on_done }) {
@@ -85,7 +84,7 @@ pub fn serve(stream: UnixStream, hello: Hello, mut worker: Worker, text: Option<
                         SubmitError::Full => "the request queue is full; retry shortly",
                         _ => "the engine has stopped",
                     };
-                    let _ = out.send(FromEngine::Embedded { id, result: Err((message.into(), false)) });
+                    let _ = out.send(FromEngine::Embedded { id, result: Err((message.into(), FailedBy::Engine)) });
                 }
             }
             ToEngine::Cancel { id } => {

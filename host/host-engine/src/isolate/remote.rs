@@ -295,7 +295,7 @@ impl Remote {
             FromEngine::Event { id, event } => self.event(id, event),
             FromEngine::Embedded { id, result } => {
                 if let Some(f) = lock(&self.embeds).remove(&id) {
-                    f(result.map_err(|(m, invalid)| error(m, invalid)));
+                    f(result.map_err(|(m, kind)| kind.error(m)));
                 }
             }
             FromEngine::Stats { seq, stats, held, parked, mlx } => {
@@ -346,13 +346,5 @@ impl Remote {
                 (slot.on_event)(Event::Failed(kind.error(message)));
             }
         }
-    }
-}
-
-fn error(message: String, invalid: bool) -> EngineError {
-    if invalid {
-        EngineError::InvalidRequest(message)
-    } else {
-        EngineError::Reported(message)
     }
 }

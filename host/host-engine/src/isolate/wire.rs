@@ -192,7 +192,7 @@ pub enum FromEngine {
     },
     Embedded {
         id: u64,
-        result: Result<Vec<Vec<f32>>, (String, bool)>,
+        result: Result<Vec<Vec<f32>>, (String, FailedBy)>,
     },
     /// The engine's counters: pushed when they change (`seq` None), or
     /// as the answer to `ToEngine::Stats`.
