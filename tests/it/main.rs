@@ -41,6 +41,7 @@ mod speculation_dspark;
 mod speculation_mtp;
 mod speculation_scripted;
 mod ssd_cache;
+mod stalled_clients;
 mod structured;
 mod tensor_parallel;
 mod tools;

@@ -128,6 +128,12 @@ pub struct ServeArgs {
     #[arg(long = "sse-keepalive", value_name = "SECS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sse_keepalive: Option<u64>,
+    /// Seconds a request's head may take to arrive (an idle keep-alive connection's wait
+    /// included: the connection closes), and seconds its body may go without a byte (a 408);
+    /// 0 = no deadline (default 30).
+    #[arg(long = "read-timeout", value_name = "SECS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_timeout: Option<u64>,
     /// The reasoning switch for requests that do not set it, on models whose template has one
     /// (`enable_thinking`): `template` (the template's own default), `on` or `off`.
     #[arg(long = "thinking", value_name = "template|on|off")]
@@ -442,6 +448,7 @@ fn server_config(a: &ServeArgs, model_dir: &std::path::Path, system_rules: Syste
         batch: batch(a),
         debug_endpoints: a.debug_endpoints,
         sse_keepalive: Some(a.sse_keepalive.unwrap_or(5)).filter(|&s| s > 0).map(std::time::Duration::from_secs),
+        read_timeout: Some(a.read_timeout.unwrap_or(30)).filter(|&s| s > 0).map(std::time::Duration::from_secs),
         defaults: SamplingDefaults {
             temperature: a.temp,
             top_p: a.top_p,

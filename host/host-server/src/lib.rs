@@ -10,12 +10,14 @@
 mod answer;
 mod assemble;
 mod auth;
+mod body_read;
 mod choice;
 mod embed_wire;
 pub mod error;
 mod fim;
 mod gen;
 mod keepalive;
+mod listen;
 mod page;
 mod prompt;
 pub mod reasoning;
@@ -67,7 +69,8 @@ pub fn router(st: AppState) -> Router {
         .with_state(st)
 }
 
-/// Auth, body-size errors in the path's API's JSON shape, and counters,
+/// Auth, the body read whole (its size and stall errors), plain-text
+/// rejections reshaped into the path's API JSON shape, and counters,
 /// around every route.
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
     ServerStats::bump(&st.stats.http_requests);
@@ -84,15 +87,16 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
         ServerStats::bump(&st.stats.client_errors);
         return shaped_for(&path, ApiError::too_large(st.cfg.body_limit));
     }
-    let resp = next.run(req).await;
+    let (parts, body) = req.into_parts();
+    let body = match body_read::read_whole(body, st.cfg.body_limit, st.cfg.read_timeout).await {
+        Ok(b) => b,
+        Err(e) => {
+            ServerStats::bump(&st.stats.client_errors);
+            return shaped_for(&path, e);
+        }
+    };
+    let resp = next.run(Request::from_parts(parts, body.into())).await;
     let status = resp.status();
-    if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE
-        && resp.headers().get("content-type").is_some_and(|v| v != "application/json")
-    {
-        // A chunked body that outgrew the limit: axum's plain-text rejection.
-        ServerStats::bump(&st.stats.client_errors);
-        return shaped_for(&path, ApiError::too_large(st.cfg.body_limit));
-    }
     if status.is_client_error() {
         ServerStats::bump(&st.stats.client_errors);
         if resp.headers().get("content-type").is_none_or(|v| v.as_bytes().starts_with(b"text/plain")) {
@@ -158,13 +162,14 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     let w = worker.clone();
-    axum::serve(listener, router(st))
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down: cancelling in-flight generation");
-            w.cancel_all();
-        })
-        .await
+    let head_timeout = st.cfg.read_timeout;
+    listen::serve_until(listener, router(st), head_timeout, async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: cancelling in-flight generation");
+        w.cancel_all();
+    })
+    .await;
+    Ok(())
 }
 
 async fn shutdown_signal() {

@@ -35,6 +35,9 @@ pub struct ServerConfig {
     /// A stream that has sent nothing for this long sends an SSE comment
     /// (proxies and clients drop connections that stay silent); None: never.
     pub sse_keepalive: Option<std::time::Duration>,
+    /// How long a request's head may take to arrive, and how long its body
+    /// may go without a byte; None: no deadline.
+    pub read_timeout: Option<std::time::Duration>,
     pub defaults: SamplingDefaults,
     pub model_id: String,
     /// How long a stored response can be continued or read back.

@@ -1,0 +1,82 @@
+//! Clients that open a connection and stop sending: a request head that
+//! never completes loses its connection, and a body that stops part-way
+//! gets a 408 in the path's API shape, each after `--read-timeout`; the
+//! server answers others meanwhile and afterwards.
+
+use it::{model, Server};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const TIMEOUT_S: u64 = 1;
+
+fn start() -> Server {
+    Server::start(&model("tiny/tiny-llama-f32"), &["--read-timeout", &TIMEOUT_S.to_string()])
+}
+
+fn connect(s: &Server) -> TcpStream {
+    let sock = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    // A server without the deadline would hold the read forever: fail instead.
+    sock.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    sock
+}
+
+/// Everything until the server closes, and how long that took.
+fn read_until_closed(mut sock: TcpStream, since: Instant) -> (String, Duration) {
+    let mut raw = Vec::new();
+    sock.read_to_end(&mut raw).unwrap_or_else(|e| panic!("the server kept the stalled connection: {e}"));
+    (String::from_utf8_lossy(&raw).into_owned(), since.elapsed())
+}
+
+fn answered(s: &Server) {
+    let r = s.post("/v1/completions", &json!({ "prompt": [1, 2, 3], "max_tokens": 2 }));
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn a_request_head_that_never_completes_loses_its_connection() {
+    let s = start();
+    let mut sock = connect(&s);
+    let since = Instant::now();
+    write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app").unwrap();
+    answered(&s);
+    let (raw, took) = read_until_closed(sock, since);
+    assert!(took >= Duration::from_secs(TIMEOUT_S), "closed after {took:?}");
+    assert!(!raw.contains("200 OK"), "{raw}");
+    // An idle keep-alive connection is closed the same way.
+    let mut sock = connect(&s);
+    write!(sock, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let since = Instant::now();
+    let (raw, took) = read_until_closed(sock, since);
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert!(took >= Duration::from_secs(TIMEOUT_S), "closed after {took:?}");
+    answered(&s);
+}
+
+#[test]
+fn a_body_that_stops_part_way_gets_a_408_in_the_apis_shape() {
+    let s = start();
+    for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
+        let mut sock = connect(&s);
+        let since = Instant::now();
+        write!(
+            sock,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{{\"messages\": ["
+        )
+        .unwrap();
+        answered(&s);
+        let (raw, took) = read_until_closed(sock, since);
+        assert!(took >= Duration::from_secs(TIMEOUT_S), "{path}: answered after {took:?}");
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{path}: {raw}"));
+        assert!(head.starts_with("HTTP/1.1 408"), "{path}: {raw}");
+        assert!(head.to_lowercase().contains("content-type: application/json"), "{path}: {raw}");
+        let v: Value = serde_json::from_str(body.trim()).unwrap_or_else(|e| panic!("{path}: {e}: {raw}"));
+        if path == "/v1/messages" {
+            assert_eq!(v["type"], "error", "{v}");
+        }
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("stopped arriving")), "{v}");
+    }
+    answered(&s);
+}
