@@ -54,7 +54,8 @@ impl GrammarCompiler {
     /// parse, or one that no text matches: its first mask cannot be
     /// computed or allows nothing, found here rather than in a running batch).
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
-        // A mask moves nothing: the matcher stays at the grammar's start.
+        // A mask moves nothing: the matcher stays at the grammar's start,
+        // and the first step reuses this mask.
         let mut c = self.parse(grammar)?;
         let first = c.allowed_words()?;
         if first.iter().all(|&w| w == 0) {

@@ -19,6 +19,10 @@ pub struct Constraint {
     /// What it was compiled from, so that another process (an isolated
     /// engine) can compile the same constraint.
     source: Option<ConstraintSource>,
+    /// The grammar's mask at the matcher's present state, once computed
+    /// (compile's check computes the first, which the first step reuses);
+    /// dropped whenever the matcher moves.
+    known: Option<Vec<u32>>,
 }
 
 /// A constraint as a request asked for it: its grammar and reasoning gate.
@@ -72,7 +76,7 @@ fn failed(what: &str, e: impl std::fmt::Display) -> GrammarError {
 
 impl Constraint {
     pub(crate) fn new(matcher: Matcher, vocab: usize, eos: Vec<u32>, clock: Arc<MaskClock>) -> Self {
-        Self { matcher, vocab, eos, clock, gate: None, source: None }
+        Self { matcher, vocab, eos, clock, gate: None, source: None, known: None }
     }
 
     pub(crate) fn compiled_from(mut self, grammar: &super::Grammar) -> Self {
@@ -137,6 +141,9 @@ impl Constraint {
 
     /// The grammar's own mask, EOS allowed exactly where it may end.
     fn grammar_words(&mut self) -> Result<Vec<u32>, GrammarError> {
+        if let Some(words) = &self.known {
+            return Ok(words.clone());
+        }
         let vob = self.matcher.compute_mask_or_eos().map_err(|e| failed("compute a mask", e))?;
         let n = self.vocab.div_ceil(32);
         let mut words: Vec<u32> = vob.as_slice().iter().copied().chain(std::iter::repeat(0)).take(n).collect();
@@ -146,6 +153,7 @@ impl Constraint {
             let (i, bit) = (t as usize / 32, 1u32 << (t % 32));
             words[i] = if may_end { words[i] | bit } else { words[i] & !bit };
         }
+        self.known = Some(words.clone());
         Ok(words)
     }
 
@@ -176,6 +184,7 @@ impl Constraint {
     /// matcher when the grammar runs.
     fn advance(&mut self, token: u32) -> Result<(), GrammarError> {
         let Some(g) = self.gate.as_mut() else {
+            self.known = None;
             return self.matcher.consume_token(token).map_err(|e| failed("accept a token", e));
         };
         let before = g.phase;
@@ -197,6 +206,7 @@ impl Constraint {
         };
         g.trail.push((before, to_matcher));
         if to_matcher {
+            self.known = None;
             self.matcher.consume_token(token).map_err(|e| failed("accept a token", e))?;
         }
         Ok(())
@@ -249,6 +259,7 @@ impl Constraint {
         if in_matcher == 0 {
             return Ok(());
         }
+        self.known = None;
         self.matcher.rollback(in_matcher).map_err(|e| failed("roll back", e))
     }
 
@@ -316,6 +327,8 @@ mod tests {
         assert_eq!(allowed(&mut c), vec![u32::from(b'n'), u32::from(b'y'), THINK]);
         c.accept(u32::from(b'y')).unwrap();
         assert_eq!(allowed(&mut c), vec![u32::from(b'e')], "the grammar took the first token");
+        c.rollback(1).unwrap();
+        assert_eq!(allowed(&mut c), vec![u32::from(b'n'), u32::from(b'y'), THINK], "back at the start");
         let mut c = constraint("yes|no").after_reasoning(gate);
         c.accept(THINK).unwrap();
         assert_eq!(allowed(&mut c).len(), 258, "a block opened");
