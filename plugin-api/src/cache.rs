@@ -15,8 +15,8 @@
 //! export/import for prefix caching, and row operations for batching.
 
 use crate::error::PResult;
-use crate::model::{Dtype, LayerNeed};
-use crate::tensor::{Tensor, TensorRef};
+use crate::layer_need::LayerNeed;
+use crate::tensor::{Dtype, Tensor, TensorRef};
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RSlice, RString, RVec};
 use abi_stable::StableAbi;

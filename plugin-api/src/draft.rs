@@ -24,7 +24,8 @@
 
 use crate::cache::CacheBox;
 use crate::error::PResult;
-use crate::model::{LayerNeed, ModelBox, ModelPlan, NeedKind};
+use crate::layer_need::{LayerNeed, NeedKind};
+use crate::model::{ModelBox, ModelPlan};
 use crate::tensor::{Tensor, TensorRef};
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RSlice, RStr, RString, RVec, Tuple2};

@@ -1,4 +1,5 @@
-//! MLX array handles at the boundary, with ownership in the type.
+//! MLX array handles at the boundary, with ownership in the type, and
+//! their dtypes (mlx-c's numbering).
 //!
 //! A handle is an `mlx_array` (a pointer to a reference-counted C++ array in
 //! the process-wide libmlx). The rules, enforced by these two types:
@@ -95,5 +96,31 @@ impl<'a> TensorRef<'a> {
         let mut out = unsafe { mlx_sys::mlx_array_new() };
         unsafe { mlx_sys::mlx_array_set(&mut out, self.as_raw()) };
         Tensor { ctx: out.ctx }
+    }
+}
+
+/// An MLX dtype, numbered as mlx-c's `mlx_dtype`.
+#[repr(transparent)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dtype(pub u32);
+
+impl Dtype {
+    pub const BOOL: Self = Self(mlx_sys::mlx_dtype__MLX_BOOL);
+    pub const INT32: Self = Self(mlx_sys::mlx_dtype__MLX_INT32);
+    pub const UINT32: Self = Self(mlx_sys::mlx_dtype__MLX_UINT32);
+    pub const FLOAT16: Self = Self(mlx_sys::mlx_dtype__MLX_FLOAT16);
+    pub const FLOAT32: Self = Self(mlx_sys::mlx_dtype__MLX_FLOAT32);
+    pub const BFLOAT16: Self = Self(mlx_sys::mlx_dtype__MLX_BFLOAT16);
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FLOAT32 => "float32",
+            Self::FLOAT16 => "float16",
+            Self::BFLOAT16 => "bfloat16",
+            Self::INT32 => "int32",
+            Self::UINT32 => "uint32",
+            Self::BOOL => "bool",
+            _ => "other",
+        }
     }
 }

@@ -18,6 +18,7 @@ mod foundation;
 mod fuzz;
 mod grammar_failures;
 mod http;
+mod import_cycles;
 mod isolation;
 mod keepalive;
 mod kv_paged;

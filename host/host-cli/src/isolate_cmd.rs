@@ -3,7 +3,8 @@
 //! the child loads the model as `serve` does and serves the API process over
 //! a Unix socket (host_engine::isolate).
 
-use crate::serve_cmd::{batch, load, queue, ServeArgs, Served};
+use crate::model_load::{load, Served};
+use crate::serve_args::{batch, queue, ServeArgs};
 use anyhow::{Context, Result};
 use host_engine::isolate::{self, Hello, Remote, Supervisor};
 use host_engine::stats::Stats;

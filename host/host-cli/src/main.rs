@@ -7,10 +7,12 @@ mod generate_cmd;
 mod isolate_cmd;
 mod kl_cmd;
 mod kv_cmd;
+mod model_load;
 mod model_options;
 mod plugins_cmd;
 mod random_shape;
 mod runtime_switch;
+mod serve_args;
 mod serve_cmd;
 mod tp_launch;
 
@@ -147,7 +149,7 @@ enum Command {
         warmup: bool,
     },
     /// Serve the OpenAI-compatible HTTP API.
-    Serve(serve_cmd::ServeArgs),
+    Serve(serve_args::ServeArgs),
     /// The engine process of `serve --isolate` (the server starts it; not for use by hand).
     #[command(name = "engine-child", hide = true)]
     EngineChild {
@@ -346,7 +348,7 @@ fn main() -> Result<ExitCode> {
             let engine = engine(&model, None)?;
             let m = MemoryModel::measure(&engine);
             let budget = Budget {
-                memory_bytes: memory_budget.map(serve_cmd::bytes_of_gib).unwrap_or_else(default_memory_budget),
+                memory_bytes: memory_budget.map(serve_args::bytes_of_gib).unwrap_or_else(default_memory_budget),
                 kv_bytes: None,
                 mlx_cache_bytes: 0,
             };
@@ -386,7 +388,7 @@ fn main() -> Result<ExitCode> {
                 tp_launch::Role::Rank { ranks } => ranks,
             };
             let engine = engine_over_ranks(&model, None, ranks)?;
-            let mlx_cache_bytes = mlx_cache_limit.map(serve_cmd::bytes_of_gib);
+            let mlx_cache_bytes = mlx_cache_limit.map(serve_args::bytes_of_gib);
             let args =
                 bench_cmd::BenchArgs { prompt_len, gen_len, batches: batch, trials, json, ragged, mlx_cache_bytes };
             bench_cmd::run(engine, args, ranks)?

@@ -3,7 +3,7 @@
 //! made), with what the host needs to know about it.
 
 use crate::config::{DraftSource, SpeculationConfig};
-use crate::engine::EngineError;
+use crate::error::EngineError;
 use crate::target_kv::KvLayer;
 use crate::tokenizer::TextSide;
 use host_loader::compose::ComposedModel;

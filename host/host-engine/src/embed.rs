@@ -5,9 +5,11 @@
 //! only ever runs on the engine thread; it runs whole as soon as it is taken
 //! (between batch iterations or serial jobs) and holds no caches after.
 
-use crate::engine::{token_array_rows, Engine, EngineError};
+use crate::engine::Engine;
+use crate::error::EngineError;
 use crate::pooling::PoolingMode;
 use crate::stats::Stats;
+use crate::tensors::token_array_rows;
 use mlx_rs::Array;
 use std::sync::atomic::{AtomicBool, Ordering};
 

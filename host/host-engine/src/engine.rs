@@ -8,60 +8,21 @@
 
 use crate::config::{DtypeChoice, EngineConfig};
 use crate::drafting::Drafting;
-use crate::job::GenerateRequest;
+use crate::error::EngineError;
 use crate::plan::{Capabilities, Planner, ResolvedExecution, ServerFeatures};
 use crate::pooling::{Pooling, PoolingError};
 use crate::prefix_cache::PrefixStore;
+use crate::request::GenerateRequest;
 use crate::runtime::{default_device, DeviceKind};
 use crate::target_states::States;
+use crate::tensors::{tensor_array, tensor_ref, token_array};
 use crate::tokenizer::TextSide;
-use host_loader::{ComposeError, ComposedModel, Registry};
+use host_loader::{ComposedModel, Registry};
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::{ROption, RSlice};
-use plugin_api::{CacheBox, Dtype, ForwardArgs, LogitsMode, TargetWants, Tensor, TensorRef};
+use plugin_api::{CacheBox, Dtype, ForwardArgs, LogitsMode, TargetWants, Tensor};
 use std::path::Path;
 use std::sync::Arc;
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Compose(#[from] ComposeError),
-    #[error(transparent)]
-    Drafter(#[from] host_loader::services::DrafterError),
-    #[error("{0}")]
-    Tokenizer(String),
-    #[error("{0}")]
-    Config(String),
-    #[error("{0}")]
-    InvalidRequest(String),
-    #[error("model: {0}")]
-    Model(String),
-    #[error("mlx: {0}")]
-    Mlx(String),
-    #[error(transparent)]
-    Grammar(#[from] crate::constraint::GrammarError),
-    /// An error the isolated engine process reported (by its message), or
-    /// its death.
-    #[error("{0}")]
-    Reported(String),
-}
-
-impl From<mlx_rs::error::ConversionError> for EngineError {
-    fn from(e: mlx_rs::error::ConversionError) -> Self {
-        EngineError::Mlx(e.to_string())
-    }
-}
-
-impl From<mlx_rs::error::Exception> for EngineError {
-    fn from(e: mlx_rs::error::Exception) -> Self {
-        EngineError::Mlx(e.what().to_owned())
-    }
-}
-
-/// A plugin error from a cache-layout or drafter call, named by the call.
-pub(crate) fn model_err(what: &str) -> impl Fn(plugin_api::PluginError) -> EngineError + '_ {
-    move |e| EngineError::Model(format!("{what}: {e}"))
-}
 
 pub struct Engine {
     model: Arc<ComposedModel>,
@@ -519,33 +480,11 @@ impl Engine {
     }
 }
 
-pub(crate) fn tensor_ref(a: &Array) -> TensorRef<'_> {
-    unsafe { TensorRef::from_raw(a.as_ptr()) }
-}
-
-/// The array a plugin handed over (its handle, now the host's).
-pub(crate) fn tensor_array(t: Tensor) -> Array {
-    unsafe { Array::from_ptr(t.into_raw()) }
-}
-
 fn take(t: ROption<Tensor>, what: &str) -> Result<Array, EngineError> {
     match t {
         ROption::RSome(t) => Ok(tensor_array(t)),
         ROption::RNone => Err(EngineError::Model(format!("forward returned no {what}"))),
     }
-}
-
-/// int32 `[1, L]` token ids.
-pub fn token_array(ids: &[u32]) -> Array {
-    let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
-    Array::from_slice(&v, &[1, v.len() as i32])
-}
-
-/// int32 `[B, L]` token ids from B rows of L ids each.
-pub(crate) fn token_array_rows(rows: &[Vec<u32>]) -> Array {
-    let width = rows.first().map_or(0, Vec::len);
-    let v: Vec<i32> = rows.iter().flat_map(|r| r.iter().map(|&t| t as i32)).collect();
-    Array::from_slice(&v, &[rows.len() as i32, width as i32])
 }
 
 /// The graph's logits as rows `[N, V]`.

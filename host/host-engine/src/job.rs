@@ -6,23 +6,10 @@
 //! `Failed`. Returning [`Flow::Stop`] from the callback cancels the job
 //! within one step.
 
-use crate::engine::EngineError;
+use crate::error::EngineError;
 use crate::plan::ResolvedExecution;
-use crate::sampling::SamplingParams;
+use crate::request::GenerateRequest;
 use crate::speculation::SpecStats;
-
-#[derive(Debug, Clone, Default)]
-pub struct GenerateRequest {
-    pub prompt: Vec<u32>,
-    pub max_tokens: usize,
-    pub params: SamplingParams,
-    /// Stop at the model's EOS ids (off to measure exactly `max_tokens`).
-    pub stop_on_eos: bool,
-    /// Report the chosen token's logprob and this many alternatives.
-    pub logprobs: Option<usize>,
-    /// The grammar the output must follow (structured output, tool calls).
-    pub constraint: Option<crate::constraint::Constraint>,
-}
 
 /// One generated token as the caller sees it.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]

@@ -39,12 +39,14 @@
 //! rank's forward holds its part of the model); rank 0 answers it.
 
 use crate::embed::EmbedJob;
-use crate::engine::{Engine, EngineError};
+use crate::engine::Engine;
+use crate::error::EngineError;
 use crate::isolate::wire::{WireJob, WireRequest};
-use crate::job::{Event, Flow, GenerateRequest, Job};
+use crate::job::{Event, Flow, Job};
 use crate::plan::Mechanism;
+use crate::request::GenerateRequest;
 use crate::stats::Stats;
-use crate::worker::Work;
+use crate::work::Work;
 use mlx_distributed::Group;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -17,7 +17,7 @@
 //! should build the step after it. Anything that reads the bytes on the
 //! host (the SSD tier) calls [`wait`] first.
 
-use crate::engine::EngineError;
+use crate::error::EngineError;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::{CacheState, Tensor};
@@ -46,7 +46,7 @@ pub fn own(states: Vec<CacheState>) -> Result<Vec<CacheState>, EngineError> {
         let CacheState { signature, offset, tensors, meta } = s;
         let mut owned = RVec::with_capacity(tensors.len());
         for t in tensors {
-            let a = crate::engine::tensor_array(t);
+            let a = crate::tensors::tensor_array(t);
             let c = contiguous(&a)?;
             all.push(c.clone());
             owned.push(unsafe { Tensor::from_raw(new_handle(c.as_ptr())) });

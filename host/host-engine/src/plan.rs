@@ -223,7 +223,7 @@ pub struct Planner {
 
 impl Planner {
     /// The facts of a request as resolve_execution sees them.
-    pub fn facts(&self, req: &crate::job::GenerateRequest) -> RequestFacts {
+    pub fn facts(&self, req: &crate::request::GenerateRequest) -> RequestFacts {
         RequestFacts {
             has_draft: self.draft_kind.is_some(),
             draft_kind: self.draft_kind.clone(),
@@ -234,7 +234,7 @@ impl Planner {
         }
     }
 
-    pub fn plan(&self, req: &crate::job::GenerateRequest) -> ResolvedExecution {
+    pub fn plan(&self, req: &crate::request::GenerateRequest) -> ResolvedExecution {
         resolve_execution(&self.facts(req), &self.capabilities, &self.features)
     }
 }

@@ -5,7 +5,8 @@
 //! (last full, last sliding layer) or a plan index, and whether a layout
 //! can lend is its `kv-view:<scheme>` tag.
 
-use crate::engine::{tensor_array, tensor_ref, EngineError};
+use crate::error::EngineError;
+use crate::tensors::{tensor_array, tensor_ref};
 use host_loader::compose::ComposedModel;
 use plugin_api::abi_stable::std_types::RSlice;
 use plugin_api::{caps, CacheBox, Draft, DraftArgs, DrafterBox, KvPick, KvRole, NeedKind, PluginError, TargetKv};

@@ -2,7 +2,8 @@
 //! the target's own forward passes (prefill chunks and verifies), kept by
 //! the host for the call that hands them over, lent as `TargetStates`.
 
-use crate::engine::{tensor_array, tensor_ref, EngineError};
+use crate::error::EngineError;
+use crate::tensors::{tensor_array, tensor_ref};
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::{ROption, RSlice};
 use plugin_api::{ForwardOutput, TargetStates, TargetWants, TensorRef};

@@ -7,7 +7,9 @@
 //! "Rows of different lengths"). Nothing of it is kept: the caches are
 //! dropped, and no counter, prefix-cache entry or row sees it.
 
-use crate::engine::{token_array_rows, Engine, EngineError};
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::tensors::token_array_rows;
 use plugin_api::abi_stable::std_types::RSlice;
 
 /// Runs the padded batch; a model whose layouts cannot start padded rows

@@ -11,24 +11,18 @@
 use crate::admission::{Budget, MemoryModel};
 use crate::batch::Scheduler;
 use crate::embed::EmbedJob;
-use crate::engine::{Engine, EngineError};
+use crate::engine::Engine;
+use crate::error::EngineError;
 use crate::hold::Hold;
 use crate::isolate::{EngineHealth, Remote, Supervisor};
 use crate::job::{Event, Job};
 use crate::queue::{Inbox, Outbox, Refused};
 use crate::stats::Stats;
+use crate::work::{SubmitError, Work};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-
-/// What the queue carries.
-pub enum Work {
-    /// (Boxed: a job with its plan is large, an embedding job small.)
-    Generate(Box<Job>),
-    /// Runs whole when the engine takes it (between batch iterations).
-    Embed(EmbedJob),
-}
 
 pub struct Worker {
     backend: Backend,
@@ -49,16 +43,6 @@ enum Backend {
     },
     /// The engine runs in a child process (`--isolate`).
     Isolated { remote: Arc<Remote>, supervisor: Supervisor },
-}
-
-#[derive(Debug)]
-pub enum SubmitError {
-    /// The queue holds its limit: try again later.
-    Full,
-    /// The worker has stopped (shutdown).
-    Closed,
-    /// The isolated engine's process died and a new one is starting.
-    Restarting,
 }
 
 impl Worker {
@@ -114,7 +98,7 @@ impl Worker {
     }
 
     /// Why this worker cannot run `req` at all (a 400 before it is queued).
-    pub fn refusal(&self, req: &crate::job::GenerateRequest) -> Option<&'static str> {
+    pub fn refusal(&self, req: &crate::request::GenerateRequest) -> Option<&'static str> {
         match self.backend {
             Backend::Local { lockstep: true, .. } => crate::lockstep::refusal(req),
             _ => None,

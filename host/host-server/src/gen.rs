@@ -7,7 +7,7 @@ use crate::state::AppState;
 use crate::structured::{self, Requested};
 use crate::wire::Common;
 use host_engine::constraint::ReasoningGate;
-use host_engine::worker::SubmitError;
+use host_engine::work::SubmitError;
 use host_engine::{Event, Job};
 use host_engine::{Flow, GenerateRequest, SamplingParams};
 use std::sync::atomic::{AtomicBool, Ordering};

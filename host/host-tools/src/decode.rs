@@ -2,17 +2,11 @@
 //! arguments. `None` means the text is not a call in that syntax; the parser
 //! then gives it back as plain text.
 
+use crate::decoded::{is_name_char, Decoded};
 use crate::request::Tool;
 use crate::syntax::ToolSyntax;
 use crate::{gemma_call, xml_call};
 use serde_json::{Map, Value};
-
-/// One call as the model wrote it.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Decoded {
-    pub name: String,
-    pub arguments: Map<String, Value>,
-}
 
 pub(crate) fn decode(syntax: ToolSyntax, text: &str, tools: &[Tool]) -> Option<Vec<Decoded>> {
     let calls = match syntax {
@@ -74,11 +68,6 @@ fn mistral_calls(text: &str) -> Option<Vec<Decoded>> {
         Value::Object(arguments) => Some(vec![Decoded { name: name.to_string(), arguments }]),
         _ => None,
     }
-}
-
-/// Characters a function name may have in the syntaxes that write it bare.
-pub(crate) fn is_name_char(c: char) -> bool {
-    c.is_alphanumeric() || matches!(c, '_' | '-' | '.')
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! notation with bare keys and strings between a delimiter token (`<|"|>`
 //! for Gemma 4, `<escape>` for FunctionCallTags) that needs no escaping inside.
 
-use crate::decode::{is_name_char, Decoded};
+use crate::decoded::{is_name_char, Decoded};
 use serde_json::{Map, Value};
 
 /// One or more `call:NAME{...}` in a row.

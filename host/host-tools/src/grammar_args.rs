@@ -6,7 +6,7 @@
 //! and JSON inside XML). Nested Gemma objects and arrays follow the
 //! notation but not the schema.
 
-use crate::grammar::{quoted, standalone};
+use crate::grammar_pieces::{quoted, standalone};
 use crate::request::Tool;
 use serde_json::Value;
 

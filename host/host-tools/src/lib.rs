@@ -7,10 +7,12 @@
 
 mod call_id;
 mod decode;
+mod decoded;
 mod error;
 mod gemma_call;
 mod grammar;
 mod grammar_args;
+mod grammar_pieces;
 mod inline_calls;
 mod json_scan;
 mod messages;

@@ -6,7 +6,8 @@
 //! back as text: nothing the model wrote is lost.
 
 use crate::call_id::new_call_id;
-use crate::decode::{decode, Decoded};
+use crate::decode::decode;
+use crate::decoded::Decoded;
 use crate::json_scan::{JsonEnd, Scan};
 use crate::request::Tool;
 use crate::syntax::ToolSyntax;
@@ -373,10 +374,10 @@ fn mistral_json_start(body: &str) -> Result<Option<usize>, ()> {
     }
     if let Some(at) = t.find("[ARGS]") {
         let name = t[..at].trim_end();
-        let ok = !name.is_empty() && name.chars().all(crate::decode::is_name_char);
+        let ok = !name.is_empty() && name.chars().all(crate::decoded::is_name_char);
         return if ok { Ok(Some(lead + at + "[ARGS]".len())) } else { Err(()) };
     }
-    let name_len = t.find(|c| !crate::decode::is_name_char(c)).unwrap_or(t.len());
+    let name_len = t.find(|c| !crate::decoded::is_name_char(c)).unwrap_or(t.len());
     if partial_suffix(&t[name_len..], &["[ARGS]"]) == t.len() - name_len {
         Ok(None)
     } else {

@@ -2,7 +2,7 @@
 //! `<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>`.
 //! Values are raw text, so their JSON type comes from the tool's schema.
 
-use crate::decode::{is_name_char, Decoded};
+use crate::decoded::{is_name_char, Decoded};
 use crate::request::Tool;
 use serde_json::{Map, Number, Value};
 

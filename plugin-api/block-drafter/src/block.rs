@@ -18,7 +18,8 @@
 
 use crate::config::{Args, Backbone};
 use model_kit::attention::{sdpa, update, Mask};
-use model_kit::layers::{Linear, LoadCtx, Mlp, RmsNorm};
+use model_kit::layers::{Linear, LoadCtx, RmsNorm};
+use model_kit::mlp::Mlp;
 use model_kit::rope::{Position, Rope};
 use model_kit::{Array, Result};
 use plugin_api::CacheBox;

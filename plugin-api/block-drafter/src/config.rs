@@ -121,10 +121,10 @@ impl Args {
         ceiling(self.width, self.window, context)
     }
 
+    /// The arguments of a config.json in the layout's own format (one in
+    /// speculators' format is mapped onto it by `speculators::args` first).
     pub fn from_config(text: &str, layout: Layout) -> Result<Self> {
         match layout {
-            // The same network in speculators' layout (`speculators.rs`).
-            Layout::DFlash if crate::speculators::declared(text) => crate::speculators::args(text),
             Layout::DFlash => Self::from_dflash(text),
             Layout::DeepSpec => Self::from_deepspec(text),
         }

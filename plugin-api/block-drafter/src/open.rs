@@ -73,7 +73,13 @@ pub fn open(args: &DrafterOpenArgs, host: HostServicesBox, layout: Layout) -> Re
     };
     let text = std::fs::read_to_string(dir.join("config.json"))
         .map_err(|e| PluginError::io(format!("{}: {e}", dir.join("config.json").display())))?;
-    let mut a = Args::from_config(&text, layout).map_err(|e| bad(e.what().to_owned()))?;
+    // A DFlash network may come in speculators' layout (`speculators.rs`).
+    let mut a = if layout == Layout::DFlash && crate::speculators::declared(&text) {
+        crate::speculators::args(&text)
+    } else {
+        Args::from_config(&text, layout)
+    }
+    .map_err(|e| bad(e.what().to_owned()))?;
     let side = side_file(&dir)?;
     if let Some(g) = side.as_ref().and_then(|s| s.gamma) {
         a.width = a.width.min(g + 1);

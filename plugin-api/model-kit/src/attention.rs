@@ -5,6 +5,7 @@
 //! `caps::LAYOUT_ATTENTION`) lets the layout attend itself where it stores
 //! K/V in a form plain attention cannot read (quantized schemes).
 
+pub use crate::mask::Mask;
 use crate::rope::Position;
 use crate::{error, Array, Result};
 use mlx_rs::fast::ScaledDotProductAttentionMask;
@@ -14,13 +15,6 @@ use plugin_sdk::{into_array, into_tensor, lend};
 
 fn boundary<T>(r: RResult<T, PluginError>) -> Result<T> {
     r.into_result().map_err(|e| error(format!("cache layout: {e}")))
-}
-
-/// The attention mask for the next `queries` tokens of one layer.
-pub enum Mask {
-    None,
-    Causal,
-    Array(Array),
 }
 
 impl Mask {

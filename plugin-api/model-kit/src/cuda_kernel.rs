@@ -8,6 +8,7 @@
 //! a kernel is described, not built, and its launches are recorded.
 
 use crate::cuda_capture::{self, Launched};
+pub use crate::cuda_source::Template;
 use crate::cuda_source::{self, Input};
 use crate::ops;
 use crate::{error, Array, Dtype, Result};
@@ -28,12 +29,6 @@ pub fn cached(cell: &'static Cached, make: impl FnOnce() -> Result<CudaKernel>) 
         return make().map(|k| &*Box::leak(Box::new(k)));
     }
     cell.get_or_init(|| make().map_err(|e| e.to_string())).as_ref().map_err(|e| error(e.clone()))
-}
-
-/// A template argument of the kernel's body (a compile-time constant).
-pub enum Template {
-    Int(&'static str, i32),
-    Bool(&'static str, bool),
 }
 
 /// One launch: threads in all (`grid`, per axis) and per block, the

@@ -3,8 +3,13 @@
 //! MLX's `build_kernel`), so this is the text NVRTC sees on the device. The
 //! compile check (`kernel_check`) builds the same text without a GPU.
 
-use crate::cuda_kernel::Template;
 use crate::Dtype;
+
+/// A template argument of the kernel's body (a compile-time constant).
+pub enum Template {
+    Int(&'static str, i32),
+    Bool(&'static str, bool),
+}
 
 /// The header MLX puts before every custom kernel.
 const HEADER: &str = "\n#include \"mlx/backend/cuda/device/utils.cuh\"\n\n#include <cooperative_groups.h>\n\n";

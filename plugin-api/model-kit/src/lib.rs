@@ -28,6 +28,9 @@ pub mod kernel_check;
 #[cfg(test)]
 mod kernels_compile;
 pub mod layers;
+pub mod lm_head;
+pub mod mask;
+pub mod mlp;
 pub mod moe;
 pub mod ops;
 pub mod qk_norm_rope;

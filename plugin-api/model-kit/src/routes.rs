@@ -42,11 +42,20 @@ pub struct Routes {
     pub fused_gemv: bool,
 }
 
+/// Queries up to this long take `short_attention`'s unfused path on a GPU,
+/// unless the model option `attention-unfused-max` says another length.
+pub const MAX_QUERY: i32 = 2048;
+
+/// Queries up to this long attend one by one (`short_attention::per_query`)
+/// on a GPU when the mask is causal or absent; the model option
+/// `attention-per-query-max` overrides (0 = off).
+pub const PER_QUERY_MAX: i32 = 16;
+
 impl Default for Routes {
     fn default() -> Self {
         Self {
-            per_query_max: crate::short_attention::PER_QUERY_MAX,
-            unfused_max: crate::short_attention::MAX_QUERY,
+            per_query_max: PER_QUERY_MAX,
+            unfused_max: MAX_QUERY,
             bucket_causal: true,
             decode_kernel: true,
             fused_conv: true,

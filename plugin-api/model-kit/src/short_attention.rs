@@ -23,14 +23,11 @@
 //! (docs/benchmarks.md). Per-query attention is also the decode step's
 //! arithmetic, so a verify's logits stay closest to plain decoding's.
 
-use crate::attention::Mask;
+use crate::mask::Mask;
 use crate::{Array, Result};
 use mlx_rs::ops::select;
 use mlx_rs::Dtype;
 
-/// Queries up to this long take the unfused path on a GPU, unless the
-/// model option `attention-unfused-max` says another length (`routes`).
-pub const MAX_QUERY: i32 = 2048;
 /// The most score elements (batch x query heads x queries x keys) the
 /// unfused path materialises: 2^26, 128 MiB in bf16. Measured on the H200
 /// with prompt lengths new to the process: at 16 heads (Qwen3-0.6B) a
@@ -39,11 +36,6 @@ pub const MAX_QUERY: i32 = 2048;
 /// 2000 tokens (2^27) and the 2048-token chunks of 4000 ran 1.1-1.2x faster
 /// through MLX's sdpa (docs/benchmarks.md, "Prefill of new prompt lengths").
 pub const MAX_SCORES: i64 = 1 << 26;
-
-/// Queries up to this long attend one by one ([`per_query`]) on a GPU when
-/// the mask is causal or absent; the model option `attention-per-query-max`
-/// overrides (0 = off; `routes`).
-pub const PER_QUERY_MAX: i32 = 16;
 
 fn per_query_limit() -> i32 {
     crate::routes::current().per_query_max

@@ -14,7 +14,8 @@
 use crate::config::{Args, LayerArgs};
 use crate::head::Head;
 use model_kit::attention::{sdpa, Mask};
-use model_kit::layers::{Linear, LoadCtx, Mlp, RmsNorm};
+use model_kit::layers::{Linear, LoadCtx, RmsNorm};
+use model_kit::mlp::Mlp;
 use model_kit::rope::{Position, Rope};
 use model_kit::{Array, Result};
 use plugin_sdk::mlx_rs::ops;

@@ -8,7 +8,8 @@
 use model_kit::attention::Mask;
 use model_kit::config::Config;
 use model_kit::gated_attention::{GatedAttention, GatedAttentionShape};
-use model_kit::layers::{Linear, LoadCtx, Mlp, RmsNorm};
+use model_kit::layers::{Linear, LoadCtx, RmsNorm};
+use model_kit::mlp::Mlp;
 use model_kit::{error, Array, Result};
 use plugin_api::CacheBox;
 use plugin_sdk::mlx_rs::ops;

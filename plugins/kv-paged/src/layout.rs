@@ -78,7 +78,7 @@ impl PagedKv {
             return;
         }
         for &key in rows.iter().flat_map(|r| r.keys.iter()) {
-            if let Some(p) = registry::find(key) {
+            if let Some(p) = registry::find::<std::sync::Mutex<pool::Pool>>(key) {
                 if pool::lock(&p).geometry == self.geometry {
                     self.pool = Some(p);
                     return;

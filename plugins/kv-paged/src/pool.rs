@@ -179,7 +179,7 @@ impl Pool {
     pub fn register(&mut self, i: u32, key: Key) {
         self.keys[i as usize] = Some(key);
         self.by_key.insert(key, i);
-        registry::publish(key, self.id, self.me.clone());
+        registry::publish(key, self.id, self.me.clone() as registry::Holder);
         SEALED.fetch_add(1, Ordering::Relaxed);
         BYTES.fetch_add(self.block_bytes, Ordering::Relaxed);
         REFERENCES.fetch_add(self.refs[i as usize] as u64, Ordering::Relaxed);

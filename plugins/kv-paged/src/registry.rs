@@ -11,10 +11,10 @@
 //! (each layer's caches then share one pool: the 1-row cache of a prefix-
 //! cache hit, the batch it merges into, the cohort that became the batch).
 
-use crate::pool::Shared;
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// A block's identity across exports and imports.
 pub type Key = (u64, u64);
@@ -39,7 +39,11 @@ fn nonce() -> u64 {
     })
 }
 
-type Map = HashMap<Key, (u64, Weak<Mutex<crate::pool::Pool>>)>;
+/// A pool, as this map holds it: weakly (a pool no cache holds is gone),
+/// and by any type, so that this map needs nothing of the pool's.
+pub type Holder = Weak<dyn Any + Send + Sync>;
+
+type Map = HashMap<Key, (u64, Holder)>;
 
 fn map() -> &'static Mutex<Map> {
     static M: OnceLock<Mutex<Map>> = OnceLock::new();
@@ -51,7 +55,7 @@ fn lock() -> std::sync::MutexGuard<'static, Map> {
 }
 
 /// Records that pool `id` holds `key` (the latest holder wins).
-pub fn publish(key: Key, id: u64, pool: Weak<Mutex<crate::pool::Pool>>) {
+pub fn publish(key: Key, id: u64, pool: Holder) {
     lock().insert(key, (id, pool));
 }
 
@@ -65,6 +69,6 @@ pub fn withdraw(key: Key, id: u64) {
 
 /// The live pool recorded for `key`. (Never called with a pool locked:
 /// pools lock this map while they are locked.)
-pub fn find(key: Key) -> Option<Shared> {
-    lock().get(&key).and_then(|(_, p)| p.upgrade())
+pub fn find<P: Send + Sync + 'static>(key: Key) -> Option<Arc<P>> {
+    lock().get(&key).and_then(|(_, p)| p.upgrade()).and_then(|p| p.downcast::<P>().ok())
 }

@@ -9,7 +9,8 @@ use crate::attention::{Attention, KvSource, SharedKv};
 use crate::moe::MoeBranch;
 use model_kit::attention::Mask;
 use model_kit::compiled::gelu_approx;
-use model_kit::layers::{Linear, LoadCtx, Mlp, RmsNorm};
+use model_kit::layers::{Linear, LoadCtx, RmsNorm};
+use model_kit::mlp::Mlp;
 use model_kit::{Array, Result};
 
 /// `h + norm(proj(gelu_approx(gate(h)) * per_layer_input))`.

@@ -15,6 +15,7 @@
 use crate::args::Linear as Geometry;
 use crate::delta_kernel;
 use crate::options::Options;
+use crate::recurrence::Recurrence;
 use model_kit::compiled::{self, silu, Compiled};
 use model_kit::depthwise_conv::DepthwiseConv;
 use model_kit::fused_layers;
@@ -241,15 +242,6 @@ fn repeat_heads(q: &Array, k: &Array, repeat: usize) -> Result<(Array, Array)> {
     } else {
         Ok((q.clone(), k.clone()))
     }
-}
-
-/// What the recurrence over a call's tokens gives: `y` `[B, T, Hv, Dv]`
-/// (q's dtype), the final state `[B, Hv, Dv, Dk]` float32, and when asked
-/// the state after each token `[B, T, Hv, Dv, Dk]`.
-pub struct Recurrence {
-    pub y: Array,
-    pub state: Array,
-    pub states: Option<Array>,
 }
 
 /// `gated_delta_ops` after `repeat_heads`: one step per token. With a

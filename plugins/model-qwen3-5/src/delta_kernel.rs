@@ -15,7 +15,7 @@
 //! the key dimension differs (docs/benchmarks.md, "The gated DeltaNet on
 //! the GPU").
 
-use crate::delta::Recurrence;
+use crate::recurrence::Recurrence;
 use model_kit::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use model_kit::{error, Array, Dtype, Result};
 

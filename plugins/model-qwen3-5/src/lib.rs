@@ -17,6 +17,7 @@ mod delta;
 mod delta_kernel;
 mod moe;
 mod options;
+mod recurrence;
 
 use args::Args;
 use delta::DeltaNet;
@@ -25,7 +26,9 @@ use model_kit::checkpoint::{config_error, Checkpoint};
 use model_kit::config::Config;
 use model_kit::gated_attention::GatedAttention as Attention;
 use model_kit::graph::{input_tokens, into_model, Family};
-use model_kit::layers::{Embedding, LmHead, LoadCtx, Mlp, RmsNorm as Norm};
+use model_kit::layers::{Embedding, LoadCtx, RmsNorm as Norm};
+use model_kit::lm_head::LmHead;
+use model_kit::mlp::Mlp;
 use model_kit::routes::take_options;
 use model_kit::taps::Taps;
 use model_kit::weights::Weights;

@@ -3,7 +3,8 @@
 //! expert (a SwiGLU MLP) scaled by `sigmoid(shared_expert_gate(x))`.
 
 use crate::args::Moe;
-use model_kit::layers::{Linear, LoadCtx, Mlp};
+use model_kit::layers::{Linear, LoadCtx};
+use model_kit::mlp::Mlp;
 use model_kit::moe::{Router, SparseMoe, SwitchGlu, SwitchLinear};
 use model_kit::ops::slice;
 use model_kit::{Array, Result};

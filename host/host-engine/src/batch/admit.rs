@@ -5,7 +5,7 @@
 
 use super::state::{Joiner, Scheduler};
 use crate::admission::MemoryModel;
-use crate::engine::EngineError;
+use crate::error::EngineError;
 use crate::job::{Event, Job};
 use crate::plan::Mechanism;
 use std::sync::atomic::Ordering;

@@ -8,7 +8,7 @@ use crate::job::Finish;
 use crate::lockstep::{self, Intake, Side};
 use crate::plan::Mechanism;
 use crate::queue::Inbox;
-use crate::worker::Work;
+use crate::work::Work;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::TryRecvError;
 
@@ -94,7 +94,7 @@ impl Scheduler<'_> {
 
     /// Under `--tp` a failed batched step ends the process: the ranks could
     /// no longer run the same steps.
-    pub(super) fn step_failed_in_lockstep(&self, e: &crate::engine::EngineError) {
+    pub(super) fn step_failed_in_lockstep(&self, e: &crate::error::EngineError) {
         if lockstep::side().is_some() {
             lockstep::fatal(&format!("a batched step failed: {e}"));
         }

@@ -13,7 +13,8 @@
 //! distinct head, and each member lands from that row's state. Layouts that
 //! share by reference (kv-paged) then hold one copy for all of them.
 
-use crate::engine::{Engine, EngineError};
+use crate::engine::Engine;
+use crate::error::EngineError;
 use plugin_api::abi_stable::std_types::RSlice;
 use plugin_api::CacheBox;
 
@@ -110,7 +111,7 @@ impl Cohort {
                 ids.push(if c < pad { h[0] } else { h[c - pad] });
             }
         }
-        let input = crate::engine::token_array(&ids).reshape(&[b as i32, cols as i32])?;
+        let input = crate::tensors::token_array(&ids).reshape(&[b as i32, cols as i32])?;
         engine.prefill_chunk(&input, &mut self.caches)?;
         self.done += cols;
         Ok(self.done >= self.width)

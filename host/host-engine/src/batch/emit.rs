@@ -3,7 +3,8 @@
 //! out of the batch caches.
 
 use super::state::{Row, Scheduler};
-use crate::engine::{Engine, EngineError};
+use crate::engine::Engine;
+use crate::error::EngineError;
 use crate::job::{Event, Finish, Flow, GenerateResult, TokenOut};
 use crate::sampling::top_logprobs;
 use crate::serial::logprob_of;

@@ -7,9 +7,9 @@
 //! plan allows, into the prefix cache.
 
 use super::cohort::{self, Cohort};
-use super::spec_round::RowSpec;
+use super::row_spec::RowSpec;
 use super::state::{Joiner, Row, Scheduler};
-use crate::engine::EngineError;
+use crate::error::EngineError;
 use crate::sampling::Sampler;
 use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::CacheBox;

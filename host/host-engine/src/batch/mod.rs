@@ -17,19 +17,21 @@
 
 mod admit;
 mod agree;
+mod ahead;
 mod cohort;
 mod emit;
 mod joining;
+mod row_spec;
 mod spec_round;
 mod state;
 mod step;
 
 pub use state::Scheduler;
 
-use crate::engine::EngineError;
+use crate::error::EngineError;
 use crate::job::Event;
 use crate::lockstep::Intake;
-use crate::worker::Work;
+use crate::work::Work;
 use std::sync::atomic::Ordering;
 
 impl Scheduler<'_> {

@@ -25,73 +25,18 @@
 //! padded forward replays each row's kept tokens (`replay_kept`).
 
 use super::emit::{handle_token, Outcome};
+use super::row_spec::RowSpec;
 use super::state::Scheduler;
-use crate::engine::{model_err, token_array, Engine, EngineError};
-use crate::job::Job;
-use crate::plan::Method;
+use crate::error::{model_err, EngineError};
 use crate::sampling::Sampler;
-use crate::speculation::clock::RowCost;
-use crate::speculation::{commit_failed, draft_probability_rows, draft_sampling, emitted, SpecStats};
-use crate::target_states::States;
+use crate::speculation::{commit_failed, draft_probability_rows, draft_sampling, emitted};
+use crate::tensors::token_array;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;
-use plugin_api::{DraftArgs, DrafterBox};
+use plugin_api::DraftArgs;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-/// A row's speculation state.
-pub struct RowSpec {
-    pub stats: SpecStats,
-    depth: usize,
-    max_depth: usize,
-    cost: RowCost,
-    /// This row's own drafter, for drafters with per-request state
-    /// (two-model: its own draft caches over the shared draft weights).
-    /// None: the engine's one history-only drafter serves the row.
-    own: Option<DrafterBox>,
-}
-
-impl RowSpec {
-    /// Speculation for a batched row, when its plan speculates (the plan
-    /// only says so inside a batch when the drafter can serve batched rows).
-    /// `states`: the prompt's target states, for a drafter that reads them.
-    pub fn for_job(engine: &Engine, job: &Job, states: Option<States>) -> Option<Self> {
-        let drafting = engine.drafting().filter(|_| job.plan.method == Method::Speculative)?;
-        let max_depth = drafting.depth;
-        let mut spec = Self {
-            stats: SpecStats {
-                kind: drafting.kind.clone(),
-                accepted_by_position: vec![0; max_depth],
-                ..Default::default()
-            },
-            depth: max_depth,
-            max_depth,
-            cost: RowCost::default(),
-            own: None,
-        };
-        if !drafting.history_only() {
-            // Its own instance, fed the prompt as the serial path does.
-            let prompt = RSlice::from_slice(&job.request.prompt);
-            let opened = drafting.open_instance().map_err(|e| e.to_string()).and_then(|mut d| {
-                let prefilled = match &states {
-                    Some(s) => s.lend(|s| d.prefill_states(prompt, s)),
-                    None => d.prefill(prompt),
-                };
-                prefilled.into_result().map(|_| d).map_err(|e| e.to_string())
-            });
-            match opened {
-                Ok(d) => spec.own = Some(d),
-                Err(e) => spec.stats.disabled = Some(format!("could not open this row's drafter ({e}): plain steps")),
-            }
-        }
-        Some(spec)
-    }
-
-    fn active(&self) -> bool {
-        self.stats.disabled.is_none()
-    }
-}
 
 /// What one row's round emits (`t[..=n]`) and how many drafts it accepted (`n`).
 type Verdict = (Vec<u32>, usize);

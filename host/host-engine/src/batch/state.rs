@@ -1,9 +1,9 @@
 //! What the batch scheduler holds between iterations: running rows, their
 //! shared caches, joiners still prefilling, and the jobs waiting their turn.
 
+use super::ahead::Ahead;
 use super::cohort::Cohort;
-use super::spec_round::RowSpec;
-use super::step::Ahead;
+use super::row_spec::RowSpec;
 use crate::admission::{Budget, MemoryModel};
 use crate::constraint::{Constraint, GrammarError};
 use crate::engine::Engine;

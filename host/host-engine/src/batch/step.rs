@@ -12,10 +12,12 @@
 //! outside a step (a joiner merging, a speculative round) first reads it
 //! (`settle`).
 
+use super::ahead::Ahead;
 use super::emit::{handle_token, Outcome};
 use super::state::Scheduler;
-use crate::engine::{token_array, EngineError};
+use crate::error::EngineError;
 use crate::sampling::Sampler;
+use crate::tensors::token_array;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use std::sync::atomic::Ordering;
@@ -24,29 +26,6 @@ use std::time::Instant;
 /// Batched decode steps between clearings of MLX's buffer cache (as
 /// mlx-lm's batch generator).
 const CLEAR_CACHE_EVERY: u32 = 512;
-
-/// A decode step queued on the device whose tokens are not read yet. Its
-/// input, each row's pending token, is already in the batch caches.
-pub(super) struct Ahead {
-    /// The sampled tokens `[B]` (uint32).
-    y: Array,
-    /// Each row's logprobs `[1, V]`.
-    lps: Vec<Array>,
-}
-
-impl Ahead {
-    /// Only the rows in `keep` (indices into the rows it was built for).
-    fn keep(self, keep: &[u32], rows: usize) -> Result<Self, EngineError> {
-        if keep.len() == rows {
-            return Ok(self);
-        }
-        let idx = Array::from_slice(keep, &[keep.len() as i32]);
-        let y = self.y.take_axis(&idx, 0)?;
-        let mut lps: Vec<Option<Array>> = self.lps.into_iter().map(Some).collect();
-        let lps = keep.iter().map(|&i| lps[i as usize].take().expect("kept rows are distinct")).collect();
-        Ok(Self { y, lps })
-    }
-}
 
 impl Scheduler<'_> {
     /// One decode step over every row.

@@ -2,16 +2,12 @@
 //! mask is built once per model (lazily, on the first constrained request)
 //! and shared by every row's matcher.
 
+use super::error::{reason, GrammarError};
 use super::{Constraint, ConstraintSource, Grammar, MaskClock};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use std::path::Path;
 use std::sync::Arc;
-
-/// Why a grammar cannot be used: the message says what is wrong with it.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct GrammarError(pub String);
 
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
@@ -93,13 +89,6 @@ impl GrammarCompiler {
         }
         Ok(Constraint::new(matcher, self.vocab, self.eos.clone(), self.clock.clone()).compiled_from(grammar))
     }
-}
-
-/// llguidance's error without the parser state it appends (`<state>…`),
-/// which is for llguidance's own debugging, not for a client.
-pub(super) fn reason(e: impl std::fmt::Display) -> String {
-    let e = e.to_string();
-    e.split("\n<state>").next().unwrap_or_default().trim_end().to_owned()
 }
 
 /// `schema` with the JSON layout answers are written in, unless the client

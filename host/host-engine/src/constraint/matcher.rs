@@ -3,7 +3,8 @@
 //! A row may reason before it answers: behind a `ReasoningGate` the
 //! grammar constrains only what follows the reasoning block's end marker.
 
-use super::{GrammarError, MaskClock};
+use super::error::{reason, GrammarError};
+use super::MaskClock;
 use llguidance::Matcher;
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,7 +72,7 @@ impl std::fmt::Debug for Constraint {
 }
 
 fn failed(what: &str, e: impl std::fmt::Display) -> GrammarError {
-    GrammarError(format!("the grammar's matcher failed to {what}: {}", super::compiler::reason(e)))
+    GrammarError(format!("the grammar's matcher failed to {what}: {}", reason(e)))
 }
 
 impl Constraint {

@@ -12,9 +12,11 @@
 //! (speculative rounds). It is what the field's servers use.
 
 mod compiler;
+mod error;
 mod matcher;
 
-pub use compiler::{GrammarCompiler, GrammarError};
+pub use compiler::GrammarCompiler;
+pub use error::GrammarError;
 pub use matcher::{Constraint, ConstraintSource, ReasoningGate};
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,7 +7,8 @@ use super::wire::{read_message, write_message, FailedBy, FromEngine, Hello, Refu
 use crate::embed::EmbedJob;
 use crate::job::{Event, Flow, Job};
 use crate::tokenizer::TextSide;
-use crate::worker::{SubmitError, Worker};
+use crate::work::SubmitError;
+use crate::worker::Worker;
 use std::collections::HashSet;
 use std::io::{self, BufWriter, Write};
 use std::os::unix::net::UnixStream;

@@ -5,10 +5,10 @@
 
 use super::wire::{write_message, FromEngine, Refusal, ToEngine, WireEvent, WireJob, WireRequest};
 use crate::embed::EmbedJob;
-use crate::engine::EngineError;
+use crate::error::EngineError;
 use crate::job::{Event, Flow, Job};
 use crate::stats::Stats;
-use crate::worker::SubmitError;
+use crate::work::SubmitError;
 use std::collections::HashMap;
 use std::io::{BufWriter, Write};
 use std::os::unix::net::UnixStream;

@@ -5,9 +5,10 @@
 
 use crate::admission::{Budget, MemoryModel};
 use crate::constraint::ConstraintSource;
-use crate::job::{GenerateRequest, GenerateResult, TokenOut};
+use crate::job::{GenerateResult, TokenOut};
 use crate::plan::{Planner, ResolvedExecution};
 use crate::pooling::{Pooling, PoolingError};
+use crate::request::GenerateRequest;
 use crate::sampling::SamplingParams;
 use crate::stats::StatsSnapshot;
 use serde::{Deserialize, Serialize};
@@ -159,8 +160,8 @@ pub enum FailedBy {
 }
 
 impl FailedBy {
-    pub fn of(e: &crate::engine::EngineError) -> Self {
-        use crate::engine::EngineError as E;
+    pub fn of(e: &crate::error::EngineError) -> Self {
+        use crate::error::EngineError as E;
         match e {
             E::InvalidRequest(_) => Self::Request,
             E::Grammar(_) => Self::Grammar,
@@ -169,8 +170,8 @@ impl FailedBy {
     }
 
     /// The error the host's side reports for `message`.
-    pub fn error(self, message: String) -> crate::engine::EngineError {
-        use crate::engine::EngineError as E;
+    pub fn error(self, message: String) -> crate::error::EngineError {
+        use crate::error::EngineError as E;
         match self {
             Self::Request => E::InvalidRequest(message),
             Self::Grammar => E::Grammar(crate::constraint::GrammarError(message)),

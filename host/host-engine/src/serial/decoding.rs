@@ -4,8 +4,10 @@
 //! which the next step feeds).
 
 use crate::constraint::Constraint;
-use crate::engine::{Engine, EngineError};
-use crate::job::{Finish, Flow, GenerateRequest, TokenOut};
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::job::{Finish, Flow, TokenOut};
+use crate::request::GenerateRequest;
 use crate::sampling::{top_logprobs, Sampler};
 use mlx_rs::Array;
 use std::time::Instant;

@@ -9,9 +9,11 @@ mod decoding;
 mod plain;
 mod speculative;
 
-use crate::engine::{Engine, EngineError};
-use crate::job::{Event, Finish, Flow, GenerateRequest, GenerateResult, Job, TokenOut};
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::job::{Event, Finish, Flow, GenerateResult, Job, TokenOut};
 use crate::plan::{Method, ResolvedExecution};
+use crate::request::GenerateRequest;
 use crate::stats::Stats;
 use crate::target_states::States;
 use decoding::Decoding;

@@ -7,9 +7,11 @@
 
 use super::decoding::Decoding;
 use crate::constraint::Constraint;
-use crate::engine::{token_array, Engine, EngineError};
+use crate::engine::Engine;
+use crate::error::EngineError;
 use crate::job::{Finish, Flow, TokenOut};
 use crate::sampling::Sampler;
+use crate::tensors::token_array;
 use mlx_rs::Array;
 use plugin_api::CacheBox;
 use std::time::Instant;

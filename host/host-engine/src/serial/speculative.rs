@@ -6,11 +6,13 @@
 use super::decoding::Decoding;
 use super::plain;
 use crate::drafting::Drafting;
-use crate::engine::{model_err, token_array, Engine, EngineError};
+use crate::engine::Engine;
+use crate::error::{model_err, EngineError};
 use crate::job::{Finish, Flow, TokenOut};
 use crate::sampling::Sampler;
 use crate::speculation::{clock, commit_failed, draft_probability_rows, draft_sampling, emitted, rejection, SpecStats};
 use crate::target_states::States;
+use crate::tensors::token_array;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;

@@ -132,7 +132,7 @@ pub(crate) fn draft_sampling(sampler: &Sampler, position: usize) -> DraftSamplin
 pub(crate) fn draft_probability_rows(rows: ROption<plugin_api::Tensor>, sampler: &Sampler, n: usize) -> Option<Array> {
     use mlx_rs::ops::indexing::IndexOp;
     let t = rows.into_option().filter(|_| !sampler.params.is_greedy() && n > 0)?;
-    let q = crate::engine::tensor_array(t);
+    let q = crate::tensors::tensor_array(t);
     if q.ndim() != 2 || (q.shape()[0] as usize) < n {
         return None;
     }

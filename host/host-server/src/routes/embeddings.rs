@@ -10,7 +10,7 @@ use crate::wire::Fields;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use host_engine::worker::SubmitError;
+use host_engine::work::SubmitError;
 use host_engine::{EmbedJob, EngineError};
 use serde_json::{json, Value};
 
