@@ -2,8 +2,11 @@
 
 use crate::cache::CacheBox;
 use crate::error::PResult;
-use crate::layer_need::LayerNeed;
-use crate::tensor::{Dtype, Tensor, TensorRef};
+// Named through this module too: plugins written against earlier 2.x
+// releases import them from here.
+pub use crate::layer_need::{LayerNeed, NeedKind};
+pub use crate::tensor::Dtype;
+use crate::tensor::{Tensor, TensorRef};
 use abi_stable::sabi_trait;
 use abi_stable::std_types::{RBox, ROption, RSlice, RSliceMut, RString, RVec, Tuple2};
 use abi_stable::StableAbi;

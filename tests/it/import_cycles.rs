@@ -63,19 +63,27 @@ fn code_only(text: &str) -> String {
 
 /// Each module's imports of other modules of its crate.
 fn imports(files: &BTreeMap<Module, String>) -> BTreeMap<Module, BTreeSet<Module>> {
-    let reexport = Regex::new(r"pub(?:\([^)]*\))?\s+use\s+(?:self::)?(\w+)::(\{[^}]*\}|\w+)\s*;").unwrap();
+    let reexport = Regex::new(r"pub(?:\([^)]*\))?\s+use\s+(?:self::)?(\w+)::(\{[^}]*\}|\w+|\*)\s*;").unwrap();
+    let item = Regex::new(r"pub(?:\([^)]*\))?\s+(?:struct|enum|union|trait|type|fn|const|static)\s+(\w+)").unwrap();
     let path = Regex::new(r"\b(crate|super|self)((?:::\w+)+)(::\{[^}]*\})?").unwrap();
-    let group = Regex::new(r"\b(crate|super)::\{([^}]*)\}").unwrap();
+    let group = Regex::new(r"\b(crate|super|self)::(\{[^}]*\}|\*)").unwrap();
+    // A path that starts at a child module (`child::item` in its parent).
+    let bare = Regex::new(r"(?:^|[^:\w])(\w+)::(\w+|\{[^}]*\}|\*)").unwrap();
     let word = Regex::new(r"\w+").unwrap();
-    // A module's re-exported names -> the child module that defines them.
+    // A module's re-exported names -> the child module that defines them
+    // (`pub use child::*` re-exports every public item the child defines).
     let mut reexported: BTreeMap<Module, BTreeMap<String, Module>> = BTreeMap::new();
     for (m, code) in files {
         for c in reexport.captures_iter(code) {
             let child: Module = m.iter().cloned().chain([c[1].to_owned()]).collect();
-            if files.contains_key(&child) {
-                for n in word.find_iter(&c[2]) {
-                    reexported.entry(m.clone()).or_default().insert(n.as_str().to_owned(), child.clone());
-                }
+            let Some(child_code) = files.get(&child) else { continue };
+            let names: Vec<String> = if &c[2] == "*" {
+                item.captures_iter(child_code).map(|i| i[1].to_owned()).collect()
+            } else {
+                word.find_iter(&c[2]).map(|n| n.as_str().to_owned()).collect()
+            };
+            for n in names {
+                reexported.entry(m.clone()).or_default().insert(n, child.clone());
             }
         }
     }
@@ -92,11 +100,10 @@ fn imports(files: &BTreeMap<Module, String>) -> BTreeMap<Module, BTreeSet<Module
     let mut edges = BTreeMap::new();
     for (m, code) in files {
         let parent: Module = m[..m.len().saturating_sub(1)].to_vec();
-        let is_dir_module = |m: &Module| files.keys().any(|k| k.len() > m.len() && k.starts_with(m));
         let base = |head: &str| -> Module {
             match head {
                 "crate" => vec![],
-                "self" if is_dir_module(m) || m.is_empty() => m.clone(),
+                "self" => m.clone(),
                 _ => parent.clone(),
             }
         };
@@ -122,8 +129,20 @@ fn imports(files: &BTreeMap<Module, String>) -> BTreeMap<Module, BTreeSet<Module
             }
         }
         for c in group.captures_iter(code) {
+            if &c[2] == "*" {
+                add(base(&c[1]), vec![]);
+            }
             for n in word.find_iter(&c[2]) {
                 add(base(&c[1]), vec![n.as_str().to_owned()]);
+            }
+        }
+        for c in bare.captures_iter(code) {
+            let child: Module = m.iter().cloned().chain([c[1].to_owned()]).collect();
+            if files.contains_key(&child) {
+                add(m.clone(), vec![c[1].to_owned()]);
+                for n in word.find_iter(&c[2]) {
+                    add(m.clone(), vec![c[1].to_owned(), n.as_str().to_owned()]);
+                }
             }
         }
         edges.insert(m.clone(), to);
@@ -204,4 +223,32 @@ fn the_circle_check_finds_a_circle_through_a_reexport() {
     .map(|(m, text)| (m, code_only(&text)))
     .collect();
     assert_eq!(a_circle(&imports(&files)), None);
+}
+
+#[test]
+fn the_circle_check_follows_paths_from_a_parent_and_glob_reexports() {
+    let m = |p: &[&str]| -> Module { p.iter().map(|s| s.to_string()).collect() };
+    // A parent naming its child by a bare path, the child importing the parent.
+    let files: BTreeMap<Module, String> = [
+        (m(&[]), "mod api;\n".to_owned()),
+        (m(&["api"]), "mod reply;\nuse reply::Meta;\npub struct Keep;\n".to_owned()),
+        (m(&["api", "reply"]), "use super::Keep;\npub struct Meta;\n".to_owned()),
+    ]
+    .into();
+    let c = a_circle(&imports(&files)).expect("api -> api/reply -> api");
+    assert_eq!(c.len(), 3, "{c:?}");
+    // A glob re-export at the root, and a glob import of a parent.
+    let files: BTreeMap<Module, String> = [
+        (m(&[]), "pub mod a;\npub mod b;\npub use a::*;\n".to_owned()),
+        (m(&["a"]), "use crate::b::other;\npub struct Thing;\n".to_owned()),
+        (m(&["b"]), "use crate::Thing;\npub fn other() {}\n".to_owned()),
+    ]
+    .into();
+    assert!(a_circle(&imports(&files)).is_some(), "a -> b -> a through `pub use a::*`");
+    let files: BTreeMap<Module, String> = [
+        (m(&["x"]), "mod y;\nuse y::f;\npub struct S;\n".to_owned()),
+        (m(&["x", "y"]), "use super::*;\npub fn f() {}\n".to_owned()),
+    ]
+    .into();
+    assert!(a_circle(&imports(&files)).is_some(), "x -> x/y -> x through `use super::*`");
 }

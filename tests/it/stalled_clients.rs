@@ -1,7 +1,8 @@
 //! Clients that open a connection and stop sending: a request head that
 //! never completes loses its connection, and a body that stops part-way
 //! gets a 408 in the path's API shape, each after `--read-timeout`; the
-//! server answers others meanwhile and afterwards.
+//! server answers others meanwhile and afterwards. Routes off the API read
+//! no body.
 
 use it::{model, Server};
 use serde_json::{json, Value};
@@ -78,5 +79,20 @@ fn a_body_that_stops_part_way_gets_a_408_in_the_apis_shape() {
         assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
         assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("stopped arriving")), "{v}");
     }
+    answered(&s);
+}
+
+#[test]
+fn a_route_off_the_api_leaves_a_stalled_body_unread() {
+    // Only the API's routes read bodies: others answer without waiting for
+    // one (with --api-key, an unauthenticated client cannot make the server
+    // buffer bodies there).
+    let s = start();
+    let mut sock = connect(&s);
+    write!(sock, "POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n{{\"a\": ").unwrap();
+    let mut head = [0u8; 12];
+    sock.read_exact(&mut head).unwrap();
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 405"), "{head}");
     answered(&s);
 }

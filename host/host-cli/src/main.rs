@@ -9,6 +9,7 @@ mod kl_cmd;
 mod kv_cmd;
 mod model_load;
 mod model_options;
+mod plugin_registry;
 mod plugins_cmd;
 mod random_shape;
 mod runtime_switch;
@@ -19,8 +20,7 @@ mod tp_launch;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use host_engine::{runtime, DtypeChoice, Engine, EngineConfig, SamplingParams, SpeculationConfig};
-use host_loader::Registry;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -226,18 +226,6 @@ enum Command {
     },
 }
 
-fn host_info() -> plugin_api::HostInfo {
-    plugin_api::HostInfo {
-        abi_version: plugin_api::ABI_VERSION,
-        host_version: env!("CARGO_PKG_VERSION").into(),
-        mlx_version: runtime::mlx_version().into(),
-    }
-}
-
-pub(crate) fn registry(dir: &Path) -> Result<std::sync::Arc<Registry>> {
-    Registry::discover(dir, &host_info()).map(std::sync::Arc::new).map_err(anyhow::Error::from)
-}
-
 /// The engine `generate`, `fit` and `logits` run: no prefix cache.
 fn engine(m: &ModelArgs, speculation: Option<SpeculationConfig>) -> Result<Engine> {
     engine_over_ranks(m, speculation, 1)
@@ -245,7 +233,7 @@ fn engine(m: &ModelArgs, speculation: Option<SpeculationConfig>) -> Result<Engin
 
 /// `engine`, as this rank's part of a model split over `ranks` (`--tp`).
 fn engine_over_ranks(m: &ModelArgs, speculation: Option<SpeculationConfig>, ranks: usize) -> Result<Engine> {
-    let reg = registry(&m.dir.plugins)?;
+    let reg = plugin_registry::registry(&m.dir.plugins)?;
     for r in &reg.refused {
         eprintln!("plugin refused: {} ({}): {}", r.name.as_deref().unwrap_or("?"), r.dir.display(), r.reason);
     }
@@ -279,7 +267,7 @@ fn main() -> Result<ExitCode> {
         }
         Some(Command::Probe { size, dtype, iters }) => probe(size, &dtype, iters)?,
         Some(Command::Plugins { dir, json }) => {
-            let reg = registry(&dir.plugins)?;
+            let reg = plugin_registry::registry(&dir.plugins)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&plugins_cmd::report(&reg))?);
             } else {

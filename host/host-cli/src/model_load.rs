@@ -32,7 +32,7 @@ pub struct Loaded {
 pub fn load(a: &ServeArgs, model_dir: &std::path::Path, t0: Instant, ranks: usize) -> Result<Loaded> {
     let plugins = a.plugins.clone().unwrap_or_else(|| PathBuf::from("plugins"));
     stage(0, 4, "discovering plugins", t0);
-    let reg = crate::registry(&plugins)?;
+    let reg = crate::plugin_registry::registry(&plugins)?;
     for r in &reg.refused {
         eprintln!("plugin refused: {} ({}): {}", r.name.as_deref().unwrap_or("?"), r.dir.display(), r.reason);
     }

@@ -150,7 +150,7 @@ pub fn start(tp: &TpArgs, check: impl FnOnce(usize) -> Result<()>) -> Result<Rol
 
 /// The model's refusals of `ranks`, from config.json and the plugins alone.
 pub fn check_model(plugins: &std::path::Path, model: &std::path::Path, ranks: usize) -> Result<()> {
-    let reg = crate::registry(plugins)?;
+    let reg = crate::plugin_registry::registry(plugins)?;
     let options: Vec<(String, String)> = model_option(ranks).into_iter().collect();
     reg.check_over_ranks(model, &options).with_context(|| format!("loading {}", model.display()))
 }

@@ -69,7 +69,7 @@ pub fn router(st: AppState) -> Router {
         .with_state(st)
 }
 
-/// Auth, the body read whole (its size and stall errors), plain-text
+/// Auth, an API body read whole (its size and stall errors), plain-text
 /// rejections reshaped into the path's API JSON shape, and counters,
 /// around every route.
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
@@ -87,15 +87,21 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
         ServerStats::bump(&st.stats.client_errors);
         return shaped_for(&path, ApiError::too_large(st.cfg.body_limit));
     }
-    let (parts, body) = req.into_parts();
-    let body = match body_read::read_whole(body, st.cfg.body_limit, st.cfg.read_timeout).await {
-        Ok(b) => b,
-        Err(e) => {
-            ServerStats::bump(&st.stats.client_errors);
-            return shaped_for(&path, e);
+    // The API's bodies (after auth); no other route reads one, so theirs
+    // are left unread.
+    let req = if path.starts_with("/v1/") {
+        let (parts, body) = req.into_parts();
+        match body_read::read_whole(body, st.cfg.body_limit, st.cfg.read_timeout).await {
+            Ok(b) => Request::from_parts(parts, b.into()),
+            Err(e) => {
+                ServerStats::bump(&st.stats.client_errors);
+                return shaped_for(&path, e);
+            }
         }
+    } else {
+        req
     };
-    let resp = next.run(Request::from_parts(parts, body.into())).await;
+    let resp = next.run(req).await;
     let status = resp.status();
     if status.is_client_error() {
         ServerStats::bump(&st.stats.client_errors);

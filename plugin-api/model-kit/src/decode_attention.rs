@@ -29,7 +29,7 @@ use crate::{error, Array, Dtype, Result};
 /// in, once per kind of K/V storage (`DENSE`, `PAGED`); `MASK_ROW` and
 /// `MASK_SKIP` are the mask's lines ([`MASK_LINES`]) or nothing. A block's
 /// row is one (batch row, query) pair: the masked kernels take one query
-/// per batch row, the unmasked one up to `PER_QUERY_MAX`; `SEEN` says how
+/// per batch row, the unmasked one up to `routes::PER_QUERY_MAX`; `SEEN` says how
 /// many of the `T` keys the pair's query attends to (`TS`).
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;

@@ -13,7 +13,7 @@
 //! not materialising the scores matters more. On the CPU MLX already takes
 //! this path inside `fast::scaled_dot_product_attention`.
 //!
-//! Shorter still (up to `PER_QUERY_MAX` queries, causal or unmasked: a
+//! Shorter still (up to `routes::PER_QUERY_MAX` queries, causal or unmasked: a
 //! serial verify, a drafter's catch-up), each query attends alone through
 //! the fused single-query kernel over its causal prefix of the keys (a
 //! free slice), as a decode step does. The matmuls of the unfused path

@@ -2,8 +2,10 @@
 //! mask is built once per model (lazily, on the first constrained request)
 //! and shared by every row's matcher.
 
+use super::clock::MaskClock;
 use super::error::{reason, GrammarError};
-use super::{Constraint, ConstraintSource, Grammar, MaskClock};
+use super::grammar::Grammar;
+use super::matcher::{Constraint, ConstraintSource};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use std::path::Path;

@@ -3,8 +3,8 @@
 //! A row may reason before it answers: behind a `ReasoningGate` the
 //! grammar constrains only what follows the reasoning block's end marker.
 
+use super::clock::MaskClock;
 use super::error::{reason, GrammarError};
-use super::MaskClock;
 use llguidance::Matcher;
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,7 +29,7 @@ pub struct Constraint {
 /// A constraint as a request asked for it: its grammar and reasoning gate.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq)]
 pub struct ConstraintSource {
-    pub grammar: super::Grammar,
+    pub grammar: super::grammar::Grammar,
     pub gate: Option<ReasoningGate>,
 }
 
@@ -80,7 +80,7 @@ impl Constraint {
         Self { matcher, vocab, eos, clock, gate: None, source: None, known: None }
     }
 
-    pub(crate) fn compiled_from(mut self, grammar: &super::Grammar) -> Self {
+    pub(crate) fn compiled_from(mut self, grammar: &super::grammar::Grammar) -> Self {
         self.source = Some(ConstraintSource { grammar: grammar.clone(), gate: None });
         self
     }
@@ -115,7 +115,6 @@ impl Constraint {
     /// vocabulary. Every EOS id is allowed exactly where the grammar may
     /// end; once it has ended, only EOS is.
     pub fn allowed_words(&mut self) -> Result<Vec<u32>, GrammarError> {
-        let started = Instant::now();
         let n = self.vocab.div_ceil(32);
         let mut words = match self.phase() {
             Phase::Free => {
@@ -136,7 +135,6 @@ impl Constraint {
         if !self.vocab.is_multiple_of(32) {
             words[n - 1] &= (1u32 << (self.vocab % 32)) - 1;
         }
-        self.clock.record_mask(started.elapsed());
         Ok(words)
     }
 
@@ -145,6 +143,7 @@ impl Constraint {
         if let Some(words) = &self.known {
             return Ok(words.clone());
         }
+        let started = Instant::now();
         let vob = self.matcher.compute_mask_or_eos().map_err(|e| failed("compute a mask", e))?;
         let n = self.vocab.div_ceil(32);
         let mut words: Vec<u32> = vob.as_slice().iter().copied().chain(std::iter::repeat(0)).take(n).collect();
@@ -155,6 +154,7 @@ impl Constraint {
             words[i] = if may_end { words[i] | bit } else { words[i] & !bit };
         }
         self.known = Some(words.clone());
+        self.clock.record_mask(started.elapsed());
         Ok(words)
     }
 

@@ -53,7 +53,7 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
         &mut o,
         "grammar_masks_total",
         "counter",
-        "Grammar masks computed (one per constrained row and step).",
+        "Grammar masks the matchers computed (about one per constrained row and step; none inside a reasoning block).",
         masks,
     );
     metric(&mut o, "grammar_mask_seconds_total", "counter", "CPU time spent computing grammar masks.", mask_s);

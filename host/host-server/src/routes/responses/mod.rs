@@ -4,6 +4,7 @@
 //! `previous_response_id`: its conversation, then the new input, so the
 //! prompt begins with the tokens the prefix cache already holds.
 
+mod keep;
 mod reply;
 mod request;
 mod sealed;
@@ -13,7 +14,6 @@ use crate::answer::{new_id, Answer};
 use crate::error::ApiError;
 use crate::gen;
 use crate::prompt::{self, Rendered};
-use crate::response_store::StoredResponse;
 use crate::state::{unix_now, AppState};
 use crate::tool_plan::{choice_out, plan_tools};
 use axum::body::Bytes;
@@ -22,6 +22,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use keep::Keep;
 use reply::Meta;
 use request::CreateRequest;
 use serde_json::{json, Map, Value};
@@ -57,7 +58,7 @@ pub async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response,
     let run = gen::submit(&st, &id, engine_req)?;
     let out = choice_out(0, text, Vec::new(), syntax, &req.tools.tools, reasoning.as_ref());
     let answer = Answer::new(st.clone(), id.clone(), run, out);
-    let keep = Keep { st: st.clone(), conversation, store: req.store };
+    let keep = Keep::new(st.clone(), conversation, req.store);
     let meta = Meta {
         id,
         created_at: unix_now(),
@@ -110,61 +111,4 @@ fn previous_not_found(id: &str) -> ApiError {
     );
     e.code = Some("previous_response_not_found");
     e
-}
-
-/// What a finished response leaves in the store: the conversation it
-/// answered, then its output as the assistant's turn.
-pub(super) struct Keep {
-    st: AppState,
-    conversation: Vec<Value>,
-    store: bool,
-}
-
-impl Keep {
-    fn keep(self, id: &str, body: &Value, output: &[Value]) {
-        if !self.store {
-            return;
-        }
-        let mut conversation = self.conversation;
-        conversation.push(assistant_turn(output));
-        if !self.st.responses.put(id, StoredResponse { body: body.clone(), conversation }) {
-            tracing::warn!(id, "the response is larger than the response store's cap: not stored");
-        }
-    }
-}
-
-/// Output items as the chat message a template renders for them.
-fn assistant_turn(output: &[Value]) -> Value {
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    let mut reasoning: Option<String> = None;
-    for item in output {
-        match item["type"].as_str() {
-            Some("reasoning") => {
-                for part in item["content"].as_array().into_iter().flatten() {
-                    reasoning.get_or_insert_with(String::new).push_str(part["text"].as_str().unwrap_or_default());
-                }
-            }
-            Some("message") => {
-                for part in item["content"].as_array().into_iter().flatten() {
-                    text.push_str(part["text"].as_str().unwrap_or_default());
-                }
-            }
-            Some("function_call") => calls.push(json!({
-                "id": item["call_id"],
-                "type": "function",
-                "function": { "name": item["name"], "arguments": item["arguments"] },
-            })),
-            _ => {}
-        }
-    }
-    let content = if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) };
-    let mut m = json!({ "role": "assistant", "content": content });
-    if !calls.is_empty() {
-        m["tool_calls"] = Value::Array(calls);
-    }
-    if let Some(r) = reasoning {
-        m["reasoning_content"] = Value::String(r);
-    }
-    m
 }

@@ -7,8 +7,8 @@
 //! `response.completed` or `response.incomplete`), every event numbered
 //! by `sequence_number`.
 
+use super::keep::Keep;
 use super::request::Echo;
-use super::Keep;
 use crate::answer::{new_id, Answer, Ended, Ending, Step};
 use crate::choice::{Call, Piece};
 use crate::error::ApiError;
