@@ -75,28 +75,28 @@ pub fn router(st: AppState) -> Router {
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
     ServerStats::bump(&st.stats.http_requests);
     let path = req.uri().path().to_owned();
+    let refuse = |e: ApiError| {
+        ServerStats::bump(&st.stats.client_errors);
+        shaped_for(&path, e)
+    };
+    let api = path.starts_with("/v1/");
     if let Some(key) = &st.cfg.api_key {
-        if path.starts_with("/v1/") && !auth::has_key(&req, key) {
-            ServerStats::bump(&st.stats.client_errors);
-            return shaped_for(&path, ApiError::unauthorized());
+        if api && !auth::has_key(&req, key) {
+            return refuse(ApiError::unauthorized());
         }
     }
     let declared =
         req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > st.cfg.body_limit) {
-        ServerStats::bump(&st.stats.client_errors);
-        return shaped_for(&path, ApiError::too_large(st.cfg.body_limit));
+        return refuse(ApiError::too_large(st.cfg.body_limit));
     }
     // The API's bodies (after auth); no other route reads one, so theirs
     // are left unread.
-    let req = if path.starts_with("/v1/") {
+    let req = if api {
         let (parts, body) = req.into_parts();
         match body_read::read_whole(body, st.cfg.body_limit, st.cfg.read_timeout).await {
             Ok(b) => Request::from_parts(parts, b.into()),
-            Err(e) => {
-                ServerStats::bump(&st.stats.client_errors);
-                return shaped_for(&path, e);
-            }
+            Err(e) => return refuse(e),
         }
     } else {
         req
@@ -106,8 +106,9 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
     if status.is_client_error() {
         ServerStats::bump(&st.stats.client_errors);
         if resp.headers().get("content-type").is_none_or(|v| v.as_bytes().starts_with(b"text/plain")) {
-            // An extractor's plain-text rejection (a body that ended early
-            // or was badly chunked): the same status in the API's shape.
+            // An extractor's plain-text rejection (a query string
+            // `/debug/release` cannot parse): the same status in the
+            // path's shape. (API bodies fail in `body_read`, shaped.)
             let text = axum::body::to_bytes(resp.into_body(), 4096).await.unwrap_or_default();
             let message = String::from_utf8_lossy(&text).trim().to_owned();
             return shaped_for(&path, ApiError::client(status, message));

@@ -22,9 +22,11 @@ pub async fn serve_until(
     head_timeout: Option<Duration>,
     stop: impl Future<Output = ()>,
 ) {
+    // Each connection holds a receiver until it closes, so the sender's
+    // `closed()` resolves once every connection is gone.
     let (stopping, stopping_rx) = watch::channel(false);
-    // Each connection holds a receiver; `closed()` resolves when all are gone.
-    let (open_tx, open_rx) = watch::channel(());
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(head_timeout);
     let mut stop = pin!(stop);
     loop {
         let sock = tokio::select! {
@@ -45,10 +47,8 @@ pub async fn serve_until(
         let _ = sock.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let mut stopping = stopping_rx.clone();
-        let open = open_rx.clone();
+        let http = http.clone();
         tokio::spawn(async move {
-            let mut http = hyper::server::conn::http1::Builder::new();
-            http.timer(TokioTimer::new()).header_read_timeout(head_timeout);
             let mut conn = pin!(http.serve_connection(TokioIo::new(sock), service));
             tokio::select! {
                 r = conn.as_mut() => if let Err(e) = r {
@@ -59,10 +59,9 @@ pub async fn serve_until(
                     let _ = conn.await;
                 }
             }
-            drop(open);
         });
     }
     let _ = stopping.send(true);
-    drop((open_rx, listener));
-    open_tx.closed().await;
+    drop((stopping_rx, listener));
+    stopping.closed().await;
 }

@@ -78,7 +78,8 @@ impl PagedKv {
             return;
         }
         for &key in rows.iter().flat_map(|r| r.keys.iter()) {
-            if let Some(p) = registry::find::<std::sync::Mutex<pool::Pool>>(key) {
+            let found: Option<Shared> = registry::find(key);
+            if let Some(p) = found {
                 if pool::lock(&p).geometry == self.geometry {
                     self.pool = Some(p);
                     return;
