@@ -196,6 +196,30 @@ fn bad_anthropic_requests_get_anthropic_errors_and_the_server_keeps_serving() {
             "tool_use_id",
         ),
         (
+            "tool_result answering no tool_use",
+            "POST",
+            MESSAGES,
+            j(json!({"model": "m", "max_tokens": 4, "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "x"}]}]})),
+            400,
+            bad,
+            "unexpected `tool_use_id` found in `tool_result` blocks: t9",
+        ),
+        (
+            "tool_use without its tool_result",
+            "POST",
+            MESSAGES,
+            j(json!({"model": "m", "max_tokens": 4, "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {"role": "user", "content": "y"}]})),
+            400,
+            bad,
+            "without `tool_result` blocks immediately after: t1",
+        ),
+        (
             "tool_use input not an object",
             "POST",
             MESSAGES,

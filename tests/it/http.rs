@@ -53,6 +53,29 @@ fn forty_bad_requests_get_openai_errors_and_the_server_keeps_serving() {
             400,
             "tool_call_id",
         ),
+        (
+            "tool result answering no call",
+            "POST",
+            c,
+            j(
+                json!({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]}),
+            ),
+            400,
+            "'call_9' answers no tool call",
+        ),
+        (
+            "tool call left unanswered",
+            "POST",
+            c,
+            j(json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "x"},
+                {"role": "user", "content": "y"}]})),
+            400,
+            "has none for: c2",
+        ),
         ("user message without content", "POST", c, j(json!({"messages": [{"role": "user"}]})), 400, "content"),
         ("content wrong type", "POST", c, j(json!({"messages": [{"role": "user", "content": 5}]})), 400, "content"),
         (

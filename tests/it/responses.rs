@@ -129,6 +129,28 @@ fn bad_responses_requests_get_openai_errors_and_the_server_keeps_serving() {
             "JSON object",
         ),
         (
+            "a function_call_output answering no call",
+            "POST",
+            r,
+            j(create(json!([{"type": "function_call_output", "call_id": "c9", "output": "x"}]), json!({}))),
+            400,
+            "input",
+            "no tool call found for function call output with call_id 'c9'",
+        ),
+        (
+            "a function_call without its output",
+            "POST",
+            r,
+            j(create(
+                json!([{"type": "message", "role": "user", "content": "x"},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]),
+                json!({}),
+            )),
+            400,
+            "input",
+            "no tool output found for function call c1",
+        ),
+        (
             "a function_call_output without output",
             "POST",
             r,

@@ -29,6 +29,7 @@ pub mod state;
 mod structured;
 pub mod system_rules;
 mod tool_plan;
+mod unpaired;
 mod wire;
 
 use crate::error::{shaped_for, ApiError};

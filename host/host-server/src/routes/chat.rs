@@ -12,6 +12,7 @@ use crate::respond::{self, Api, Ctx};
 use crate::state::{unix_now, AppState};
 use crate::structured;
 use crate::tool_plan::{choice_out, plan_tools, tool_error};
+use crate::unpaired;
 use crate::wire::{Common, Fields};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -31,6 +32,7 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         Some(_) => return Err(ApiError::param("messages", "`messages` must be an array")),
     };
     let normalized = host_tools::template_messages(messages).map_err(tool_error)?;
+    host_tools::pair_tool_results(&normalized).map_err(unpaired::chat)?;
     let tools = ToolRequest::from_body(&Value::Object(obj.clone())).map_err(tool_error)?;
     let common = Common::parse(&f, "max_tokens")?;
     let wants = f.boolean("logprobs")?;

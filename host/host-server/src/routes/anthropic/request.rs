@@ -10,6 +10,7 @@ use crate::error::ApiError;
 use crate::reasoning::Ask;
 use crate::structured::Requested;
 use crate::tool_plan::tool_error;
+use crate::unpaired;
 use crate::wire::{Common, Fields};
 use host_engine::constraint::Grammar;
 use host_tools::{ToolError, ToolRequest};
@@ -43,6 +44,7 @@ impl MessagesRequest {
         }
         let mut conversation = system(f.value("system"))?;
         conversation.extend(messages(f.value("messages"))?);
+        host_tools::pair_tool_results(&conversation).map_err(unpaired::messages)?;
         let messages = host_tools::template_messages(&conversation).map_err(tool_error)?;
         let tools = tools(obj)?;
         if f.value("metadata").is_some_and(|m| !m.is_object()) {

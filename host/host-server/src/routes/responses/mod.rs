@@ -16,6 +16,7 @@ use crate::gen;
 use crate::prompt::{self, Rendered};
 use crate::state::{unix_now, AppState};
 use crate::tool_plan::{choice_out, plan_tools};
+use crate::unpaired;
 use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -44,6 +45,7 @@ pub async fn create(State(st): State<AppState>, body: Bytes) -> Result<Response,
     }
     // Items were checked as they were read; what is left to find here
     // (a call's arguments that are not JSON) is reported against `input`.
+    host_tools::pair_tool_results(&messages).map_err(unpaired::responses)?;
     let messages = host_tools::template_messages(&messages)
         .map_err(|e| ApiError::param("input", format!("{}: {}", e.param, e.message)))?;
     let tools = prompt::function_tools(&req.tools.tools);
