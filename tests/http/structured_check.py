@@ -1,7 +1,10 @@
 """Structured output against a live `host serve`, checked by independent
 validators: every answer that ends with `stop` must validate against its
 JSON Schema (Python `jsonschema`), match its regex (Python `re`) or be one
-of its choices; the official openai SDK's `parse` must return the model.
+of its choices; every corpus answer cut by `length` must be a prefix the
+schema allows (llguidance's own Python matcher over the answer's bytes:
+the same grammar library, driven apart from the server's masks, batches
+and drafts); the official openai SDK's `parse` must return the model.
 
 Usage: structured_check.py BASE_URL MODEL_DIR LABEL [--concurrency N] [--greedy-corpus]
 
@@ -18,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List, Literal
 
 import jsonschema
+import llguidance
+import llguidance.hf
 import openai
 import pydantic
 from transformers import AutoTokenizer
@@ -36,12 +41,22 @@ model = client.models.list().data[0].id
 tok = AutoTokenizer.from_pretrained(args.model_dir)
 SCHEMAS = json.loads((pathlib.Path(__file__).parent / "schemas.json").read_text())
 MSG = [{"role": "user", "content": "Describe something as JSON."}]
+LLTOK = llguidance.hf.from_tokenizer(tok)
 
 
 def check(cond, what):
     if not cond:
         raise AssertionError(f"[{args.label}] {what}")
     print(f"ok [{args.label}]:", what)
+
+
+def allowed_prefix(schema, text):
+    """How many of `text`'s tokens (as the tokenizer splits it) the schema's
+    grammar accepts in turn, and how many there are."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    matcher = llguidance.LLMatcher(LLTOK, grammar)
+    ids = tok.encode(text, add_special_tokens=False)
+    return matcher.validate_tokens(ids), len(ids), matcher.get_error()
 
 
 def ask(extra, messages=MSG, max_tokens=160, **kw):
@@ -58,6 +73,9 @@ def corpus_case(case):
     if c.finish_reason == "stop":
         value = json.loads(c.message.content)
         jsonschema.validate(value, schema)
+    else:
+        took, of, error = allowed_prefix(schema, c.message.content)
+        check(took == of, f"corpus {i} cut by length is a prefix its schema allows ({took}/{of} tokens; {error})")
     spec = (r.usage.model_extra or {}).get("speculation") or {}
     return c.finish_reason, spec.get("drafted", 0)
 
@@ -77,7 +95,30 @@ metrics = urllib.request.urlopen(args.base.removesuffix("/v1") + "/metrics").rea
 masks = int(re.search(r"^mlx_engine_grammar_masks_total (\d+)", metrics, re.M).group(1))
 check(masks > 0, f"/metrics counts grammar masks ({masks})")
 check(set(finishes) <= {"stop", "length"}, f"every corpus answer ends with stop or length: {set(finishes)}")
-check(stops >= 0.8 * len(cases), f"{stops}/{len(cases)} corpus answers complete, each valid under its schema")
+check(stops >= 0.8 * len(cases), f"{stops}/{len(cases)} corpus answers complete, each valid under its schema, the rest valid prefixes")
+
+# 1b. The corpus cut short: each answer is a prefix its schema allows (the
+# prefix check itself refuses one that is not).
+integer_a = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+took, of, _ = allowed_prefix(integer_a, '{"a": "x')
+check(took < of, f"the prefix check refuses a string where an integer goes ({took}/{of} tokens)")
+check(allowed_prefix(integer_a, '{"a": 1')[:2] == (len(tok.encode('{"a": 1', add_special_tokens=False)),) * 2, "the prefix check takes a good prefix")
+
+
+def cut_case(case):
+    i, schema = case
+    rf = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}
+    c = ask({}, response_format=rf, max_tokens=6, temperature=0).choices[0]
+    took, of, error = allowed_prefix(schema, c.message.content)
+    return c.finish_reason, took == of, f"{i}: {took}/{of} tokens of {c.message.content!r} ({error})"
+
+
+with ThreadPoolExecutor(args.concurrency) as pool:
+    cut = list(pool.map(cut_case, list(enumerate(SCHEMAS))))
+bad = [why for _, good, why in cut if not good]
+check(not bad, f"every corpus answer cut at 6 tokens is a prefix its schema allows: {bad}")
+cut_short = sum(f == "length" for f, _, _ in cut)
+check(cut_short >= len(SCHEMAS) // 2, f"{cut_short}/{len(SCHEMAS)} of them were cut by length")
 
 # 2. A grammar that cannot end within max_tokens ends with `length`, never a
 # "complete" invalid answer.

@@ -1,6 +1,7 @@
 //! Structured output end to end: `tests/http/structured_check.py` drives a
 //! live server with the openai SDK and validates every constrained answer
-//! with independent validators (jsonschema, re), in each way a row can run:
+//! with independent validators (jsonschema, re; llguidance's Python
+//! matcher for answers cut by `length`), in each way a row can run:
 //! batched and serial, greedy and sampled, with and without an n-gram
 //! drafter, on a random-weight model and (its corpus greedy) on the
 //! default model.

@@ -2,8 +2,10 @@
 //! numerical oracle (same MLX 0.32.4 runtime), the official openai and
 //! anthropic SDKs as HTTP clients, the GGUF reader that makes the default
 //! model folder, jsonschema, the independent validator of structured
-//! output, selenium, which drives Chromium through the chat page, and
-//! mlx-vlm, whose speculative round loops are the drafters' oracle.
+//! output, llguidance's Python matcher, which checks that an answer cut
+//! short is a prefix its schema allows, selenium, which drives Chromium
+//! through the chat page, and mlx-vlm, whose speculative round loops are
+//! the drafters' oracle.
 
 use crate::util::{cache_dir, fnv, run, step, symlink};
 use anyhow::Result;
@@ -19,6 +21,9 @@ pub const REQUIREMENTS: &[&str] = &[
     "anthropic==2.15.0",
     "gguf==0.19.0",
     "jsonschema==4.26.0",
+    // Checks that a structured answer cut by `length` is a prefix its
+    // schema allows (the same version as the engine's crate).
+    "llguidance==1.9.1",
     "selenium==4.51.0",
     // What mlx-vlm's speculative and Qwen3.5 modules import beyond mlx-lm's
     // own dependencies (models/scripts/mtp_oracle.py imports only those).
