@@ -109,15 +109,15 @@ check(args_done == [c.arguments for c in calls], "streamed arguments equal the w
 added = [e.item.type for e in events if e.type == "response.output_item.added"]
 check(added == ["function_call"] * len(calls), f"each call is an output item: {added}")
 
-# The call's result, continuing the stored response; the prefix cache serves it.
-call = calls[0]
-follow = create(previous_response_id=r.id, input=[{"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees, clear"}], tools=TOOLS, tool_choice="none", max_output_tokens=8, temperature=0)
+# The calls' results, continuing the stored response (each call answered,
+# as OpenAI requires); the prefix cache serves it.
+results = [{"type": "function_call_output", "call_id": c.call_id, "output": "18 degrees, clear"} for c in calls]
+follow = create(previous_response_id=r.id, input=results, tools=TOOLS, tool_choice="none", max_output_tokens=8, temperature=0)
 check(all(o.type == "message" for o in follow.output) and follow.previous_response_id == r.id, "tool_choice none answers the result in text")
 as_hf = [
     {"role": "user", "content": Q},
     {"role": "assistant", "content": None, "tool_calls": [{"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls]},
-    {"role": "tool", "tool_call_id": call.call_id, "name": call.name, "content": "18 degrees, clear"},
-]
+] + [{"role": "tool", "tool_call_id": c.call_id, "name": c.name, "content": "18 degrees, clear"} for c in calls]
 want = reference_tokens(as_hf, HF_TOOLS)
 check(follow.usage.input_tokens == want, f"the round trip renders as transformers does ({follow.usage.input_tokens} vs {want})")
 check(follow.usage.input_tokens_details.cached_tokens > 0, f"the follow-up's prefix is cached ({follow.usage.input_tokens_details.cached_tokens})")

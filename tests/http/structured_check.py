@@ -52,7 +52,11 @@ def check(cond, what):
 
 def allowed_prefix(schema, text):
     """How many of `text`'s tokens (as the tokenizer splits it) the schema's
-    grammar accepts in turn, and how many there are."""
+    grammar accepts in turn, and how many there are. The schema gets the
+    layout the server writes JSON in (docs/http-api.md: `", "` and `": "`,
+    no other whitespace) unless it names its own."""
+    if isinstance(schema, dict) and "x-guidance" not in schema:
+        schema = {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
     matcher = llguidance.LLMatcher(LLTOK, grammar)
     ids = tok.encode(text, add_special_tokens=False)
@@ -75,7 +79,7 @@ def corpus_case(case):
         jsonschema.validate(value, schema)
     else:
         took, of, error = allowed_prefix(schema, c.message.content)
-        check(took == of, f"corpus {i} cut by length is a prefix its schema allows ({took}/{of} tokens; {error})")
+        check(0 < took == of, f"corpus {i} cut by length is a prefix its schema allows ({took}/{of} tokens; {error})")
     spec = (r.usage.model_extra or {}).get("speculation") or {}
     return c.finish_reason, spec.get("drafted", 0)
 
@@ -103,14 +107,18 @@ integer_a = {"type": "object", "properties": {"a": {"type": "integer"}}, "requir
 took, of, _ = allowed_prefix(integer_a, '{"a": "x')
 check(took < of, f"the prefix check refuses a string where an integer goes ({took}/{of} tokens)")
 check(allowed_prefix(integer_a, '{"a": 1')[:2] == (len(tok.encode('{"a": 1', add_special_tokens=False)),) * 2, "the prefix check takes a good prefix")
+took, of, _ = allowed_prefix(integer_a, '{"a":1')
+check(took < of, f"the prefix check holds the server's layout (`\": \"`, {took}/{of} tokens)")
 
 
 def cut_case(case):
     i, schema = case
     rf = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}
     c = ask({}, response_format=rf, max_tokens=6, temperature=0).choices[0]
+    if c.finish_reason == "stop":
+        jsonschema.validate(json.loads(c.message.content), schema)
     took, of, error = allowed_prefix(schema, c.message.content)
-    return c.finish_reason, took == of, f"{i}: {took}/{of} tokens of {c.message.content!r} ({error})"
+    return c.finish_reason, 0 < took == of, f"{i}: {took}/{of} tokens of {c.message.content!r} ({error})"
 
 
 with ThreadPoolExecutor(args.concurrency) as pool:

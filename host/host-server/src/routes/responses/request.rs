@@ -172,13 +172,35 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
                     Some(Value::Object(last)) if m["role"] == "assistant" && reasoning_alone(last) => {
                         last.insert("content".into(), m["content"].clone());
                     }
+                    // Text written after the turn's calls (a response's
+                    // output echoed back) stays in that turn, as the stored
+                    // conversation keeps it, so its results still follow it.
+                    Some(Value::Object(last)) if m["role"] == "assistant" && calling(last) => {
+                        let text = format!(
+                            "{}{}",
+                            last["content"].as_str().unwrap_or_default(),
+                            m["content"].as_str().unwrap_or_default()
+                        );
+                        last.insert("content".into(), if text.is_empty() { Value::Null } else { Value::String(text) });
+                    }
                     _ => out.push(m),
                 }
             }
             Some("reasoning") => {
                 // A turn's reasoning opens that assistant turn; its answer
-                // and calls join it.
-                out.push(json!({ "role": "assistant", "content": "", "reasoning_content": reasoning_text(obj, &at)? }));
+                // and calls join it. Reasoning after the turn's calls (and
+                // before their results) is still that turn's.
+                let text = reasoning_text(obj, &at)?;
+                match out.last_mut() {
+                    Some(Value::Object(last)) if calling(last) => {
+                        let joined = format!(
+                            "{}{text}",
+                            last.get("reasoning_content").and_then(Value::as_str).unwrap_or_default()
+                        );
+                        last.insert("reasoning_content".into(), Value::String(joined));
+                    }
+                    _ => out.push(json!({ "role": "assistant", "content": "", "reasoning_content": text })),
+                }
             }
             Some("function_call") => {
                 let arguments = string(obj, "arguments", &at)?;
@@ -232,6 +254,11 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
         }
     }
     Ok(out)
+}
+
+/// An assistant turn with calls (their results, if any, come after it).
+fn calling(m: &Map<String, Value>) -> bool {
+    m.get("role").and_then(Value::as_str) == Some("assistant") && m.contains_key("tool_calls")
 }
 
 /// An assistant turn that so far holds only a reasoning item.
@@ -442,7 +469,9 @@ mod tests {
             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
             {"type": "reasoning", "id": "rs_3", "summary": []},
             {"type": "reasoning", "summary": [], "encrypted_content": super::super::sealed::seal("Sealed.")},
-            {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA-another-servers"}
+            {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA-another-servers"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "4C"},
+            {"type": "reasoning", "summary": [], "encrypted_content": super::super::sealed::seal("Sealed.")}
         ]);
         assert_eq!(
             Value::Array(input(&items).unwrap()),
@@ -450,14 +479,40 @@ mod tests {
                 {"role": "user", "content": "Hi"},
                 {"role": "assistant", "content": "Hello.", "reasoning_content": "Greet back."},
                 {"role": "user", "content": "Weather?"},
-                {"role": "assistant", "content": null, "reasoning_content": "Look it up.", "tool_calls": [
+                {"role": "assistant", "content": null, "reasoning_content": "Look it up.Sealed.", "tool_calls": [
                     {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
                 ]},
-                {"role": "assistant", "content": "", "reasoning_content": ""},
-                {"role": "assistant", "content": "", "reasoning_content": "Sealed."},
-                {"role": "assistant", "content": "", "reasoning_content": ""}
+                {"role": "tool", "tool_call_id": "call_1", "content": "4C"},
+                {"role": "assistant", "content": "", "reasoning_content": "Sealed."}
             ])
         );
+    }
+
+    #[test]
+    fn an_echoed_output_with_text_after_its_calls_is_one_turn_its_results_follow() {
+        // A response's output echoed back as input (store: false): the
+        // reasoning, a call, the text the model wrote after it, then the
+        // call's result. One assistant turn, as the stored conversation
+        // keeps it, so the result still answers the turn before it.
+        let items = json!([
+            {"role": "user", "content": "Weather?"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Look."}]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+            {"type": "function_call_output", "call_id": "call_1", "output": "4C"}
+        ]);
+        let messages = input(&items).unwrap();
+        assert_eq!(
+            Value::Array(messages.clone()),
+            json!([
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "Checking.", "reasoning_content": "Look.", "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "4C"}
+            ])
+        );
+        assert_eq!(host_tools::pair_tool_results(&messages), Ok(()));
     }
 
     #[test]
