@@ -1,9 +1,11 @@
 //! The gated DeltaNet mixer (mlx-lm `qwen3_5.GatedDeltaNet` with
 //! `gated_delta.py`'s ops path, the one mlx-lm runs off Metal): projections,
 //! a depthwise causal conv over a window kept by the cache layout, L2-normed
-//! q/k, the gated delta recurrence on a float32 state (on the GPU one
-//! kernel for all tokens, `delta_kernel`; elsewhere one compiled step per
-//! token), and a gated RMSNorm before the output projection.
+//! q/k, the gated delta recurrence on a float32 state, and a gated RMSNorm
+//! before the output projection. On the GPU the norms, gates and
+//! recurrence of all tokens are one kernel (`delta_kernel`) and the gated
+//! norm another (`gated_norm`); elsewhere they are MLX's ops, one compiled
+//! step per token for the recurrence.
 //!
 //! Cache protocol (plugins/state-recurrent): `attention_mask(L)` first, a
 //! bool `[B, L]` mask while a left-padded cohort's padding is pending (as
@@ -13,9 +15,10 @@
 //! too (`wants_position_states`), so that a rollback needs no replay.
 
 use crate::args::Linear as Geometry;
-use crate::delta_kernel;
+use crate::delta_kernel::{self, Gates};
+use crate::gated_norm;
 use crate::options::Options;
-use crate::recurrence::Recurrence;
+use crate::recurrence::{QkNorm, Recurrence};
 use model_kit::compiled::{self, silu, Compiled};
 use model_kit::depthwise_conv::DepthwiseConv;
 use model_kit::fused_layers;
@@ -154,18 +157,20 @@ impl DeltaNet {
             ROption::RSome(t) => into_array(t),
             ROption::RNone => zeros(&[b, g.v_heads as i32, g.v_dim as i32, g.k_dim as i32], Dtype::Float32)?,
         };
-        let (q, k) = normalize_qk(&q, &k, (g.k_dim as f64).powf(-0.5))?;
-        let beta = ops::sigmoid(&beta_in)?;
-        let decay = compute_g(&self.a_log, &a, &self.dt_bias)?;
         let every = self.position_states && cache.wants_position_states();
-        let on_kernel = if self.kernel && on_gpu() {
-            delta_kernel::recurrence(&q, &k, &v, &decay, &beta, &state, mask.as_ref(), every)?
+        let gpu = self.kernel && on_gpu();
+        let on_kernel = if gpu {
+            let gates = Gates { b: &beta_in, a: &a, a_log: &self.a_log, dt_bias: &self.dt_bias };
+            delta_kernel::core((&q, &k, &v), &gates, &state, mask.as_ref(), every)?
         } else {
             None
         };
         let Recurrence { y, state, states } = match on_kernel {
             Some(done) => done,
             None => {
+                let (q, k) = normalize_qk(&q, &k, &QkNorm::of(g.k_dim))?;
+                let beta = ops::sigmoid(&beta_in)?;
+                let decay = compute_g(&self.a_log, &a, &self.dt_bias)?;
                 let (q, k) = repeat_heads(&q, &k, g.v_heads / g.k_heads)?;
                 recurrence(&q, &k, &v, &decay, &beta, state, mask.as_ref(), every)?
             }
@@ -174,7 +179,10 @@ impl DeltaNet {
         if let Some(states) = states {
             boundary(cache.set_position_states(SSM_SLOT, into_tensor(states)))?;
         }
-        self.gated_norm(&y, &z)?.reshape(&[b, s, -1])
+        match gpu.then(|| gated_norm::fused(&y, &z, &self.norm, self.eps)).transpose()?.flatten() {
+            Some(out) => Ok(out),
+            None => self.gated_norm(&y, &z)?.reshape(&[b, s, -1]),
+        }
     }
 
     /// `Qwen3NextRMSNormGated` with a gate: `rms_norm(y)` times `silu(z)`,
@@ -206,14 +214,11 @@ fn padding_mask(cache: &CacheBox, b: i32, l: i32) -> Result<Option<Array>> {
     }
 }
 
-/// mlx-lm's `normalize_qk`: RMS norms with the reference L2 eps (1e-6,
-/// added to the sum of squares) moved onto the mean, the `Dk**-0.5` readout
-/// scale folded into q (squared) and k.
-fn normalize_qk(q: &Array, k: &Array, inv_scale: f64) -> Result<(Array, Array)> {
-    let eps = (1e-6 * inv_scale * inv_scale) as f32;
-    let dt = q.dtype();
-    let q = scalar(inv_scale * inv_scale, dt)?.multiply(mlx_rs::fast::rms_norm(q, None, eps)?)?;
-    let k = scalar(inv_scale, k.dtype())?.multiply(mlx_rs::fast::rms_norm(k, None, eps)?)?;
+/// mlx-lm's `normalize_qk`: RMS norms, then each scale as a scalar of q's
+/// and k's dtype.
+fn normalize_qk(q: &Array, k: &Array, n: &QkNorm) -> Result<(Array, Array)> {
+    let q = scalar(n.q_scale, q.dtype())?.multiply(mlx_rs::fast::rms_norm(q, None, n.eps)?)?;
+    let k = scalar(n.k_scale, k.dtype())?.multiply(mlx_rs::fast::rms_norm(k, None, n.eps)?)?;
     Ok((q, k))
 }
 

@@ -15,6 +15,7 @@
 mod args;
 mod delta;
 mod delta_kernel;
+mod gated_norm;
 mod moe;
 mod options;
 mod recurrence;

@@ -1,7 +1,8 @@
 //! The family's own model options (`--model-option KEY=VALUE`), taken out
 //! of the open arguments before model-kit reads its own:
-//! - `delta=kernel|ops`: `kernel` (the default) runs the DeltaNet
-//!   recurrence through `delta_kernel` on a GPU; `ops` keeps the ops route
+//! - `delta=kernel|ops`: `kernel` (the default) runs the DeltaNet's q/k
+//!   norms, gates and recurrence through `delta_kernel` and its gated norm
+//!   through `gated_norm` on a GPU; `ops` keeps the ops route
 //!   there too, mlx-lm's on CUDA, for parity checks and A/B runs. The CPU
 //!   always runs the ops route.
 //! - `rollback=states|replay`: `states` (the default) hands a recurrent
@@ -19,7 +20,7 @@ pub const KEYS: [&str; 2] = ["delta", "rollback"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {
-    /// Whether a GPU takes `delta_kernel`.
+    /// Whether a GPU takes `delta_kernel` and `gated_norm`.
     pub kernel: bool,
     /// Whether a speculative verify hands its position states.
     pub position_states: bool,
