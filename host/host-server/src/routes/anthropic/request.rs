@@ -214,7 +214,38 @@ fn messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
             None => return Err(ApiError::param(&format!("{at}.role"), format!("`{at}.role` must be a string"))),
         }
     }
-    Ok(out)
+    Ok(merge_turns(out))
+}
+
+/// Consecutive turns of one role as one turn, as Anthropic combines them:
+/// texts joined by a blank line, an assistant's calls and reasoning in
+/// order. Tool results stay apart (each answers its own call), so a user
+/// turn's text after its results still joins the next user turn.
+fn merge_turns(messages: Vec<Value>) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::with_capacity(messages.len());
+    for m in messages {
+        let joins = m["role"] != "tool" && out.last().is_some_and(|last| last["role"] == m["role"]);
+        let Some(last) = out.last_mut().filter(|_| joins) else {
+            out.push(m);
+            continue;
+        };
+        let text = |v: &Value| v.as_str().map(str::to_owned);
+        last["content"] = match (text(&last["content"]), text(&m["content"])) {
+            (Some(a), Some(b)) if !a.is_empty() && !b.is_empty() => json!(format!("{a}\n\n{b}")),
+            (Some(a), Some(b)) => json!(a + &b),
+            (a, b) => a.or(b).map_or(Value::Null, Value::String),
+        };
+        if let Some(calls) = m["tool_calls"].as_array() {
+            let joined =
+                last.as_object_mut().expect("a turn is an object").entry("tool_calls").or_insert_with(|| json!([]));
+            joined.as_array_mut().expect("tool_calls is an array").extend(calls.iter().cloned());
+        }
+        if let Some(r) = m["reasoning_content"].as_str() {
+            let before = last["reasoning_content"].as_str().unwrap_or_default().to_owned();
+            last["reasoning_content"] = json!(before + r);
+        }
+    }
+    out
 }
 
 /// A user turn: its text blocks as one user message, each `tool_result`
@@ -531,6 +562,43 @@ mod tests {
         };
         assert_eq!(off(json!({"type": "disabled"})).unwrap().thinking.enable, Some(false));
         assert_eq!(off(json!({"type": "adaptive"})).unwrap().thinking.enable, Some(true));
+    }
+
+    #[test]
+    fn consecutive_turns_of_one_role_are_one_turn() {
+        let body = json!({
+            "model": "m", "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "user", "content": [{"type": "text", "text": "In Oslo."}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "And the time.", "signature": "s"},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "t2", "name": "get_time", "input": {}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "4C"},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "noon"},
+                    {"type": "text", "text": "Thanks."}
+                ]},
+                {"role": "user", "content": "And tomorrow?"}
+            ]
+        });
+        let r = parse(body).unwrap();
+        let call =
+            |id: &str, name: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": {}}});
+        assert_eq!(
+            Value::Array(r.messages),
+            json!([
+                {"role": "user", "content": "Weather?\n\nIn Oslo."},
+                {"role": "assistant", "content": "Checking.", "reasoning_content": "And the time.",
+                 "tool_calls": [call("t1", "get_weather"), call("t2", "get_time")]},
+                {"role": "tool", "tool_call_id": "t1", "content": "4C", "name": "get_weather"},
+                {"role": "tool", "tool_call_id": "t2", "content": "noon", "name": "get_time"},
+                {"role": "user", "content": "Thanks.\n\nAnd tomorrow?"}
+            ])
+        );
     }
 
     #[test]
