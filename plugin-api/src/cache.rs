@@ -137,15 +137,19 @@ pub trait CacheLayout: Send {
     /// Replaces the content with a snapshot of the same signature.
     fn import_state(&mut self, state: CacheState) -> PResult<()>;
 
-    /// Starts a speculative round: remembers the current position of each row.
+    /// Starts a speculative round: remembers the current position of each
+    /// row. A layout advertising `caps::SPEC_PIPELINE` may be asked while
+    /// rounds are open: the new round is the youngest.
     fn spec_begin(&mut self) -> PResult<()>;
 
-    /// Accepts everything appended since `spec_begin`.
+    /// Accepts everything appended since `spec_begin` (of the OLDEST open
+    /// round, when rounds overlap).
     fn spec_commit(&mut self) -> PResult<()>;
 
     /// Keeps `keep[row]` of the tokens appended since `spec_begin` (one
     /// entry, or one per row) and drops the rest: by trim for KV layouts, by
-    /// snapshot and replay for recurrent state.
+    /// snapshot and replay for recurrent state. When rounds overlap, the
+    /// counts are of the oldest round, and every younger round is dropped.
     fn spec_rollback(&mut self, keep: RSlice<'_, u64>) -> PResult<()>;
 
     /// Rows held (1 for a serial cache).

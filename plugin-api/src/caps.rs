@@ -53,6 +53,12 @@ pub const SPEC_ROUND: &str = "spec-round";
 /// `keep[r]` as row r's padding (`attention_mask`) and advances row r by
 /// `keep[r]` (docs/plugin-guide.md).
 pub const SPEC_REPLAY: &str = "spec-replay";
+/// Rounds may overlap (v2.6): `spec_begin` while rounds are open opens a
+/// younger one; `spec_commit` settles the OLDEST open round;
+/// `spec_rollback(keep)` keeps `keep` tokens of the oldest and drops the
+/// rest, every younger round included. The host then queues a serial
+/// round before the previous one's verdict is read (pipelined rounds).
+pub const SPEC_PIPELINE: &str = "spec-pipeline";
 /// Row operations (merge/filter/extract/left padding) for batching.
 pub const ROWS: &str = "rows";
 /// `export_state` / `import_state` (prefix and disk caches).

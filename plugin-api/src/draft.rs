@@ -21,6 +21,13 @@
 //! host resolves them against the target's plan once, and at every round
 //! lends the row's K/V of those layers to `draft_kv` (instead of `draft`)
 //! as read-only views the cache layouts make (ABI 2.5).
+//!
+//! Pipelined rounds (ABI 2.7): on a greedy serial request whose cache
+//! layouts let rounds overlap (`caps::SPEC_PIPELINE`), the host asks a
+//! drafter that reads target states for the NEXT round's drafts
+//! (`draft_ahead`) while the current verify is still on the device, as if
+//! it accepts every draft, and queues that round's verify behind it. A
+//! verdict that falls short drops the queued round (caches and drafter).
 
 use crate::cache::CacheBox;
 use crate::error::PResult;
@@ -249,6 +256,40 @@ pub trait Drafter: Send {
         let _ = kv;
         self.draft(args)
     }
+
+    // --- v2.7: appended after the prefix.
+
+    /// Pipelined rounds (greedy, serial): drafts the round AFTER the one
+    /// being verified, before its verdict is read, as if it accepts every
+    /// draft. `args.pending` is that verify's bonus token, still on the
+    /// device; `args.states` its states, as `commit_states` will receive
+    /// them. Returns the drafts as uint32 `[n]` on the device (unread), or
+    /// `RNone` to decline, having changed nothing (the default).
+    ///
+    /// The next `commit_states` settles the round being verified: if it
+    /// accepts every draft, the round drafted here becomes the current one
+    /// (its own verify's `commit_states` follows); otherwise the drafter
+    /// forgets it. Only drafters that read target states are asked.
+    fn draft_ahead(&mut self, args: AheadArgs<'_>) -> PResult<ROption<Tensor>> {
+        let _ = args;
+        PResult::ROk(ROption::RNone)
+    }
+}
+
+/// What `Drafter::draft_ahead` drafts from (v2.7).
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct AheadArgs<'a> {
+    /// The history's length once the round being verified accepts every
+    /// draft, `pending` included (its drafts may not have been read yet).
+    pub history_len: u64,
+    /// uint32 `[1]`: the verify's bonus token, not read yet.
+    pub pending: TensorRef<'a>,
+    pub max_tokens: u32,
+    pub sampling: DraftSampling,
+    /// The verify's states (row 0 the round's pending token, row i its
+    /// i-th draft).
+    pub states: TargetStates<'a>,
 }
 
 pub type DrafterBox = Drafter_TO<'static, RBox<()>>;

@@ -70,6 +70,10 @@ fn mtp_rounds_match_the_reference_loop_and_greedy_decoding() {
         // Accepted and rejected drafts both happened, partial rounds too.
         let counts: Vec<u64> = ours.iter().map(|r| r.accepted).collect();
         assert!(counts.contains(&0) && counts.contains(&1) && counts.contains(&2), "{what}: accepted {counts:?}");
+        // Rounds ran pipelined (queued before the verdict before them was
+        // read), and partial rounds dropped the round queued behind them.
+        let (pipelined, dropped) = (sp["pipelined"].as_u64().unwrap(), sp["pipelined_dropped"].as_u64().unwrap());
+        assert!(pipelined > 0 && dropped > 0, "{what}: {sp}");
     }
 }
 
@@ -160,4 +164,41 @@ fn sampled_mtp_drafts_keep_the_target_distribution() {
     let spec = Server::start(&target, &["--batch", "1", "--draft-model", &head, "--speculate-always"]);
     let (drafted, accepted) = rejection_keeps_the_distribution(&plain, &spec, 400, sample_four, "mtp");
     assert!(0 < accepted && accepted < drafted, "accepted {accepted} of {drafted}: both outcomes expected");
+}
+
+/// Pipelined rounds (a round queued before the verdict before it is read)
+/// stop where the text does: a stop string cuts the request at several
+/// points, and each answer is the plain server's up to the stop; the whole
+/// answer afterwards (the prompt's state from the prefix cache) is the
+/// plain server's too.
+#[test]
+fn pipelined_rounds_stop_where_the_text_does() {
+    let dir = Scratch::new("mtp-stop");
+    oracle(&dir.0);
+    let target = dir.0.join("target");
+    let head = target.join("mtp").to_string_lossy().into_owned();
+    let prompt: Vec<u32> = PROMPT.split(',').map(|t| t.parse().unwrap()).collect();
+    let body = |stop: Option<&str>| {
+        let mut b = serde_json::json!({"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0});
+        if let Some(s) = stop {
+            b["stop"] = serde_json::json!([s]);
+        }
+        b
+    };
+    let plain = Server::start(&target, &["--batch", "1"]);
+    let whole = plain.post("/v1/completions", &body(None)).json()["choices"][0]["text"].as_str().unwrap().to_owned();
+    let chars: Vec<char> = whole.chars().collect();
+    let spec = Server::start(&target, &["--batch", "1", "--draft-model", &head, "--speculate-always"]);
+    let mut pipelined = 0;
+    for at in (4..chars.len().saturating_sub(4)).step_by(chars.len() / 6) {
+        let stop: String = chars[at..at + 2].iter().collect();
+        let want = plain.post("/v1/completions", &body(Some(&stop))).json();
+        let got = spec.post("/v1/completions", &body(Some(&stop))).json();
+        assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"], "stop {stop:?}");
+        assert_eq!(got["choices"][0]["finish_reason"], "stop", "stop {stop:?}: {got}");
+        pipelined += got["usage"]["speculation"]["pipelined"].as_u64().unwrap();
+    }
+    assert!(pipelined > 0, "no round ran pipelined");
+    let again = spec.post("/v1/completions", &body(None)).json();
+    assert_eq!(again["choices"][0]["text"].as_str(), Some(whole.as_str()), "after the stops");
 }

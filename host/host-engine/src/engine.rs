@@ -281,6 +281,19 @@ impl Engine {
         self.planner(batch_limit).plan(req)
     }
 
+    /// Whether every layer's layout lets speculative rounds overlap
+    /// (`caps::SPEC_PIPELINE`), so a serial round may be queued before the
+    /// previous one's verdict is read.
+    pub fn pipelines_rounds(&self) -> bool {
+        let overlaps = |name: &String| {
+            self.model
+                .layout_caps
+                .iter()
+                .any(|(n, t)| n == name && t.iter().any(|t| t == plugin_api::caps::SPEC_PIPELINE))
+        };
+        self.model.layouts.iter().all(overlaps)
+    }
+
     /// Per layer (cache order): whether its layout rolls back by snapshot
     /// and replay (`caps::SPEC_REPLAY`) rather than by dropping tokens.
     pub fn replay_layers(&self) -> Vec<bool> {

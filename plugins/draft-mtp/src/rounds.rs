@@ -18,6 +18,13 @@
 //! rule, kept for parity). Positions the host ran without states (prefix
 //! cache, plain steps) leave no rows: drafts then see less context, and
 //! the round after such a gap drafts nothing to re-seed.
+//!
+//! Pipelined rounds (`draft_ahead`): while a verify is on the device, the
+//! next round is drafted as if that verify accepts every draft: the rows
+//! its commit would queue run at once with the verify's bonus token,
+//! unread, and the chain continues from them. The commit that follows
+//! either adopts that round (every draft accepted) or trims its rows and
+//! settles as usual.
 
 use crate::head::Head;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RVec};
@@ -38,8 +45,9 @@ struct Seed {
 
 /// Rows waiting for the emitted token (the history's next last token).
 struct Queued {
-    /// Accepted drafts paired with verified hidden states (the first rows).
-    tokens: Vec<u32>,
+    /// Accepted drafts paired with verified hidden states (the first rows),
+    /// uint32 `[n]`; None when there are none.
+    tokens: Option<Array>,
     /// `[1, tokens + 1, H]`.
     hidden: Array,
     /// The history length at which the last row's token is known.
@@ -53,11 +61,32 @@ struct Chosen {
     q: Option<Array>,
 }
 
+/// A drafted round awaiting its verdict.
 struct Round {
-    drafts: Vec<u32>,
+    /// uint32 `[count]`, on the device until someone reads it.
+    drafts: Array,
+    count: usize,
     /// Rows this round appended to the cache (one per draft after d1).
     appended: usize,
     history: usize,
+    /// Each draft step's logits, kept for the trace only.
+    logits: Vec<Array>,
+}
+
+/// A round drafted ahead of the current round's verdict.
+struct Ahead {
+    round: Round,
+    /// Every row `draft_ahead` appended (the queued rows, then the chain's).
+    rows: usize,
+}
+
+/// What a chain of draft steps left: the drafts (uint32 `[n]`, unread), each
+/// step's logits, the rows appended, the sampler (for its q rows).
+struct Chain {
+    drafts: Array,
+    logits: Vec<Array>,
+    appended: usize,
+    picker: Picker,
 }
 
 pub struct Mtp {
@@ -68,10 +97,10 @@ pub struct Mtp {
     seed: Option<Seed>,
     queued: Option<Queued>,
     round: Option<Round>,
+    ahead: Option<Ahead>,
     /// Writes each round's draft logits, drafts and accepted count as JSON
     /// lines (the option `trace=<file>`; parity tests read it).
     trace: Option<PathBuf>,
-    trace_rows: Vec<Vec<f32>>,
 }
 
 impl Mtp {
@@ -82,17 +111,11 @@ impl Mtp {
         depth: usize,
         trace: Option<PathBuf>,
     ) -> Self {
-        Self { head, caches, host, depth, seed: None, queued: None, round: None, trace, trace_rows: Vec::new() }
+        Self { head, caches, host, depth, seed: None, queued: None, round: None, ahead: None, trace }
     }
 
-    /// Appends rows (tokens, hidden `[1, L, H]`) and returns the head's output.
-    fn rows(&mut self, tokens: &[u32], hidden: &Array) -> Result<Array, PluginError> {
-        let v: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        self.rows_of(&Array::from_slice(&v, &[1, v.len() as i32]), hidden)
-    }
-
-    /// `rows` with the tokens as int32 ids `[1, L]` on the device (a draft
-    /// not read back yet).
+    /// Appends rows (int32 ids `[1, L]`, hidden `[1, L, H]`; the ids may
+    /// still be on the device) and returns the head's output.
     fn rows_of(&mut self, ids: &Array, hidden: &Array) -> Result<Array, PluginError> {
         let e = into_array(self.host.target_embed(lend(ids)).into_result()?);
         let hidden = hidden.as_dtype(e.dtype()).map_err(mlx_error)?;
@@ -109,6 +132,19 @@ impl Mtp {
         Ok(Seed { hidden, logits })
     }
 
+    /// The queued rows with their last token (`last`, uint32 `[1]`), run:
+    /// the seed of the next round, and the rows appended.
+    fn run_queued(&mut self, q: Queued, last: &Array) -> Result<(Seed, usize), PluginError> {
+        let ids = match &q.tokens {
+            Some(t) => mlx_rs::ops::concatenate(&[t, last], 0).map_err(mlx_error)?,
+            None => last.clone(),
+        };
+        let n = ids.shape()[0];
+        let ids = ids.as_dtype(mlx_rs::Dtype::Int32).and_then(|t| t.reshape(&[1, n])).map_err(mlx_error)?;
+        let out = self.rows_of(&ids, &q.hidden)?;
+        Ok((self.seed_from(&out)?, n as usize))
+    }
+
     fn trim(&mut self, n: usize) -> Result<(), PluginError> {
         for c in self.caches.iter_mut() {
             if n > 0 && c.trim(n as u64) != n as u64 {
@@ -118,8 +154,11 @@ impl Mtp {
         Ok(())
     }
 
-    /// Forgets a round the host never settled.
+    /// Forgets rounds the host never settled.
     fn void_round(&mut self) -> Result<(), PluginError> {
+        if let Some(a) = self.ahead.take() {
+            self.trim(a.rows)?;
+        }
         match self.round.take() {
             Some(r) => self.trim(r.appended),
             None => Ok(()),
@@ -140,23 +179,9 @@ impl Mtp {
         picker.pick(&logits.reshape(&[1, -1]).map_err(mlx_error)?).map_err(mlx_error)
     }
 
-    fn draft_round(&mut self, history: &[u32], n: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
-        self.void_round()?;
-        // The queued rows, now that their last token is known.
-        if let Some(q) = self.queued.take() {
-            if q.at == history.len() {
-                let mut tokens = q.tokens;
-                tokens.push(*history.last().expect("a history has a token"));
-                let out = self.rows(&tokens, &q.hidden)?;
-                self.seed = Some(self.seed_from(&out)?);
-            }
-        }
-        let Some(seed) = self.seed.take() else {
-            self.round = Some(Round { drafts: Vec::new(), appended: 0, history: history.len() });
-            return Ok(Chosen { drafts: Vec::new(), q: None });
-        };
-        // The chain stays on the device: each draft feeds the next head
-        // step unread, and the drafts are read back once at the end.
+    /// `n` drafts from `seed`, on the device: each draft feeds the next head
+    /// step unread.
+    fn chain(&mut self, seed: Seed, n: usize, sampling: DraftSampling) -> Result<Chain, PluginError> {
         let mut picker = Picker::new(sampling).map_err(mlx_error)?;
         let mut picked = vec![Self::pick(&mut picker, &seed.logits)?];
         let mut logits = vec![seed.logits];
@@ -172,19 +197,72 @@ impl Mtp {
             logits.push(s.logits);
             h = s.hidden;
         }
-        let all =
+        let drafts =
             mlx_rs::ops::concatenate(&picked, 0).and_then(|a| a.as_dtype(mlx_rs::Dtype::Uint32)).map_err(mlx_error)?;
-        let mut evaluated: Vec<&Array> = vec![&all];
-        if self.trace.is_some() {
-            evaluated.extend(logits.iter());
+        if self.trace.is_none() {
+            logits.clear();
         }
+        Ok(Chain { drafts, logits, appended, picker })
+    }
+
+    fn draft_round(&mut self, history: &[u32], n: usize, sampling: DraftSampling) -> Result<Chosen, PluginError> {
+        self.void_round()?;
+        // The queued rows, now that their last token is known.
+        if let Some(q) = self.queued.take() {
+            if q.at == history.len() {
+                let last = Array::from_slice(&[*history.last().expect("a history has a token")], &[1]);
+                self.seed = Some(self.run_queued(q, &last)?.0);
+            }
+        }
+        let Some(seed) = self.seed.take() else {
+            let none = Array::from_slice::<u32>(&[], &[0]);
+            self.round =
+                Some(Round { drafts: none, count: 0, appended: 0, history: history.len(), logits: Vec::new() });
+            return Ok(Chosen { drafts: Vec::new(), q: None });
+        };
+        let chain = self.chain(seed, n, sampling)?;
+        let mut evaluated: Vec<&Array> = vec![&chain.drafts];
+        evaluated.extend(chain.logits.iter());
         mlx_rs::transforms::eval(evaluated).map_err(mlx_error)?;
-        let drafts: Vec<u32> = all.as_slice::<u32>().to_vec();
-        if self.trace.is_some() {
-            self.trace_rows = logits.iter().map(|l| l.as_slice::<f32>().to_vec()).collect();
+        let drafts: Vec<u32> = chain.drafts.as_slice::<u32>().to_vec();
+        let q = chain.picker.probabilities().map_err(mlx_error)?;
+        self.round = Some(Round {
+            drafts: chain.drafts,
+            count: drafts.len(),
+            appended: chain.appended,
+            history: history.len(),
+            logits: chain.logits,
+        });
+        Ok(Chosen { drafts, q })
+    }
+
+    /// The round after the current one, as if its verify (`states`, bonus
+    /// token `pending`) accepts every draft: the rows that commit would
+    /// queue run now, and `n` drafts chain from them. None: nothing changed.
+    fn draft_ahead(
+        &mut self,
+        pending: &Array,
+        n: usize,
+        states: &TargetStates<'_>,
+    ) -> Result<Option<Array>, PluginError> {
+        let (Some(round), None, ROption::RSome(verified)) = (self.round.as_ref(), &self.ahead, &states.hidden) else {
+            return Ok(None);
+        };
+        let k = round.count;
+        if n == 0 || (states.len as usize) < k + 1 {
+            return Ok(None);
         }
-        self.round = Some(Round { drafts: drafts.clone(), appended, history: history.len() });
-        Ok(Chosen { drafts, q: picker.probabilities().map_err(mlx_error)? })
+        let keep = round.appended.min(k);
+        let tokens = (keep < k).then(|| round.drafts.index_range_1d(keep as i32, k as i32));
+        let hidden = verified.to_owned().into_array().index_range(keep as i32, k as i32 + 1).map_err(mlx_error)?;
+        let history = round.history + k + 1;
+        let queued = Queued { tokens, hidden, at: history };
+        let (seed, rows) = self.run_queued(queued, pending)?;
+        let chain = self.chain(seed, n, DraftSampling::GREEDY)?;
+        let drafts = chain.drafts.clone();
+        let round = Round { drafts: chain.drafts, count: n, appended: chain.appended, history, logits: chain.logits };
+        self.ahead = Some(Ahead { round, rows: rows + chain.appended });
+        Ok(Some(drafts))
     }
 
     fn commit_round(&mut self, accepted: usize, states: &TargetStates<'_>) -> Result<(), PluginError> {
@@ -193,15 +271,36 @@ impl Mtp {
             return Err(PluginError::invalid_input("mtp: the host lent no hidden states"));
         };
         let verified = verified.to_owned();
-        let a = accepted.min(round.drafts.len()).min(states.len.saturating_sub(1) as usize);
+        let a = accepted.min(round.count).min(states.len.saturating_sub(1) as usize);
+        self.record_round(&round, a)?;
+        if let Some(ahead) = self.ahead.take() {
+            if a == round.count {
+                // The round drafted ahead assumed exactly this.
+                self.round = Some(ahead.round);
+                return Ok(());
+            }
+            self.trim(ahead.rows)?;
+        }
         let keep = a.min(round.appended);
         self.trim(round.appended - keep)?;
         let hidden = into_array(verified).index_range(keep as i32, a as i32 + 1).map_err(mlx_error)?;
-        self.queued = Some(Queued { tokens: round.drafts[keep..a].to_vec(), hidden, at: round.history + a + 1 });
-        if self.trace.is_some() && !round.drafts.is_empty() {
-            let rows = std::mem::take(&mut self.trace_rows);
-            self.record(serde_json::json!({"drafts": round.drafts, "accepted": a, "logits": rows}));
+        let tokens = (keep < a).then(|| round.drafts.index_range_1d(keep as i32, a as i32));
+        self.queued = Some(Queued { tokens, hidden, at: round.history + a + 1 });
+        Ok(())
+    }
+
+    /// The trace line of a settled round (its logits read here when it was
+    /// drafted ahead).
+    fn record_round(&mut self, round: &Round, accepted: usize) -> Result<(), PluginError> {
+        if self.trace.is_none() || round.count == 0 {
+            return Ok(());
         }
+        let mut evaluated: Vec<&Array> = vec![&round.drafts];
+        evaluated.extend(round.logits.iter());
+        mlx_rs::transforms::eval(evaluated).map_err(mlx_error)?;
+        let rows: Vec<Vec<f32>> = round.logits.iter().map(|l| l.as_slice::<f32>().to_vec()).collect();
+        let drafts = round.drafts.as_slice::<u32>().to_vec();
+        self.record(serde_json::json!({"drafts": drafts, "accepted": accepted, "logits": rows}));
         Ok(())
     }
 }
@@ -210,6 +309,8 @@ impl Mtp {
 trait Rows {
     fn index_last(&self, i: i32) -> mlx_rs::error::Result<Array>;
     fn index_range(&self, from: i32, to: i32) -> mlx_rs::error::Result<Array>;
+    /// Elements `from..to` of a 1-d array.
+    fn index_range_1d(&self, from: i32, to: i32) -> Array;
 }
 
 impl Rows for Array {
@@ -219,6 +320,10 @@ impl Rows for Array {
     fn index_range(&self, from: i32, to: i32) -> mlx_rs::error::Result<Array> {
         use mlx_rs::ops::indexing::IndexOp;
         Ok(self.index((.., from..to, ..)))
+    }
+    fn index_range_1d(&self, from: i32, to: i32) -> Array {
+        use mlx_rs::ops::indexing::IndexOp;
+        self.index(from..to)
     }
 }
 
@@ -231,6 +336,7 @@ impl Drafter for Mtp {
             self.seed = None;
             self.queued = None;
             self.round = None;
+            self.ahead = None;
             Ok(())
         })
     }
@@ -269,8 +375,9 @@ impl Drafter for Mtp {
                 return Ok(());
             }
             // Row p: (prompt[p + 1], hidden p).
-            let tokens = prompt.as_slice()[first + 1..first + len + 1].to_vec();
-            let out = self.rows(&tokens, &hidden.to_owned().into_array())?;
+            let tokens: Vec<i32> = prompt.as_slice()[first + 1..first + len + 1].iter().map(|&t| t as i32).collect();
+            let ids = Array::from_slice(&tokens, &[1, tokens.len() as i32]);
+            let out = self.rows_of(&ids, &hidden.to_owned().into_array())?;
             mlx_rs::transforms::eval([&out]).map_err(mlx_error)?;
             Ok(())
         })
@@ -278,6 +385,17 @@ impl Drafter for Mtp {
 
     fn commit_states(&mut self, accepted: u32, states: TargetStates<'_>) -> PResult<()> {
         guard(|| self.commit_round(accepted as usize, &states))
+    }
+
+    fn draft_ahead(&mut self, args: AheadArgs<'_>) -> PResult<ROption<Tensor>> {
+        guard(|| {
+            if !args.sampling.is_greedy() {
+                return Ok(ROption::RNone);
+            }
+            let n = (args.max_tokens as usize).min(self.depth);
+            let pending = args.pending.to_owned().into_array();
+            Ok(self.draft_ahead(&pending, n, &args.states)?.map(into_tensor).into())
+        })
     }
 }
 

@@ -76,19 +76,25 @@ impl CacheLayout for PlainKv {
     }
 
     fn spec_begin(&mut self) -> PResult<()> {
-        self.mark = Some(self.idx);
+        self.marks.push(self.idx);
         PResult::ROk(())
     }
 
+    /// Settles the oldest open round (`caps::SPEC_PIPELINE`).
     fn spec_commit(&mut self) -> PResult<()> {
-        self.mark = None;
+        if !self.marks.is_empty() {
+            self.marks.remove(0);
+        }
         PResult::ROk(())
     }
 
+    /// Keeps `keep` of the oldest open round and drops the rest, younger
+    /// rounds included.
     fn spec_rollback(&mut self, keep: RSlice<'_, u64>) -> PResult<()> {
         guard(|| {
             let mark =
-                self.mark.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
+                *self.marks.first().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
+            self.marks.clear();
             if keep.is_empty() || (keep.len() != 1 && keep.len() != self.rows()) {
                 return Err(PluginError::invalid_input(format!(
                     "spec_rollback: {} keep counts for {} rows",

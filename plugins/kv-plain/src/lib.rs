@@ -53,7 +53,7 @@ fn manifest() -> PluginManifest {
             cache_schemes: rstrings(&["plain", Scheme::AFFINE[0], Scheme::AFFINE[1], Scheme::TURBO]),
             ..Default::default()
         },
-        &[caps::TRIM, caps::SPEC_ROUND, caps::STATE_IO, caps::ROWS, "kv-view:plain"],
+        &[caps::TRIM, caps::SPEC_ROUND, caps::SPEC_PIPELINE, caps::STATE_IO, caps::ROWS, "kv-view:plain"],
     )
 }
 
@@ -78,7 +78,7 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
         k_dim: spec.need.k_head_dim as i32,
         v_dim: spec.need.v_head_dim as i32,
         dtype,
-        mark: None,
+        marks: Vec::new(),
     };
     match scheme {
         None => Ok(CacheLayout_TO::from_value(kv, TD_Opaque)),
@@ -107,8 +107,9 @@ struct PlainKv {
     k_dim: i32,
     v_dim: i32,
     dtype: Dtype,
-    /// `idx` when the current speculative round began.
-    mark: Option<usize>,
+    /// `idx` when each open speculative round began, oldest first (rounds
+    /// overlap when the host pipelines them: `caps::SPEC_PIPELINE`).
+    marks: Vec<usize>,
 }
 
 impl PlainKv {
@@ -208,7 +209,7 @@ impl PlainKv {
         self.idx -= b;
         self.left_pad.iter_mut().for_each(|p| *p -= b);
         self.holes.shift_left(b);
-        self.mark = self.mark.map(|m| m.saturating_sub(b));
+        self.marks.iter_mut().for_each(|m| *m = m.saturating_sub(b));
         self.base = 0;
     }
 
@@ -239,7 +240,7 @@ impl PlainKv {
             base: 0,
             left_pad: vec![0; rows],
             holes: Holes::none(rows),
-            mark: None,
+            marks: Vec::new(),
             ..*self.geometry()
         }
     }
@@ -282,7 +283,7 @@ impl Clone for PlainKv {
             k_dim: self.k_dim,
             v_dim: self.v_dim,
             dtype: self.dtype,
-            mark: self.mark,
+            marks: self.marks.clone(),
         }
     }
 }

@@ -55,7 +55,7 @@ impl PlainKv {
                 self.holes = Holes::none(self.left_pad.len());
             }
         }
-        self.mark = None;
+        self.marks.clear();
         Ok(())
     }
 

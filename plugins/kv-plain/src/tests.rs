@@ -16,7 +16,7 @@ fn cache(rows: usize) -> PlainKv {
         k_dim: 1,
         v_dim: 1,
         dtype: Dtype::Float32,
-        mark: None,
+        marks: Vec::new(),
     }
 }
 
@@ -60,6 +60,30 @@ fn rows_keeping_different_counts_leave_masked_holes() {
     // A trim past the holes forgets them.
     assert_eq!(CacheLayout::trim(&mut c, 2), 2);
     assert!(!c.holes.any());
+}
+
+/// Overlapping rounds (`caps::SPEC_PIPELINE`): a commit settles the
+/// oldest round and a rollback keeps a count of the oldest, dropping every
+/// younger round's columns with the rest.
+#[test]
+fn overlapping_rounds_settle_oldest_first() {
+    let mut c = cache(1);
+    push(&mut c, &[&[1.0, 2.0]]);
+    c.spec_begin();
+    push(&mut c, &[&[3.0, 4.0, 5.0]]);
+    c.spec_begin();
+    push(&mut c, &[&[6.0, 7.0]]);
+    CacheLayout::spec_commit(&mut c).unwrap();
+    CacheLayout::spec_rollback(&mut c, RSlice::from_slice(&[1])).unwrap();
+    assert_eq!(values(c.extract(0).unwrap()), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+
+    c.spec_begin();
+    push(&mut c, &[&[8.0, 9.0, 10.0]]);
+    c.spec_begin();
+    push(&mut c, &[&[11.0, 12.0]]);
+    CacheLayout::spec_rollback(&mut c, RSlice::from_slice(&[2])).unwrap();
+    assert_eq!(values(c.extract(0).unwrap()), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 9.0]);
+    assert!(CacheLayout::spec_rollback(&mut c, RSlice::from_slice(&[0])).is_err(), "no round is open");
 }
 
 #[test]

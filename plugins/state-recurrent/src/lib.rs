@@ -68,7 +68,7 @@ fn manifest() -> PluginManifest {
         PluginKind::CACHE_LAYOUT,
         "fixed-size recurrent state (conv window + SSM state) of linear-attention layers, as mlx-lm's ArraysCache",
         Claims { cache_needs: rstrings(&["recurrent"]), cache_schemes: rstrings(&["plain"]), ..Default::default() },
-        &[caps::SPEC_ROUND, caps::SPEC_REPLAY, caps::STATE_IO, caps::ROWS],
+        &[caps::SPEC_ROUND, caps::SPEC_REPLAY, caps::SPEC_PIPELINE, caps::STATE_IO, caps::ROWS],
     )
 }
 
@@ -107,7 +107,7 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
             return bad("a slot is too large");
         }
     }
-    let layout = Recurrent { state: State::empty(shapes.len(), spec.rows as usize), shapes, dtype, round: None };
+    let layout = Recurrent { state: State::empty(shapes.len(), spec.rows as usize), shapes, dtype, rounds: Vec::new() };
     Ok(CacheLayout_TO::from_value(layout, TD_Opaque))
 }
 
@@ -117,7 +117,9 @@ struct Recurrent {
     shapes: Vec<Vec<i64>>,
     /// The model's dtype (identity only: each slot keeps the dtype written).
     dtype: Dtype,
-    round: Option<Round>,
+    /// Open speculative rounds, oldest first (they overlap when the host
+    /// pipelines rounds: `caps::SPEC_PIPELINE`).
+    rounds: Vec<Round>,
 }
 
 /// A speculative round under way.
@@ -230,7 +232,12 @@ impl Recurrent {
     }
 
     fn rollback(&mut self, keep: &[u64]) -> std::result::Result<(), PluginError> {
-        let round = self.round.take().ok_or_else(|| PluginError::invalid_input("spec_rollback without spec_begin"))?;
+        if self.rounds.is_empty() {
+            return Err(PluginError::invalid_input("spec_rollback without spec_begin"));
+        }
+        // The oldest round settles; younger ones were built on all of it.
+        let round = self.rounds.remove(0);
+        self.rounds.clear();
         let start = round.start;
         let rows = self.state.rows();
         if keep.len() != 1 && keep.len() != rows {
@@ -285,7 +292,7 @@ impl Recurrent {
             return Err(PluginError::invalid_input("state-recurrent: begin_padded on a cache that holds tokens"));
         }
         self.state = State::padded(self.shapes.len(), pads);
-        self.round = None;
+        self.rounds.clear();
         Ok(())
     }
 
@@ -329,7 +336,7 @@ impl CacheLayout for Recurrent {
             let inputs = into_array(keys);
             let width = inputs.shape().get(1).copied().unwrap_or(0) as usize;
             let window = self.fetch(inputs)?;
-            if let Some(r) = self.round.as_mut() {
+            if let Some(r) = self.rounds.last_mut() {
                 r.positions = (plain && !r.updated).then(|| RoundStates::new(window.clone(), width, self.shapes.len()));
                 r.updated = true;
             }
@@ -359,21 +366,24 @@ impl CacheLayout for Recurrent {
     fn import_state(&mut self, state: CacheState) -> PResult<()> {
         guard(|| {
             self.state = self.import(state)?;
-            self.round = None;
+            self.rounds.clear();
             Ok(())
         })
     }
 
     fn spec_begin(&mut self) -> PResult<()> {
         guard(|| {
-            self.round = Some(Round { start: self.state.clone(), updated: false, positions: None });
+            self.rounds.push(Round { start: self.state.clone(), updated: false, positions: None });
             Ok(())
         })
     }
 
+    /// Settles the oldest open round.
     fn spec_commit(&mut self) -> PResult<()> {
         guard(|| {
-            self.round = None;
+            if !self.rounds.is_empty() {
+                self.rounds.remove(0);
+            }
             Ok(())
         })
     }
@@ -430,7 +440,7 @@ impl CacheLayout for Recurrent {
     }
 
     fn wants_position_states(&self) -> bool {
-        quietly(false, || self.round.as_ref().is_some_and(|r| r.positions.is_some()))
+        quietly(false, || self.rounds.last().is_some_and(|r| r.positions.is_some()))
     }
 
     fn set_position_states(&mut self, i: u32, states: Tensor) -> PResult<()> {
@@ -438,7 +448,7 @@ impl CacheLayout for Recurrent {
             let i = self.slot_index(i)?;
             let rows = self.state.rows();
             let mut want = self.full_shape(i, rows);
-            let Some(p) = self.round.as_mut().and_then(|r| r.positions.as_mut()) else {
+            let Some(p) = self.rounds.last_mut().and_then(|r| r.positions.as_mut()) else {
                 return Err(PluginError::invalid_input(
                     "state-recurrent: position states outside a speculative round's first update",
                 ));
@@ -449,7 +459,7 @@ impl CacheLayout for Recurrent {
     }
 
     fn rolls_back_in_place(&self) -> bool {
-        quietly(false, || self.round.as_ref().and_then(|r| r.positions.as_ref()).is_some_and(RoundStates::complete))
+        quietly(false, || self.rounds.first().and_then(|r| r.positions.as_ref()).is_some_and(RoundStates::complete))
     }
 }
 

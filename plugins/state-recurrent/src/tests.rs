@@ -257,7 +257,7 @@ fn new_cache_serves_only_plain_recurrent_needs_with_sane_shapes() {
     }
     let m = manifest();
     let tags: Vec<&str> = m.capabilities.iter().map(|c| c.as_str()).collect();
-    assert_eq!(tags, [caps::SPEC_ROUND, caps::SPEC_REPLAY, caps::STATE_IO, caps::ROWS]);
+    assert_eq!(tags, [caps::SPEC_ROUND, caps::SPEC_REPLAY, caps::SPEC_PIPELINE, caps::STATE_IO, caps::ROWS]);
     assert_eq!(m.claims.cache_needs.iter().map(|s| s.as_str()).collect::<Vec<_>>(), ["recurrent"]);
 }
 
@@ -497,4 +497,33 @@ fn position_states_serve_only_a_rounds_first_update() {
     assert!(!c.wants_position_states() && !c.rolls_back_in_place());
     c.spec_rollback(RSlice::from_slice(&[1])).unwrap();
     assert_eq!(c.offset(), 2, "back at the round's start, for the host to replay");
+}
+
+/// Overlapping rounds (`caps::SPEC_PIPELINE`): each keeps its own start
+/// and its first update's position states. A commit settles the oldest;
+/// a rollback keeps a count of the oldest in place and drops the younger
+/// round with the rest.
+#[test]
+fn overlapping_rounds_settle_oldest_first_in_place() {
+    let open = |c: &mut CacheBox, first: usize, l: usize| {
+        c.spec_begin().unwrap();
+        step(c, 1, first, l);
+        c.set_position_states(1, into_tensor(position_states(1, first, l))).unwrap();
+    };
+    let mut c = cache(1);
+    step(&mut c, 1, 0, 2);
+    open(&mut c, 2, 3);
+    open(&mut c, 5, 2);
+    c.spec_commit().unwrap();
+    assert!(c.rolls_back_in_place(), "the younger round has its position states");
+    c.spec_rollback(RSlice::from_slice(&[1])).unwrap();
+    assert_eq!(mask_rows(&c, 1), None, "no replay pending");
+    assert_eq!((c.offset(), slot(&c, 1)), (6, Some(vec![6.0; 4])), "the state after the younger round's first token");
+
+    open(&mut c, 6, 3);
+    open(&mut c, 9, 2);
+    c.spec_rollback(RSlice::from_slice(&[2])).unwrap();
+    assert_eq!(mask_rows(&c, 1), None, "no replay pending");
+    assert_eq!((c.offset(), slot(&c, 1)), (8, Some(vec![8.0; 4])), "the oldest round's second position");
+    assert_eq!(err(c.spec_rollback(RSlice::from_slice(&[0]))).code, ErrorCode::INVALID_INPUT, "no round is open");
 }

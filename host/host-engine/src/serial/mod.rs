@@ -5,9 +5,11 @@
 //! last token as prefill (chunks of `prefill_step`), then the last token
 //! alone produces the first logits. Same graphs, same numbers.
 
+mod ahead;
 mod decoding;
 mod plain;
 mod speculative;
+mod verify;
 
 use crate::engine::Engine;
 use crate::error::EngineError;

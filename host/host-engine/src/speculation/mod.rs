@@ -20,6 +20,13 @@
 //! position states, else by restoring the round's snapshot and replaying
 //! the kept tokens (`replays` counts those rounds).
 //!
+//! Pipelined (serial, greedy, no grammar, a drafter that reads target
+//! states and answers `draft_ahead`, layouts whose rounds may overlap):
+//! the next round is drafted and verified on the device before this
+//! round's verdict is read, as if this round accepts every draft; a
+//! verdict that falls short drops it with the rest of this round
+//! (`serial::ahead`).
+//!
 //! Adaptive: each round drafts up to two tokens past what the last round
 //! accepted; when acceptance stays low, or timed rounds emit fewer tokens
 //! per second than timed plain steps (`clock`), the request hands the rest
@@ -51,6 +58,14 @@ pub struct SpecStats {
     /// without the verify's position states).
     #[serde(default)]
     pub replays: u64,
+    /// Rounds drafted and queued before the previous round's verdict was
+    /// read (pipelined), and kept because that round accepted every draft.
+    #[serde(default)]
+    pub pipelined: u64,
+    /// Rounds queued that way and dropped: the round before fell short, or
+    /// the request ended there.
+    #[serde(default)]
+    pub pipelined_dropped: u64,
 }
 
 impl SpecStats {
@@ -66,6 +81,8 @@ impl SpecStats {
             "disabled": self.disabled,
             "rejection_sampling": self.rejection_sampling,
             "replays": self.replays,
+            "pipelined": self.pipelined,
+            "pipelined_dropped": self.pipelined_dropped,
         })
     }
 }
@@ -105,11 +122,16 @@ impl SpecStats {
                 MIN_ACCEPTANCE * 100.0
             ));
         }
-        if fixed {
-            max_depth.max(1)
-        } else {
-            (accepted + 2).clamp(1, max_depth.max(1))
-        }
+        next_depth(accepted, max_depth, fixed)
+    }
+}
+
+/// The depth of the round after one that accepted `accepted` drafts.
+pub(crate) fn next_depth(accepted: usize, max_depth: usize, fixed: bool) -> usize {
+    if fixed {
+        max_depth.max(1)
+    } else {
+        (accepted + 2).clamp(1, max_depth.max(1))
     }
 }
 
