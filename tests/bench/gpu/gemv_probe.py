@@ -57,13 +57,15 @@ def defines(flags):
     return f"#define NORM {norm}\n#define WEIGHTS {weights}\n#define PAIR {pair}\n#define RESIDUAL {residual}\n"
 
 
-def split(flags, total, k):
+def split(flags, total, k, m=1):
     """gemv::split's choice as (warps, rows per group, k split); keep the two alike."""
     norm, weights, pair, residual = flags
     if norm and not pair:
         rows, widest = 4, 2
     elif pair:
         rows, widest = 2, 4
+    elif residual and m > 1:
+        rows, widest = (2 if k >= 2 * total else 4), 4
     elif residual and k >= 2 * total:
         rows, widest = 4, 4
     else:
@@ -170,7 +172,7 @@ def ncu_run(a):
             except Exception as e:  # noqa: BLE001 - a split that cannot launch is reported, not fatal
                 print(f"  {name} {cfg}: {e}")
                 continue
-            log.append({"case": name, "cfg": cfg, "per": c.per, "ours": split(flags, c.total(), c.k)})
+            log.append({"case": name, "cfg": cfg, "per": c.per, "ours": split(flags, c.total(), c.k, c.m)})
             Path(a.ncu_log).write_text(json.dumps(log))
         del c
 
@@ -227,7 +229,7 @@ def main():
     for name, (flags, shapes) in CASES.items():
         c = Case(name, flags, shapes, a.rows, a.bytes)
         base = c.time_plain()
-        ours = split(flags, c.total(), c.k)
+        ours = split(flags, c.total(), c.k, c.m)
         t, diff = c.time_fused(ours)
         print(f"| {name} | {' + '.join(f'{n}x{kk}' for n, kk in shapes)} | {base * 1e6:.1f} | {c.per / base / 1e9:.0f} | "
               f"{t * 1e6:.1f} | {c.per / t / 1e9:.0f} | {diff:.3g} | {ours} |")

@@ -14,7 +14,8 @@ lines (what the mlx-lm driver in device_prefill_timeline.sh prints).
 `--after TEXT` starts at the last marker whose label holds TEXT (`--back N`:
 N markers before it), e.g. the timed prompt after a warm-up; `--last N`
 keeps the last N stretches and adds their mean (decode steps), and the
-host API calls of those stretches by name: calls and ms per stretch.
+host API calls of those stretches by name: calls and ms per stretch
+(`--kernels N`: also the N kernels taking most GPU time, by name).
 Usage: timeline.py TRACE.csv (--rust-log F [--target T] | --markers F) [--after TEXT [--back N]] [--last N] [--gaps 3]"""
 import argparse
 import bisect
@@ -105,6 +106,7 @@ def main():
     ap.add_argument("--last", type=int)
     ap.add_argument("--gaps", type=int, default=3)
     ap.add_argument("--top-api", type=int, default=5)
+    ap.add_argument("--kernels", type=int, default=0, help="with --last: the N kernels taking most GPU time, by name")
     a = ap.parse_args()
     events, offset = read_trace(a.trace)
     marks = rust_markers(a.rust_log, a.target) if a.rust_log else plain_markers(a.markers)
@@ -147,6 +149,19 @@ def main():
         for name, (count, ms) in sorted(calls.items(), key=lambda x: -x[1][1])[: a.top_api * 2]:
             print(f"| {name} | {count / n:.1f} | {ms / n:.3f} |")
         print()
+        if a.kernels and details:
+            lo, hi = details[0][1], details[-1][2]
+            by_kernel = collections.defaultdict(lambda: [0, 0.0])
+            for s, e, k, name in events:
+                if k == "kernel" and lo <= s < hi:
+                    by_kernel[name[:90]][0] += 1
+                    by_kernel[name[:90]][1] += (e - s) / 1e6
+            total = sum(ms for _, ms in by_kernel.values())
+            print(f"| kernel (all: {total / n:.3f} ms per stretch) | launches per stretch | ms per stretch |")
+            print("|---|---|---|")
+            for name, (count, ms) in sorted(by_kernel.items(), key=lambda x: -x[1][1])[: a.kernels]:
+                print(f"| {name} | {count / n:.1f} | {ms / n:.3f} |")
+            print()
         return
     for label, lo, hi in details:
         print(f"## {label[:90]}: longest GPU idle gaps")
