@@ -7,38 +7,20 @@
 use super::ahead;
 use super::decoding::Decoding;
 use super::plain;
-use super::verify::{queue_verify, Input, Round};
+use super::verify::{queue_verify, Input};
 use crate::drafting::Drafting;
 use crate::engine::Engine;
 use crate::error::{model_err, EngineError};
 use crate::job::{Finish, Flow, TokenOut};
-use crate::sampling::Sampler;
 use crate::speculation::{
     clock, commit_failed, draft_probability_rows, draft_sampling, emitted, next_depth, SpecStats,
 };
 use crate::target_states::States;
 use crate::tensors::token_array;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::Array;
 use plugin_api::abi_stable::std_types::RSlice;
-use plugin_api::{CacheBox, DraftArgs, DrafterBox, TargetWants};
+use plugin_api::{CacheBox, DraftArgs, DrafterBox};
 use std::time::Instant;
-
-/// Queues one verify of `input` (pending + drafts) and its verdict, under
-/// the grammar's masks (`[k+1, ceil(V/32)]` bit words) when the request has one.
-/// With `wants`, the verify also keeps those target states for the drafter.
-fn queue_round(
-    engine: &Engine,
-    input: Vec<u32>,
-    q: Option<&Array>,
-    masks: Option<Vec<u32>>,
-    caches: &mut [CacheBox],
-    sampler: &mut Sampler,
-    wants: Option<&TargetWants>,
-) -> Result<(Round, Option<States>), EngineError> {
-    let tokens = token_array(&input);
-    queue_verify(engine, &tokens, Input::Read(input), q, masks, caches, sampler, wants)
-}
 
 /// Decodes `d` to its end with speculative rounds, falling back to plain
 /// steps when rounds stop paying (unless `drafting.always`).
@@ -135,7 +117,17 @@ pub(crate) fn decode(
                 let mut input = vec![*d.history.last().expect("a decoding has a prompt")];
                 input.extend_from_slice(&drafts);
                 let marked = !drafts.is_empty();
-                let (round, states) = queue_round(engine, input, q.as_ref(), masks, caches, &mut d.sampler, wants)?;
+                let tokens = token_array(&input);
+                let (round, states) = queue_verify(
+                    engine,
+                    &tokens,
+                    Input::Read(input),
+                    q.as_ref(),
+                    masks,
+                    caches,
+                    &mut d.sampler,
+                    wants,
+                )?;
                 (round, states, starts, marked, since, draft_ms)
             }
         };

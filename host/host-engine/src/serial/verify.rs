@@ -61,7 +61,10 @@ pub(super) enum Input {
     Unread(Array),
 }
 
-/// Queues the verify of `tokens` (int32 `[1, k+1]`, `input` as read or not).
+/// Queues one verify of `tokens` (int32 `[1, k+1]`: pending + drafts,
+/// `input` as read or not) and its verdict, under the grammar's masks
+/// (`[k+1, ceil(V/32)]` bit words) when the request has one. With `wants`,
+/// the verify also keeps those target states for the drafter.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn queue_verify(
     engine: &Engine,
