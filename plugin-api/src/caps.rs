@@ -53,7 +53,7 @@ pub const SPEC_ROUND: &str = "spec-round";
 /// `keep[r]` as row r's padding (`attention_mask`) and advances row r by
 /// `keep[r]` (docs/plugin-guide.md).
 pub const SPEC_REPLAY: &str = "spec-replay";
-/// Rounds may overlap (v2.6): `spec_begin` while rounds are open opens a
+/// Rounds may overlap (v2.7): `spec_begin` while rounds are open opens a
 /// younger one; `spec_commit` settles the OLDEST open round;
 /// `spec_rollback(keep)` keeps `keep` tokens of the oldest and drops the
 /// rest, every younger round included. The host then queues a serial

@@ -190,7 +190,7 @@ fn pipelined_rounds_stop_where_the_text_does() {
     let chars: Vec<char> = whole.chars().collect();
     let spec = Server::start(&target, &["--batch", "1", "--draft-model", &head, "--speculate-always"]);
     let mut pipelined = 0;
-    for at in (4..chars.len().saturating_sub(4)).step_by(chars.len() / 6) {
+    for at in (4..chars.len().saturating_sub(4)).step_by((chars.len() / 6).max(1)) {
         let stop: String = chars[at..at + 2].iter().collect();
         let want = plain.post("/v1/completions", &body(Some(&stop))).json();
         let got = spec.post("/v1/completions", &body(Some(&stop))).json();

@@ -283,8 +283,13 @@ impl Engine {
 
     /// Whether every layer's layout lets speculative rounds overlap
     /// (`caps::SPEC_PIPELINE`), so a serial round may be queued before the
-    /// previous one's verdict is read.
+    /// previous one's verdict is read. Only in the plain scheme: quantized
+    /// K/V turn into codes between rounds (kv-quant), which overlapping
+    /// rounds would postpone, so their rounds run one after another.
     pub fn pipelines_rounds(&self) -> bool {
+        if self.model.scheme != "plain" {
+            return false;
+        }
         let overlaps = |name: &String| {
             self.model
                 .layout_caps

@@ -62,8 +62,9 @@ pub struct Quantized<L: Columns> {
     packed: Widths,
     /// Whether `inner` holds codes (mlx-lm: a `QuantizedKVCache`).
     coded: bool,
-    /// Between `spec_begin` and its commit or rollback.
-    in_round: bool,
+    /// Speculative rounds open (begun, not yet committed or rolled back;
+    /// more than one when rounds overlap).
+    open_rounds: usize,
 }
 
 fn fails(e: model_kit::Exception) -> PluginError {
@@ -74,7 +75,7 @@ impl<L: Columns> Quantized<L> {
     /// `inner` is empty, in the layer's plain widths.
     pub fn new(inner: L, scheme: Scheme, plain: Widths) -> Result<Self> {
         let packed = scheme.codec.packed(plain)?;
-        Ok(Self { inner, scheme, plain, packed, coded: false, in_round: false })
+        Ok(Self { inner, scheme, plain, packed, coded: false, open_rounds: 0 })
     }
 
     fn convert(&mut self) -> Result<()> {
@@ -89,7 +90,7 @@ impl<L: Columns> Quantized<L> {
     /// `start` tokens (and any at all), outside speculative rounds.
     fn convert_if_due(&mut self) -> Result<()> {
         let held = CacheLayout::offset(&self.inner);
-        if !self.coded && !self.in_round && held > 0 && held >= self.scheme.start {
+        if !self.coded && self.open_rounds == 0 && held > 0 && held >= self.scheme.start {
             self.convert()?;
         }
         Ok(())
@@ -249,7 +250,7 @@ impl<L: Columns> CacheLayout for Quantized<L> {
             inner.import_state(state).into_result()?;
             self.inner = inner;
             self.coded = coded;
-            self.in_round = false;
+            self.open_rounds = 0;
             Ok(())
         })
     }
@@ -258,18 +259,18 @@ impl<L: Columns> CacheLayout for Quantized<L> {
         guard(|| {
             self.convert_if_due().map_err(fails)?;
             self.inner.spec_begin().into_result()?;
-            self.in_round = true;
+            self.open_rounds += 1;
             Ok(())
         })
     }
 
     fn spec_commit(&mut self) -> PResult<()> {
-        self.in_round = false;
+        self.open_rounds = self.open_rounds.saturating_sub(1);
         self.inner.spec_commit()
     }
 
     fn spec_rollback(&mut self, keep: RSlice<'_, u64>) -> PResult<()> {
-        self.in_round = false;
+        self.open_rounds = 0;
         self.inner.spec_rollback(keep)
     }
 

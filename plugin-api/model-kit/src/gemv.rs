@@ -56,7 +56,7 @@ impl Split {
 /// H100, 13% and 8% faster than the one-row choice. The rows per group
 /// never change the order of a sum (only the K split does), so outputs do
 /// not depend on `m`.
-pub fn split(fusion: Fusion, k: i32, m: i32, outs: &[i32]) -> Split {
+pub fn split_rows(fusion: Fusion, k: i32, m: i32, outs: &[i32]) -> Split {
     let total: i32 = outs.iter().sum();
     let (rows, widest_split) = match fusion {
         Fusion::NormThen(_) => (4, 2),
@@ -77,6 +77,11 @@ pub fn split(fusion: Fusion, k: i32, m: i32, outs: &[i32]) -> Split {
     } else {
         safe
     }
+}
+
+/// [`split_rows`] for one row of `x`.
+pub fn split(fusion: Fusion, k: i32, outs: &[i32]) -> Split {
+    split_rows(fusion, k, 1, outs)
 }
 
 /// The kernel's body. A configuration is chosen by the defines prepended to
@@ -372,7 +377,7 @@ pub fn apply(
     let out_specs: Vec<(&[i32], Dtype)> = shapes.iter().map(|s| (s.as_slice(), Dtype::Bfloat16)).collect();
     let n_at = |i: usize| *out_rows.get(i).unwrap_or(&0);
     let eps = g.map(|(_, e)| e).unwrap_or(0.0);
-    let s = split(fusion, k, m, &out_rows);
+    let s = split_rows(fusion, k, m, &out_rows);
     let blocks = out_rows.iter().sum::<i32>() / s.rows_per_block();
     fusion.kernel()?.apply(
         &inputs,
@@ -420,25 +425,25 @@ mod tests {
     fn each_split_covers_whole_blocks_of_rows_and_slices_of_k() {
         let s = |warps, rows, k_split| Split { warps, rows, k_split };
         // The Qwen3-8B shapes the splits were measured at.
-        assert_eq!(split(Fusion::NormThen(3), 4096, 1, &[4096, 1024, 1024]), s(4, 4, 2));
-        assert_eq!(split(Fusion::NormSwiGlu, 4096, 1, &[12288]), s(4, 2, 4));
-        assert_eq!(split(Fusion::ThenAdd, 4096, 1, &[4096]), s(4, 1, 4));
-        assert_eq!(split(Fusion::ThenAdd, 12288, 1, &[4096]), s(4, 4, 4));
-        assert_eq!(split(Fusion::Plain, 4096, 1, &[151936]), s(4, 1, 4));
+        assert_eq!(split(Fusion::NormThen(3), 4096, &[4096, 1024, 1024]), s(4, 4, 2));
+        assert_eq!(split(Fusion::NormSwiGlu, 4096, &[12288]), s(4, 2, 4));
+        assert_eq!(split(Fusion::ThenAdd, 4096, &[4096]), s(4, 1, 4));
+        assert_eq!(split(Fusion::ThenAdd, 12288, &[4096]), s(4, 4, 4));
+        assert_eq!(split(Fusion::Plain, 4096, &[151936]), s(4, 1, 4));
         // Narrow K keeps each warp's slice at 1024 or more.
-        assert_eq!(split(Fusion::ThenAdd, 3072, 1, &[1024]), s(4, 4, 2));
-        assert_eq!(split(Fusion::NormThen(3), 1024, 1, &[2048, 1024, 1024]), s(4, 4, 1));
+        assert_eq!(split(Fusion::ThenAdd, 3072, &[1024]), s(4, 4, 2));
+        assert_eq!(split(Fusion::NormThen(3), 1024, &[2048, 1024, 1024]), s(4, 4, 1));
         // Several rows of x: other rows per group, the same K split (the
         // same order of every sum).
-        assert_eq!(split(Fusion::ThenAdd, 4096, 3, &[4096]), s(4, 4, 4));
-        assert_eq!(split(Fusion::ThenAdd, 12288, 3, &[4096]), s(4, 2, 4));
+        assert_eq!(split_rows(Fusion::ThenAdd, 4096, 3, &[4096]), s(4, 4, 4));
+        assert_eq!(split_rows(Fusion::ThenAdd, 12288, 3, &[4096]), s(4, 2, 4));
         // Every output the route takes (multiples of ROW_ALIGN) is whole blocks.
         for f in [Fusion::NormThen(2), Fusion::NormSwiGlu, Fusion::ThenAdd, Fusion::Plain] {
             for (k, m) in [256, 1024, 2816, 12288].into_iter().flat_map(|k| [(k, 1), (k, 3)]) {
                 let outs = [ROW_ALIGN, 3 * ROW_ALIGN];
-                let sp = split(f, k, m, &outs);
+                let sp = split_rows(f, k, m, &outs);
                 assert!(outs.iter().all(|n| n % sp.rows_per_block() == 0) && k % (256 * sp.k_split) == 0);
-                assert_eq!(sp.k_split, split(f, k, 1, &outs).k_split, "the order of a sum must not depend on m");
+                assert_eq!(sp.k_split, split(f, k, &outs).k_split, "the order of a sum must not depend on m");
             }
         }
     }

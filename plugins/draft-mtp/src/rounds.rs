@@ -394,7 +394,16 @@ impl Drafter for Mtp {
             }
             let n = (args.max_tokens as usize).min(self.depth);
             let pending = args.pending.to_owned().into_array();
-            Ok(self.draft_ahead(&pending, n, &args.states)?.map(into_tensor).into())
+            let held = self.caches.first().map_or(0, |c| c.offset()) as usize;
+            match self.draft_ahead(&pending, n, &args.states) {
+                Ok(drafts) => Ok(drafts.map(into_tensor).into()),
+                Err(e) => {
+                    // Leave the cache as the round being verified left it.
+                    let now = self.caches.first().map_or(0, |c| c.offset()) as usize;
+                    self.trim(now.saturating_sub(held))?;
+                    Err(e)
+                }
+            }
         })
     }
 }

@@ -171,3 +171,21 @@ fn rows_join_as_codes_and_rounds_never_convert_midway() {
     c.spec_rollback(RSlice::from_slice(&[2])).unwrap();
     assert_eq!(c.offset(), 7);
 }
+
+/// Overlapping rounds (`caps::SPEC_PIPELINE`): the switch to codes waits
+/// until every open round is settled, and then comes at the next call.
+#[test]
+fn overlapping_rounds_convert_only_once_every_round_is_settled() {
+    let mut c = cache("affine8:start=4", plugin_api::Dtype::FLOAT32, 1);
+    step(&mut c, 1, 2, 10, MlxDtype::Float32);
+    c.spec_begin().unwrap();
+    assert!(!step(&mut c, 1, 3, 11, MlxDtype::Float32), "the older round's verify stays plain");
+    c.spec_begin().unwrap();
+    assert!(!step(&mut c, 1, 2, 12, MlxDtype::Float32), "a round opened inside another stays plain");
+    c.spec_commit().unwrap();
+    c.spec_begin().unwrap();
+    assert!(!step(&mut c, 1, 2, 13, MlxDtype::Float32), "one round is still open: no switch");
+    c.spec_rollback(RSlice::from_slice(&[1])).unwrap();
+    assert_eq!(c.offset(), 6, "the oldest open round (from 5) kept 1 and the younger one went");
+    assert!(step(&mut c, 1, 1, 14, MlxDtype::Float32), "every round settled: codes");
+}

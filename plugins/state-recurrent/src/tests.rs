@@ -526,4 +526,16 @@ fn overlapping_rounds_settle_oldest_first_in_place() {
     assert_eq!(mask_rows(&c, 1), None, "no replay pending");
     assert_eq!((c.offset(), slot(&c, 1)), (8, Some(vec![8.0; 4])), "the oldest round's second position");
     assert_eq!(err(c.spec_rollback(RSlice::from_slice(&[0]))).code, ErrorCode::INVALID_INPUT, "no round is open");
+
+    // The oldest round without position states: back to ITS start (not the
+    // younger round's), for the host to replay the kept tokens.
+    let mut c = cache(1);
+    step(&mut c, 1, 0, 2);
+    c.spec_begin().unwrap();
+    step(&mut c, 1, 2, 3);
+    open(&mut c, 5, 2);
+    assert!(!c.rolls_back_in_place(), "the oldest round has no position states");
+    c.spec_rollback(RSlice::from_slice(&[1])).unwrap();
+    assert_eq!((c.offset(), slot(&c, 1)), (2, Some(vec![2.0; 4])), "the oldest round's start");
+    assert!(c.export_state().into_result().is_err(), "a replay of the kept token is pending");
 }

@@ -3,7 +3,7 @@ read from the source as the engine builds it) at the shapes of one Qwen3-8B
 layer and its LM head (bf16, hidden 4096, MLP 12288, 32 query and 8 K/V
 heads of 128, vocabulary 151936).
 
-By default, with the engine's split (`split()` below mirrors `gemv::split`):
+By default, with the engine's split (`split()` below mirrors `gemv::split_rows`):
 the largest difference from the separate MLX ops they replace, and wall
 time per call of both over enough distinct weights that each call reads
 them from memory (host-bound for the small kernels: one Python call costs
@@ -58,7 +58,7 @@ def defines(flags):
 
 
 def split(flags, total, k, m=1):
-    """gemv::split's choice as (warps, rows per group, k split); keep the two alike."""
+    """gemv::split_rows' choice as (warps, rows per group, k split); keep the two alike."""
     norm, weights, pair, residual = flags
     if norm and not pair:
         rows, widest = 4, 2

@@ -137,7 +137,11 @@ pub(crate) fn decode(
             let room_after = d.room().saturating_sub(round.width());
             let sampled_next = judge && clock.wants_plain_sample(d.out.len() + round.width());
             if let (Some(s), Some(w), false) = (&states, wants, sampled_next || room_after < 2) {
-                let n = next_depth(round.width() - 1, max_depth, drafting.fixed_depth()).min(room_after - 1);
+                // The depth the round after this one gets when it accepts
+                // everything (a round of no drafts leaves the depth alone).
+                let k = round.width() - 1;
+                let next = if k > 0 { next_depth(k, max_depth, drafting.fixed_depth()) } else { depth };
+                let n = next.min(room_after - 1);
                 match ahead::queue(engine, d, caches, drafter, w, &round, s, n)? {
                     Ok(q) => queued = q,
                     Err(why) => stats.disabled = Some(why),
