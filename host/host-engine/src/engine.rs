@@ -287,28 +287,21 @@ impl Engine {
     /// K/V turn into codes between rounds (kv-quant), which overlapping
     /// rounds would postpone, so their rounds run one after another.
     pub fn pipelines_rounds(&self) -> bool {
-        if self.model.scheme != "plain" {
-            return false;
-        }
-        let overlaps = |name: &String| {
-            self.model
-                .layout_caps
-                .iter()
-                .any(|(n, t)| n == name && t.iter().any(|t| t == plugin_api::caps::SPEC_PIPELINE))
-        };
-        self.model.layouts.iter().all(overlaps)
+        self.model.scheme == "plain" && self.layers_with(plugin_api::caps::SPEC_PIPELINE).all(|has| has)
     }
 
     /// Per layer (cache order): whether its layout rolls back by snapshot
     /// and replay (`caps::SPEC_REPLAY`) rather than by dropping tokens.
     pub fn replay_layers(&self) -> Vec<bool> {
-        let replays = |name: &String| {
-            self.model
-                .layout_caps
-                .iter()
-                .any(|(n, t)| n == name && t.iter().any(|t| t == plugin_api::caps::SPEC_REPLAY))
-        };
-        self.model.layouts.iter().map(replays).collect()
+        self.layers_with(plugin_api::caps::SPEC_REPLAY).collect()
+    }
+
+    /// Per layer (cache order): whether its layout advertises `cap`.
+    fn layers_with<'a>(&'a self, cap: &'a str) -> impl Iterator<Item = bool> + 'a {
+        self.model
+            .layouts
+            .iter()
+            .map(move |name| self.model.layout_caps.iter().any(|(n, t)| n == name && t.iter().any(|t| t == cap)))
     }
 }
 

@@ -73,6 +73,19 @@ struct Round {
     logits: Vec<Array>,
 }
 
+impl Round {
+    /// What settling this round with `a` drafts accepted leaves: the rows
+    /// to queue (the accepted drafts not yet in the cache, with `verified`,
+    /// the verify's hidden states, from the first of them to position `a`)
+    /// and how many of the rows it appended stay.
+    fn settled(&self, a: usize, verified: Array) -> Result<(Queued, usize), PluginError> {
+        let keep = a.min(self.appended);
+        let hidden = verified.index_range(keep as i32, a as i32 + 1).map_err(mlx_error)?;
+        let tokens = (keep < a).then(|| self.drafts.index_range_1d(keep as i32, a as i32));
+        Ok((Queued { tokens, hidden, at: self.history + a + 1 }, keep))
+    }
+}
+
 /// A round drafted ahead of the current round's verdict.
 struct Ahead {
     round: Round,
@@ -252,11 +265,8 @@ impl Mtp {
         if n == 0 || (states.len as usize) < k + 1 {
             return Ok(None);
         }
-        let keep = round.appended.min(k);
-        let tokens = (keep < k).then(|| round.drafts.index_range_1d(keep as i32, k as i32));
-        let hidden = verified.to_owned().into_array().index_range(keep as i32, k as i32 + 1).map_err(mlx_error)?;
-        let history = round.history + k + 1;
-        let queued = Queued { tokens, hidden, at: history };
+        let (queued, _) = round.settled(k, verified.to_owned().into_array())?;
+        let history = queued.at;
         let (seed, rows) = self.run_queued(queued, pending)?;
         let chain = self.chain(seed, n, DraftSampling::GREEDY)?;
         let drafts = chain.drafts.clone();
@@ -281,11 +291,9 @@ impl Mtp {
             }
             self.trim(ahead.rows)?;
         }
-        let keep = a.min(round.appended);
+        let (queued, keep) = round.settled(a, into_array(verified))?;
         self.trim(round.appended - keep)?;
-        let hidden = into_array(verified).index_range(keep as i32, a as i32 + 1).map_err(mlx_error)?;
-        let tokens = (keep < a).then(|| round.drafts.index_range_1d(keep as i32, a as i32));
-        self.queued = Some(Queued { tokens, hidden, at: round.history + a + 1 });
+        self.queued = Some(queued);
         Ok(())
     }
 
