@@ -5,7 +5,9 @@
 //! 1. `positions()` gives the RoPE offset (scalar, or per row when batched);
 //! 2. `attention_mask(L)` for the L new queries, asked BEFORE the update;
 //! 3. `update_and_fetch(k, v)` stores the new keys/values (transferred) and
-//!    returns owned handles to everything to attend over; or, for a graph
+//!    returns owned handles to everything to attend over (a graph about to
+//!    attend calls `update_for_queries(q, k, v)` instead, and attends with
+//!    the queries it returns); or, for a graph
 //!    that lets the layout attend (`caps::LAYOUT_ATTENTION`), first
 //!    `attend(q, k, v, scale, mask)`: a layout whose K/V only it can read
 //!    (a quantized scheme) stores them and returns the attention output, a
@@ -264,6 +266,34 @@ pub trait CacheLayout: Send {
     fn rolls_back_in_place(&self) -> bool {
         false
     }
+
+    // --- v2.8: appended after the prefix.
+
+    /// `update_and_fetch` for a graph about to attend with `queries`
+    /// (`[B, H_q, L, D]`, transferred): the K/V to attend over and the
+    /// queries to attend with. MLX orders kernels by the arrays they
+    /// produce, so a layout that writes its storage in place (a kernel
+    /// writing into an input, which MLX cannot see) passes the queries
+    /// through that kernel: the attention then runs after the write. The
+    /// default stores with `update_and_fetch` and hands `queries` back.
+    fn update_for_queries(&mut self, queries: Tensor, keys: Tensor, values: Tensor) -> PResult<KvQueries> {
+        match self.update_and_fetch(keys, values) {
+            abi_stable::std_types::RResult::ROk(kv) => {
+                abi_stable::std_types::RResult::ROk(KvQueries { queries, keys: kv.keys, values: kv.values })
+            }
+            abi_stable::std_types::RResult::RErr(e) => abi_stable::std_types::RResult::RErr(e),
+        }
+    }
+}
+
+/// What [`CacheLayout::update_for_queries`] returns: everything to attend
+/// over and the queries to attend with, owned by the caller.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct KvQueries {
+    pub queries: Tensor,
+    pub keys: Tensor,
+    pub values: Tensor,
 }
 
 /// One row's K/V (`CacheLayout::kv_view`): `[1, H, L, D]` each, column

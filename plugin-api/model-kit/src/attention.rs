@@ -64,7 +64,8 @@ pub fn update(cache: &mut CacheBox, keys: Array, values: Array) -> Result<(Array
 /// Stores `keys`/`values` `[B, H, L, D]` and attends `q` over the layer's
 /// K/V: the layout's own attention when it has one (`CacheLayout::attend`,
 /// e.g. quantized matmuls over a quantized scheme), else
-/// [`update`] then [`sdpa`]. Use it wherever the graph needs the attention
+/// `update_for_queries` (the layout's update, ordered before the attention
+/// that reads it) then [`sdpa`]. Use it wherever the graph needs the attention
 /// output only (no K/V kept for other layers).
 pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale: f32, mask: &Mask) -> Result<Array> {
     let mask_ref = MaskRef {
@@ -82,8 +83,9 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
     if let ROption::RSome(out) = own {
         return Ok(into_array(out));
     }
-    let (k, v) = update(cache, keys, values)?;
-    sdpa(q, &k, &v, scale, mask)
+    // The layout hands the queries back through its write, if it writes in place.
+    let kv = boundary(cache.update_for_queries(into_tensor(q.clone()), into_tensor(keys), into_tensor(values)))?;
+    sdpa(&into_array(kv.queries), &into_array(kv.keys), &into_array(kv.values), scale, mask)
 }
 
 /// `mx.fast.scaled_dot_product_attention` with the mask's mode; multi-token

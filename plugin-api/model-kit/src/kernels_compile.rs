@@ -9,7 +9,7 @@ use crate::kernel_check::{assert_compiles, kernels};
 use crate::layers::RmsNorm;
 use crate::ops::zeros;
 use crate::rope::{Position, Rope};
-use crate::{decode_attention, qk_norm_rope, Dtype, Result};
+use crate::{decode_attention, kv_write, qk_norm_rope, Dtype, Result};
 
 #[test]
 fn the_decode_attention_kernels_compile_for_the_h200() {
@@ -119,6 +119,35 @@ fn the_qk_norm_rope_kernels_compile_for_the_h200() {
     })
     .unwrap();
     assert_eq!(kernels(&recorded), ["qk_norm_rope", "qk_norm_rope_freqs"]);
+    assert_compiles(&recorded);
+}
+
+#[test]
+fn the_kv_write_kernels_compile_for_the_h200() {
+    let recorded = launches(|| -> Result<()> {
+        // A decode step's key (contiguous), value (a transposed view of the
+        // projection) and queries, a prompt's 2048 columns, and codes of 1
+        // and 4 bytes; each write after the one before it.
+        let mut after = None;
+        for (dtype, l) in [(Dtype::Bfloat16, 1), (Dtype::Bfloat16, 2048), (Dtype::Uint8, 1), (Dtype::Uint32, 3)] {
+            let store = zeros(&[1, 8, 4096, 128], dtype)?;
+            let k = zeros(&[1, 8, l, 128], dtype)?;
+            let v = zeros(&[1, l, 8, 128], dtype)?.transpose_axes(&[0, 2, 1, 3])?;
+            let q = zeros(&[1, l, 32, 128], dtype)?.transpose_axes(&[0, 2, 1, 3])?;
+            let written = kv_write::write((&store, &store), (&k, &v, &q), 700, after.as_ref())?.expect("it applies");
+            assert_eq!(written.queries.shape(), [1, 32, l, 128]);
+            after = Some(written.done);
+        }
+        let (store, k) = (zeros(&[1, 8, 4096, 128], Dtype::Float32)?, zeros(&[1, 8, 1, 128], Dtype::Bfloat16)?);
+        assert!(kv_write::write((&store, &store), (&k, &k, &k), 700, None)?.is_none(), "dtypes that differ");
+        let k = zeros(&[1, 8, 2, 128], Dtype::Float32)?;
+        assert!(kv_write::write((&store, &store), (&k, &k, &k), 4095, None)?.is_none(), "past the capacity");
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(kernels(&recorded), ["kv_write_2", "kv_write_1", "kv_write_4"]);
+    let threads = |l: i32| (l * 8 * 128 * 2 + l * 32 * 128 + 255) / 256 * 256;
+    assert_eq!(recorded[1].grid[0], threads(2048), "a thread per element of K, V and the queries");
     assert_compiles(&recorded);
 }
 

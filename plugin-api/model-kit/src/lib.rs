@@ -27,6 +27,7 @@ pub mod graph;
 pub mod kernel_check;
 #[cfg(test)]
 mod kernels_compile;
+pub mod kv_write;
 pub mod layers;
 pub mod lm_head;
 pub mod mask;

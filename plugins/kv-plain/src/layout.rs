@@ -34,17 +34,17 @@ impl CacheLayout for PlainKv {
 
     fn update_and_fetch(&mut self, keys: Tensor, values: Tensor) -> PResult<KvPair> {
         guard(|| {
-            let (k, v) = (into_array(keys), into_array(values));
-            KvShape { heads: self.heads, k_dim: self.k_dim, v_dim: self.v_dim }.check("kv-plain", &k, &v)?;
-            if k.shape()[0] as usize != self.rows() {
-                return Err(PluginError::invalid_input(format!(
-                    "kv-plain: {} rows given, cache holds {}",
-                    k.shape()[0],
-                    self.rows()
-                )));
-            }
+            let (k, v) = self.checked(keys, values)?;
             let (k, v) = self.store(k, v).map_err(mlx_error)?;
             Ok(KvPair { keys: into_tensor(k), values: into_tensor(v) })
+        })
+    }
+
+    fn update_for_queries(&mut self, queries: Tensor, keys: Tensor, values: Tensor) -> PResult<KvQueries> {
+        guard(|| {
+            let (k, v) = self.checked(keys, values)?;
+            let (q, k, v) = self.store_for(into_array(queries), k, v).map_err(mlx_error)?;
+            Ok(KvQueries { queries: into_tensor(q), keys: into_tensor(k), values: into_tensor(v) })
         })
     }
 
@@ -160,5 +160,21 @@ impl CacheLayout for PlainKv {
             self.holes = Holes::none(pads.len());
             Ok(())
         })
+    }
+}
+
+impl PlainKv {
+    /// New keys and values as arrays, refused unless they fit this cache.
+    fn checked(&self, keys: Tensor, values: Tensor) -> std::result::Result<(Array, Array), PluginError> {
+        let (k, v) = (into_array(keys), into_array(values));
+        KvShape { heads: self.heads, k_dim: self.k_dim, v_dim: self.v_dim }.check("kv-plain", &k, &v)?;
+        if k.shape()[0] as usize != self.rows() {
+            return Err(PluginError::invalid_input(format!(
+                "kv-plain: {} rows given, cache holds {}",
+                k.shape()[0],
+                self.rows()
+            )));
+        }
+        Ok((k, v))
     }
 }

@@ -3,7 +3,9 @@
 //! (rows, left-padded) keep them.
 //!
 //! Storage `[slots, H, capacity, D]` grows in steps of `spec.step` tokens and
-//! is written in place with slice updates (never concatenated per token).
+//! is written in place (never concatenated per token): on the GPU by
+//! `model_kit::kv_write` where no view the layout lent covers the columns
+//! written (`lent_upto`), else with slice updates.
 //! Rows of different lengths are left-padded; each row's RoPE position is
 //! `write index - left padding`, and masks hide the padding. A batched
 //! speculative round whose rows keep different counts leaves per-row holes
@@ -28,16 +30,20 @@ mod slots;
 mod state;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_tests;
 
 use holes::{compact_plan, gather_columns, Holes, COMPACT_AFTER};
 
 use kv_quant::{Columns, Quantized, Scheme, Widths};
+use model_kit::kv_write;
 use model_kit::ops::{dtype_from_raw, dtype_size, slice, slice_update, zeros};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use plugin_api::abi_stable::std_types::{ROption, RSlice, RString, RVec};
 use plugin_api::*;
 use plugin_sdk::{guard, guard_mlx, into_array, into_tensor, mlx_rs, quietly, rstrings};
+use std::cell::Cell;
 
 plugin_sdk::export_plugin! {
     manifest: manifest,
@@ -79,6 +85,8 @@ fn new_cache(spec: &CacheSpec) -> std::result::Result<CacheBox, PluginError> {
         v_dim: spec.need.v_head_dim as i32,
         dtype,
         marks: Vec::new(),
+        lent_upto: Cell::new(0),
+        pending: Cell::new(None),
     };
     match scheme {
         None => Ok(CacheLayout_TO::from_value(kv, TD_Opaque)),
@@ -110,6 +118,14 @@ struct PlainKv {
     /// `idx` when each open speculative round began, oldest first (rounds
     /// overlap when the host pipelines them: `caps::SPEC_PIPELINE`).
     marks: Vec<usize>,
+    /// The storage's columns before this one may be held by views that
+    /// outlive a step (exported states, rows, drafters' views; a clone's or
+    /// an imported state's storage: all of it), so `kv_write` never writes
+    /// them in place. A `Cell`: lending is a `&self` method.
+    lent_upto: Cell<usize>,
+    /// The last in-place write's mark while it may be unscheduled
+    /// (`settle`).
+    pending: Cell<Option<Array>>,
 }
 
 impl PlainKv {
@@ -156,6 +172,7 @@ impl PlainKv {
 
     /// Squeezes holes (and padding beyond what rows need) out of storage.
     fn compact(&mut self) -> Result<()> {
+        self.settle()?;
         let (rows, pads) = compact_plan(&self.holes, &self.left_pad, self.idx);
         if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
             self.keys = Some(gather_columns(&columns_to(&self.rows_in_use(&k)?, self.idx)?, &rows)?);
@@ -168,7 +185,40 @@ impl PlainKv {
         Ok(())
     }
 
+    /// Stores `k`/`v` and returns the queries to attend with: written in
+    /// place by `kv_write`, the queries passed through the write, where the
+    /// storage has room and no lent view covers the columns; else `store`.
+    fn store_for(&mut self, q: Array, k: Array, v: Array) -> Result<(Array, Array, Array)> {
+        let l = k.shape()[2] as usize;
+        if let (Some(ks), Some(vs)) = (&self.keys, &self.values) {
+            if self.idx + l <= ks.shape()[2] as usize && self.idx >= self.lent_upto.get() {
+                let after = self.pending.take();
+                if let Some(written) = kv_write::write((ks, vs), (&k, &v, &q), self.idx, after.as_ref())? {
+                    self.idx += l;
+                    let out = (self.window(ks)?, self.window(vs)?);
+                    self.pending.set(Some(written.done));
+                    return Ok((written.queries, out.0, out.1));
+                }
+                self.pending.set(after);
+            }
+        }
+        let (k, v) = self.store(k, v)?;
+        Ok((q, k, v))
+    }
+
+    /// Schedules the last in-place write (`kv_write`) if it is not yet:
+    /// MLX cannot see that it writes the storage, so an op that reads the
+    /// storage other than through its queries must land in a later launch.
+    /// Every other reader of the storage calls this first.
+    fn settle(&self) -> Result<()> {
+        match self.pending.take() {
+            Some(done) => mlx_rs::transforms::async_eval([&done]),
+            None => Ok(()),
+        }
+    }
+
     fn store(&mut self, k: Array, v: Array) -> Result<(Array, Array)> {
+        self.settle()?;
         let (b, l) = (k.shape()[0], k.shape()[2] as usize);
         let cap = self.keys.as_ref().map_or(0, |a| a.shape()[2] as usize);
         if self.keys.is_none() || self.idx + l > cap {
@@ -197,10 +247,19 @@ impl PlainKv {
         let end = self.idx as i32;
         let ks = slice_update(&ks, &k, &[0, 0, prev as i32, 0], &[b, self.heads, end, self.k_dim])?;
         let vs = slice_update(&vs, &v, &[0, 0, prev as i32, 0], &[b, self.heads, end, self.v_dim])?;
+        // MLX copies the storage when anything else holds it, so what the
+        // slice update returns is held by no lent view.
+        self.lent_upto.set(0);
         let out = (self.window(&ks)?, self.window(&vs)?);
         self.keys = Some(ks);
         self.values = Some(vs);
         Ok(out)
+    }
+
+    /// Marks the storage's first `end` columns as held by a view that may
+    /// outlive the step.
+    fn lend(&self, end: usize) {
+        self.lent_upto.set(self.lent_upto.get().max(end));
     }
 
     /// Column numbers after the storage dropped the columns before `base`.
@@ -241,6 +300,8 @@ impl PlainKv {
             left_pad: vec![0; rows],
             holes: Holes::none(rows),
             marks: Vec::new(),
+            lent_upto: Cell::new(0),
+            pending: Cell::new(None),
             ..*self.geometry()
         }
     }
@@ -262,15 +323,22 @@ impl Columns for PlainKv {
         keys: &dyn Fn(&Array) -> Result<Array>,
         values: &dyn Fn(&Array) -> Result<Array>,
     ) -> Result<()> {
+        self.settle()?;
         self.keys = self.keys.as_ref().map(keys).transpose()?;
         self.values = self.values.as_ref().map(values).transpose()?;
         (self.k_dim, self.v_dim, self.dtype) = (w.k, w.v, w.dtype);
+        self.lent_upto.set(usize::MAX);
         Ok(())
     }
 }
 
 impl Clone for PlainKv {
+    /// The clone shares the storage (and the mark of its last write):
+    /// neither writes it in place again.
     fn clone(&self) -> Self {
+        self.lent_upto.set(usize::MAX);
+        let pending = self.pending.take();
+        self.pending.set(pending.clone());
         Self {
             keys: self.keys.clone(),
             values: self.values.clone(),
@@ -284,6 +352,8 @@ impl Clone for PlainKv {
             v_dim: self.v_dim,
             dtype: self.dtype,
             marks: self.marks.clone(),
+            lent_upto: Cell::new(usize::MAX),
+            pending: Cell::new(pending),
         }
     }
 }

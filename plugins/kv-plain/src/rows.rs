@@ -13,6 +13,7 @@ impl PlainKv {
     /// buffer, a second copy of the whole batch at every join). Columns that
     /// are padding in every row are left out of a copy.
     pub(crate) fn merge(&mut self, rows: Vec<CacheState>) -> Result<()> {
+        self.settle()?;
         let mut new_rows = Vec::new();
         for st in rows {
             let mut one = self.emptied(1);
@@ -107,6 +108,7 @@ impl PlainKv {
     /// columns that are padding in every kept row and keeps the spare
     /// capacity, so the next update writes in place.
     pub(crate) fn filter(&mut self, keep: &[u32]) -> Result<()> {
+        self.settle()?;
         if keep.iter().any(|&r| r as usize >= self.rows()) {
             return Err(error(format!("filter_rows: row out of range (rows = {})", self.rows())));
         }
@@ -150,10 +152,12 @@ impl PlainKv {
     /// each: a slice (a view, no copy) when the row has no holes, else its
     /// live columns gathered.
     fn live_row(&self, k: &Array, v: &Array, r: usize) -> Result<(Array, Array)> {
+        self.settle()?;
         let (ks, vs) = (k.shape(), v.shape());
         let (pad, end) = (self.left_pad[r] as i32, self.idx as i32);
         let row_k = slice(k, &[r as i32, 0, pad, 0], &[r as i32 + 1, ks[1], end, ks[3]])?;
         let row_v = slice(v, &[r as i32, 0, pad, 0], &[r as i32 + 1, vs[1], end, vs[3]])?;
+        self.lend(self.idx);
         if self.holes.count(r) == 0 {
             return Ok((row_k, row_v));
         }

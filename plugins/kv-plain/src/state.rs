@@ -6,6 +6,7 @@ use super::*;
 
 impl PlainKv {
     pub(crate) fn state(&self) -> Result<CacheState> {
+        self.settle()?;
         if self.holes.any() {
             let mut compact = self.clone();
             compact.compact()?;
@@ -15,6 +16,7 @@ impl PlainKv {
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             tensors.push(into_tensor(self.window(k)?));
             tensors.push(into_tensor(self.window(v)?));
+            self.lend(self.idx);
         }
         let mut meta: RVec<u64> = RVec::new();
         meta.push(self.len() as u64);
@@ -41,6 +43,8 @@ impl PlainKv {
                 }
                 self.keys = Some(k);
                 self.values = Some(v);
+                // The exporter's storage, or views of it.
+                self.lent_upto.set(usize::MAX);
                 self.idx = meta[0];
                 self.base = 0;
                 self.left_pad = meta[1..].to_vec();

@@ -3,7 +3,7 @@
 
 use super::*;
 
-fn cache(rows: usize) -> PlainKv {
+pub(crate) fn cache(rows: usize) -> PlainKv {
     PlainKv {
         keys: None,
         values: None,
@@ -17,11 +17,13 @@ fn cache(rows: usize) -> PlainKv {
         v_dim: 1,
         dtype: Dtype::Float32,
         marks: Vec::new(),
+        lent_upto: Cell::new(0),
+        pending: Cell::new(None),
     }
 }
 
 /// Appends per-row values `[B, 1, L, 1]`.
-fn push(c: &mut PlainKv, rows: &[&[f32]]) {
+pub(crate) fn push(c: &mut PlainKv, rows: &[&[f32]]) {
     let l = rows[0].len() as i32;
     let flat: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
     let a = Array::from_slice(&flat, &[rows.len() as i32, 1, l, 1]);
