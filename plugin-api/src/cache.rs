@@ -274,13 +274,17 @@ pub trait CacheLayout: Send {
     /// queries to attend with. MLX orders kernels by the arrays they
     /// produce, so a layout that writes its storage in place (a kernel
     /// writing into an input, which MLX cannot see) passes the queries
-    /// through that kernel: the attention then runs after the write. The
+    /// through that kernel: the attention then runs after the write
+    /// (`KvQueries::written_in_place` says what else to order). The
     /// default stores with `update_and_fetch` and hands `queries` back.
     fn update_for_queries(&mut self, queries: Tensor, keys: Tensor, values: Tensor) -> PResult<KvQueries> {
         match self.update_and_fetch(keys, values) {
-            abi_stable::std_types::RResult::ROk(kv) => {
-                abi_stable::std_types::RResult::ROk(KvQueries { queries, keys: kv.keys, values: kv.values })
-            }
+            abi_stable::std_types::RResult::ROk(kv) => abi_stable::std_types::RResult::ROk(KvQueries {
+                queries,
+                keys: kv.keys,
+                values: kv.values,
+                written_in_place: false,
+            }),
             abi_stable::std_types::RResult::RErr(e) => abi_stable::std_types::RResult::RErr(e),
         }
     }
@@ -294,6 +298,11 @@ pub struct KvQueries {
     pub queries: Tensor,
     pub keys: Tensor,
     pub values: Tensor,
+    /// The layout wrote the new K/V in place, unseen by MLX: only kernels
+    /// that take `queries` are ordered after the write, so a graph that
+    /// reads `keys`/`values` in any other kernel first (a copy, a padding,
+    /// a matmul's staging) schedules `queries` (`async_eval`) before it.
+    pub written_in_place: bool,
 }
 
 /// One row's K/V (`CacheLayout::kv_view`): `[1, H, L, D]` each, column

@@ -85,7 +85,9 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
     }
     // The layout hands the queries back through its write, if it writes in place.
     let kv = boundary(cache.update_for_queries(into_tensor(q.clone()), into_tensor(keys), into_tensor(values)))?;
-    sdpa(&into_array(kv.queries), &into_array(kv.keys), &into_array(kv.values), scale, mask)
+    let written = kv.written_in_place;
+    let (q, k, v) = (into_array(kv.queries), into_array(kv.keys), into_array(kv.values));
+    routed(&q, &k, &v, scale, mask, written.then_some(&q))
 }
 
 /// `mx.fast.scaled_dot_product_attention` with the mask's mode; multi-token
@@ -97,6 +99,16 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
 /// unmasked or causal queries at a head size MLX's fused kernels do not
 /// take (`decode_attention::unmasked`).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<Array> {
+    routed(q, k, v, scale, mask, None)
+}
+
+/// [`sdpa`]; `after_write`: the queries a layout passed through its
+/// in-place write of `k`/`v` (`KvQueries::written_in_place`). The routes
+/// up to MLX's single-query kernel read K/V in the kernels that take the
+/// queries, so MLX runs them after the write; the others read K/V in
+/// kernels of their own too (copies, padding, a matmul's staging), so the
+/// queries, and with them the write, are scheduled before those are built.
+fn routed(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask, after_write: Option<&Array>) -> Result<Array> {
     if let Mask::Array(m) = mask {
         if let Some(out) = crate::decode_attention::masked(q, k, v, scale, m)? {
             return Ok(out);
@@ -109,6 +121,12 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
     }
     if crate::short_attention::per_query_wanted(q.shape(), mask) {
         return crate::short_attention::per_query(q, k, v, scale, mask);
+    }
+    if q.shape()[2] == 1 && matches!(mask, Mask::None) {
+        return mlx_rs::fast::scaled_dot_product_attention(q, k, v, scale, None, None);
+    }
+    if let Some(queries) = after_write {
+        mlx_rs::transforms::async_eval([queries])?;
     }
     if crate::short_attention::wanted(q.shape(), k.shape()[2]) {
         return crate::short_attention::unfused(q, k, v, scale, mask);

@@ -43,8 +43,8 @@ impl CacheLayout for PlainKv {
     fn update_for_queries(&mut self, queries: Tensor, keys: Tensor, values: Tensor) -> PResult<KvQueries> {
         guard(|| {
             let (k, v) = self.checked(keys, values)?;
-            let (q, k, v) = self.store_for(into_array(queries), k, v).map_err(mlx_error)?;
-            Ok(KvQueries { queries: into_tensor(q), keys: into_tensor(k), values: into_tensor(v) })
+            let (q, k, v, written_in_place) = self.store_for(into_array(queries), k, v).map_err(mlx_error)?;
+            Ok(KvQueries { queries: into_tensor(q), keys: into_tensor(k), values: into_tensor(v), written_in_place })
         })
     }
 

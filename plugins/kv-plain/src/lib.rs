@@ -177,6 +177,7 @@ impl PlainKv {
         if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
             self.keys = Some(gather_columns(&columns_to(&self.rows_in_use(&k)?, self.idx)?, &rows)?);
             self.values = Some(gather_columns(&columns_to(&self.rows_in_use(&v)?, self.idx)?, &rows)?);
+            self.lent_upto.set(0);
         }
         self.idx = rows.first().map_or(0, Vec::len);
         self.base = 0;
@@ -185,25 +186,28 @@ impl PlainKv {
         Ok(())
     }
 
-    /// Stores `k`/`v` and returns the queries to attend with: written in
-    /// place by `kv_write`, the queries passed through the write, where the
-    /// storage has room and no lent view covers the columns; else `store`.
-    fn store_for(&mut self, q: Array, k: Array, v: Array) -> Result<(Array, Array, Array)> {
+    /// Stores `k`/`v` and returns the queries to attend with, and whether
+    /// the K/V were written in place: by `kv_write`, the queries passed
+    /// through the write, where the storage has room and no lent view
+    /// covers the columns; else by `store`.
+    fn store_for(&mut self, q: Array, k: Array, v: Array) -> Result<(Array, Array, Array, bool)> {
         let l = k.shape()[2] as usize;
         if let (Some(ks), Some(vs)) = (&self.keys, &self.values) {
             if self.idx + l <= ks.shape()[2] as usize && self.idx >= self.lent_upto.get() {
                 let after = self.pending.take();
-                if let Some(written) = kv_write::write((ks, vs), (&k, &v, &q), self.idx, after.as_ref())? {
+                let written = kv_write::write((ks, vs), (&k, &v, &q), self.idx, after.as_ref());
+                if let Ok(Some(written)) = written {
                     self.idx += l;
                     let out = (self.window(ks)?, self.window(vs)?);
                     self.pending.set(Some(written.done));
-                    return Ok((written.queries, out.0, out.1));
+                    return Ok((written.queries, out.0, out.1, true));
                 }
                 self.pending.set(after);
+                written?;
             }
         }
         let (k, v) = self.store(k, v)?;
-        Ok((q, k, v))
+        Ok((q, k, v, false))
     }
 
     /// Schedules the last in-place write (`kv_write`) if it is not yet:

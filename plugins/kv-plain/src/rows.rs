@@ -96,6 +96,7 @@ impl PlainKv {
         }
         self.keys = Some(keys);
         self.values = Some(values);
+        self.lent_upto.set(0);
         self.idx = len;
         self.base = 0;
         self.left_pad = pads;
@@ -123,6 +124,7 @@ impl PlainKv {
         if let (Some(k), Some(v)) = (self.keys.take(), self.values.take()) {
             self.keys = Some(columns_from(&k, common)?.take_axis(&sel, 0)?);
             self.values = Some(columns_from(&v, common)?.take_axis(&sel, 0)?);
+            self.lent_upto.set(0);
         }
         self.idx -= common;
         self.base = 0;

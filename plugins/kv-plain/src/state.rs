@@ -8,7 +8,12 @@ impl PlainKv {
     pub(crate) fn state(&self) -> Result<CacheState> {
         self.settle()?;
         if self.holes.any() {
+            // The compacted copy gathers from this storage and lends only
+            // its own (a clone would forbid this storage in-place writes).
+            let lent = self.lent_upto.get();
             let mut compact = self.clone();
+            self.lent_upto.set(lent);
+            self.lend(self.idx);
             compact.compact()?;
             return compact.state();
         }

@@ -17,21 +17,31 @@ fn roomy() -> PlainKv {
     c
 }
 
-/// Whether storing `values` for attention went through the in-place
-/// kernel, and then that the queries came back as the attention must take them.
+/// Whether storing `values` (one row) for attention went through the
+/// in-place kernel.
 fn in_place(c: &mut PlainKv, values: &[f32]) -> bool {
-    let mut passed = None;
+    in_place_rows(c, &[values])
+}
+
+/// Whether storing per-row `rows` for attention went through the in-place
+/// kernel, checking that the layout says so and hands back queries of the
+/// shape it was given.
+fn in_place_rows(c: &mut PlainKv, rows: &[&[f32]]) -> bool {
+    let (b, l) = (rows.len() as i32, rows[0].len() as i32);
+    let mut said = None;
     let recorded = launches(|| {
-        let a = Array::from_slice(values, &[1, 1, values.len() as i32, 1]);
-        let q = Array::from_slice(&vec![0.5f32; 2 * values.len()], &[1, 2, values.len() as i32, 1]);
-        let (queries, _, _) = c.store_for(q.clone(), a.clone(), a)?;
-        passed = Some(queries.shape() == q.shape());
+        let flat: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        let a = Array::from_slice(&flat, &[b, 1, l, 1]);
+        let q = Array::from_slice(&vec![0.5f32; 2 * flat.len()], &[b, 2, l, 1]);
+        let (queries, _, _, written) = c.store_for(q.clone(), a.clone(), a)?;
+        assert_eq!(queries.shape(), q.shape());
+        said = Some(written);
         Ok(())
     })
     .unwrap();
-    assert_eq!(passed, Some(true), "the queries keep their shape");
     let writes = recorded.iter().filter(|l| l.kernel.starts_with("kv_write")).count();
     assert!(writes <= 1, "one launch writes K, V and the queries");
+    assert_eq!(said, Some(writes == 1), "the layout says whether it wrote in place");
     writes == 1
 }
 
@@ -79,4 +89,19 @@ fn shared_storage_is_never_written_in_place() {
     other.load(c.state().unwrap()).unwrap();
     assert!(!in_place(&mut other, &[6.0]), "grown by a slice update");
     assert!(in_place(&mut other, &[7.0]));
+}
+
+#[test]
+fn a_state_of_rows_with_holes_lends_only_the_columns_it_reads() {
+    let mut c = cache(2);
+    c.step = 16;
+    push(&mut c, &[&[1.0], &[11.0]]);
+    CacheLayout::spec_begin(&mut c);
+    push(&mut c, &[&[2.0, 3.0], &[12.0, 13.0]]);
+    CacheLayout::spec_rollback(&mut c, RSlice::from_slice(&[2, 1])).unwrap();
+    assert!(c.holes.any());
+    let _state = c.state().unwrap();
+    assert!(in_place_rows(&mut c, &[&[4.0], &[14.0]]), "past the exported columns");
+    CacheLayout::trim(&mut c, 2);
+    assert!(!in_place_rows(&mut c, &[&[5.0], &[15.0]]), "under them");
 }
