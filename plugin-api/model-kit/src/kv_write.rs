@@ -100,9 +100,9 @@ pub struct Written {
 /// Writes `k` / `v` (`[B, H, L, D]`) into columns `column .. column + L` of
 /// the storage `ks` / `vs` (`[B', H, capacity, D]`, the same dtypes, B' >= B)
 /// in place, after the write whose mark is `after`, with the queries `q`
-/// (`[B, HQ, L, DQ]`, the same dtype) passed through; `None` where this route does not apply (not a
-/// GPU, dtypes that differ or are 8 bytes wide, shapes that do not fit), and
-/// the caller writes with `slice_update`.
+/// (`[B, HQ, L, DQ]`, the same dtype) passed through; `None` where this
+/// route does not apply (not a GPU, dtypes that differ or are 8 bytes wide,
+/// shapes that do not fit), and the caller writes with `slice_update`.
 pub fn write(
     (ks, vs): (&Array, &Array),
     (k, v, q): (&Array, &Array, &Array),
