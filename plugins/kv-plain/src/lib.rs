@@ -119,9 +119,9 @@ struct PlainKv {
     /// overlap when the host pipelines them: `caps::SPEC_PIPELINE`).
     marks: Vec<usize>,
     /// The storage's columns before this one may be held by views that
-    /// outlive a step (exported states, rows, drafters' views; a clone's or
-    /// an imported state's storage: all of it), so `kv_write` never writes
-    /// them in place. A `Cell`: lending is a `&self` method.
+    /// outlive a step (exported states, rows, drafters' views; an imported
+    /// state's storage: all of it), so `kv_write` never writes them in
+    /// place. A `Cell`: lending is a `&self` method.
     lent_upto: Cell<usize>,
     /// The last in-place write's mark while it may be unscheduled
     /// (`settle`).
@@ -188,23 +188,20 @@ impl PlainKv {
 
     /// Stores `k`/`v` and returns the queries to attend with, and whether
     /// the K/V were written in place: by `kv_write`, the queries passed
-    /// through the write, where the storage has room and no lent view
-    /// covers the columns; else by `store`.
+    /// through the write, where no lent view covers the columns and the
+    /// kernel takes them (the storage has room); else by `store`.
     fn store_for(&mut self, q: Array, k: Array, v: Array) -> Result<(Array, Array, Array, bool)> {
-        let l = k.shape()[2] as usize;
-        if let (Some(ks), Some(vs)) = (&self.keys, &self.values) {
-            if self.idx + l <= ks.shape()[2] as usize && self.idx >= self.lent_upto.get() {
-                let after = self.pending.take();
-                let written = kv_write::write((ks, vs), (&k, &v, &q), self.idx, after.as_ref());
-                if let Ok(Some(written)) = written {
-                    self.idx += l;
-                    let out = (self.window(ks)?, self.window(vs)?);
-                    self.pending.set(Some(written.done));
-                    return Ok((written.queries, out.0, out.1, true));
-                }
-                self.pending.set(after);
-                written?;
+        if let (Some(ks), Some(vs), true) = (&self.keys, &self.values, self.idx >= self.lent_upto.get()) {
+            let after = self.pending.take();
+            let written = kv_write::write((ks, vs), (&k, &v, &q), self.idx, after.as_ref());
+            if let Ok(Some(written)) = written {
+                self.idx += k.shape()[2] as usize;
+                let out = (self.window(ks)?, self.window(vs)?);
+                self.pending.set(Some(written.done));
+                return Ok((written.queries, out.0, out.1, true));
             }
+            self.pending.set(after);
+            written?;
         }
         let (k, v) = self.store(k, v)?;
         Ok((q, k, v, false))
@@ -333,32 +330,6 @@ impl Columns for PlainKv {
         (self.k_dim, self.v_dim, self.dtype) = (w.k, w.v, w.dtype);
         self.lent_upto.set(usize::MAX);
         Ok(())
-    }
-}
-
-impl Clone for PlainKv {
-    /// The clone shares the storage (and the mark of its last write):
-    /// neither writes it in place again.
-    fn clone(&self) -> Self {
-        self.lent_upto.set(usize::MAX);
-        let pending = self.pending.take();
-        self.pending.set(pending.clone());
-        Self {
-            keys: self.keys.clone(),
-            values: self.values.clone(),
-            idx: self.idx,
-            base: self.base,
-            left_pad: self.left_pad.clone(),
-            holes: self.holes.clone(),
-            step: self.step,
-            heads: self.heads,
-            k_dim: self.k_dim,
-            v_dim: self.v_dim,
-            dtype: self.dtype,
-            marks: self.marks.clone(),
-            lent_upto: Cell::new(usize::MAX),
-            pending: Cell::new(pending),
-        }
     }
 }
 

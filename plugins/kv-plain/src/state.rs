@@ -8,14 +8,7 @@ impl PlainKv {
     pub(crate) fn state(&self) -> Result<CacheState> {
         self.settle()?;
         if self.holes.any() {
-            // The compacted copy gathers from this storage and lends only
-            // its own (a clone would forbid this storage in-place writes).
-            let lent = self.lent_upto.get();
-            let mut compact = self.clone();
-            self.lent_upto.set(lent);
-            self.lend(self.idx);
-            compact.compact()?;
-            return compact.state();
+            return self.compacted()?.state();
         }
         let mut tensors = RVec::new();
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
@@ -27,6 +20,23 @@ impl PlainKv {
         meta.push(self.len() as u64);
         meta.extend(self.left_pad.iter().map(|&p| (p - self.base) as u64));
         Ok(CacheState { signature: self.signature(), offset: self.len() as u64, tensors, meta })
+    }
+
+    /// This cache with its holes squeezed out, for export: a copy whose
+    /// storage is gathered from this one's (which lends the columns read).
+    fn compacted(&self) -> Result<Self> {
+        self.lend(self.idx);
+        let mut copy = PlainKv {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            idx: self.idx,
+            base: self.base,
+            left_pad: self.left_pad.clone(),
+            holes: self.holes.clone(),
+            ..self.emptied(0)
+        };
+        copy.compact()?;
+        Ok(copy)
     }
 
     pub(crate) fn load(&mut self, state: CacheState) -> Result<()> {
