@@ -220,6 +220,22 @@ fn bad_anthropic_requests_get_anthropic_errors_and_the_server_keeps_serving() {
             "without `tool_result` blocks immediately after: t1",
         ),
         (
+            "two tool_use blocks of one message with one id",
+            "POST",
+            MESSAGES,
+            j(json!({"model": "m", "max_tokens": 4, "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+                    {"type": "tool_use", "id": "t1", "name": "g", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "x"},
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "y"}]}]})),
+            400,
+            bad,
+            "`tool_use` ids must be unique: t1",
+        ),
+        (
             "tool_use input not an object",
             "POST",
             MESSAGES,

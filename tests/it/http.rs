@@ -76,6 +76,19 @@ fn forty_bad_requests_get_openai_errors_and_the_server_keeps_serving() {
             400,
             "has none for: c2",
         ),
+        (
+            "two tool calls of one message with one id",
+            "POST",
+            c,
+            j(json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "c1", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "x"},
+                {"role": "tool", "tool_call_id": "c1", "content": "y"}]})),
+            400,
+            "Duplicate value for 'id' of 'c1'",
+        ),
         ("user message without content", "POST", c, j(json!({"messages": [{"role": "user"}]})), 400, "content"),
         ("content wrong type", "POST", c, j(json!({"messages": [{"role": "user", "content": 5}]})), 400, "content"),
         (

@@ -151,6 +151,22 @@ fn bad_responses_requests_get_openai_errors_and_the_server_keeps_serving() {
             "no tool output found for function call c1",
         ),
         (
+            "two function_calls of one turn with one call_id",
+            "POST",
+            r,
+            j(create(
+                json!([{"type": "message", "role": "user", "content": "x"},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c1", "name": "g", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "x"},
+                {"type": "function_call_output", "call_id": "c1", "output": "y"}]),
+                json!({}),
+            )),
+            400,
+            "input",
+            "Duplicate 'call_id': c1",
+        ),
+        (
             "a function_call_output without output",
             "POST",
             r,

@@ -22,6 +22,13 @@ pub fn chat(u: Unpaired) -> ApiError {
                 format!("an assistant message with `tool_calls` must be followed by tool messages answering each `tool_call_id`; `{at}` has none for: {}", ids.join(", ")),
             )
         }
+        Unpaired::DuplicateCall { call, id } => {
+            let at = format!("messages[{call}].tool_calls");
+            ApiError::param(
+                &at,
+                format!("Duplicate value for 'id' of '{id}' in `{at}`: each tool call of a message needs its own id, which its tool message answers"),
+            )
+        }
     }
 }
 
@@ -35,6 +42,10 @@ pub fn responses(u: Unpaired) -> ApiError {
             "input",
             format!("no tool output found for function call {}: each `function_call` needs its `function_call_output` before the next message", ids.join(", ")),
         ),
+        Unpaired::DuplicateCall { id, .. } => ApiError::param(
+            "input",
+            format!("Duplicate 'call_id': {id}. Each `function_call` of a turn needs its own call_id, which its `function_call_output` answers"),
+        ),
     }
 }
 
@@ -47,6 +58,10 @@ pub fn messages(u: Unpaired) -> ApiError {
         Unpaired::Unanswered { ids, .. } => ApiError::param(
             "messages",
             format!("`tool_use` ids were found without `tool_result` blocks immediately after: {}. Each `tool_use` block must have a corresponding `tool_result` block in the next message", ids.join(", ")),
+        ),
+        Unpaired::DuplicateCall { id, .. } => ApiError::param(
+            "messages",
+            format!("`tool_use` ids must be unique: {id} is given to more than one `tool_use` block of one message"),
         ),
     }
 }

@@ -18,11 +18,14 @@ pub enum Unpaired {
     /// The calls of `messages[call]` that no tool result answers before the
     /// next message that is not a tool result (or the end).
     Unanswered { call: usize, ids: Vec<String> },
+    /// `messages[call]` gives `id` to more than one of its calls: a result
+    /// could not say which of them it answers.
+    DuplicateCall { call: usize, id: String },
 }
 
-/// Checks that each assistant message's `tool_calls` are answered, each
-/// exactly once, by the `tool` messages that directly follow it, and that
-/// every `tool` message answers one of them.
+/// Checks that each assistant message's `tool_calls` have ids of their own
+/// and are answered, each exactly once, by the `tool` messages that directly
+/// follow it, and that every `tool` message answers one of them.
 pub fn pair_tool_results(messages: &[Value]) -> Result<(), Unpaired> {
     // The calls of the last assistant message still waiting for a result.
     let mut open: Option<(usize, Vec<String>)> = None;
@@ -40,6 +43,9 @@ pub fn pair_tool_results(messages: &[Value]) -> Result<(), Unpaired> {
             Some(calls) => calls.iter().filter_map(|c| c["id"].as_str().map(str::to_owned)).collect(),
             None => Vec::new(),
         };
+        if let Some(id) = ids.iter().enumerate().find_map(|(k, id)| ids[..k].contains(id).then_some(id)) {
+            return Err(Unpaired::DuplicateCall { call: i, id: id.clone() });
+        }
         if m["role"] == "assistant" && !ids.is_empty() {
             open = Some((i, ids));
         }
@@ -103,5 +109,15 @@ mod tests {
         unanswered(&[user(), call(&["a", "b"]), result("a"), user()], 1, &["b"]);
         unanswered(&[user(), call(&["a", "b"])], 1, &["a", "b"]);
         unanswered(&[user(), call(&["a"]), call(&["b"]), result("b")], 1, &["a"]);
+    }
+
+    #[test]
+    fn the_calls_of_one_turn_have_ids_of_their_own() {
+        assert_eq!(
+            pair_tool_results(&[user(), call(&["a", "b", "a"]), result("a"), result("b"), result("a")]),
+            Err(Unpaired::DuplicateCall { call: 1, id: "a".into() })
+        );
+        // Ids may repeat across turns: results follow their own turn.
+        assert_eq!(pair_tool_results(&[user(), call(&["a"]), result("a"), user(), call(&["a"]), result("a")]), Ok(()));
     }
 }
