@@ -27,6 +27,7 @@
 use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch};
 use crate::ops::dtype_size;
 use crate::{Array, Dtype, Result};
+use std::cell::RefCell;
 
 /// One thread per element of `k`, `v` (`[B, H, L, D]`, read strided), then
 /// `q` (`[B, HQ, L, DQ]`), copied as raw words `W` of the element's size:
@@ -41,34 +42,31 @@ const SOURCE: &str = r#"
     const size_t nk = (size_t)B * H * L * DK;
     const size_t nkv = nk + (size_t)B * H * L * DV;
     if (i >= nkv + (size_t)B * HQ * L * DQ) return;
+    // Element j of a row-major [B, N, L, D] array as (b, n, l, d), and that
+    // element's offset at position `l` in an array of strides `s`.
+    struct At { int b, n, l, d; };
+    const auto split = [](size_t j, int N, int L, int D) {
+        const size_t r = j / D;
+        return At{(int)(r / L / N), (int)(r / L % N), (int)(r % L), (int)(j % D)};
+    };
+    const auto offset = [](const At& a, const auto& s, int64_t l) {
+        return a.b * s[0] + a.n * s[1] + l * s[2] + a.d * s[3];
+    };
     if (i >= nkv) {
         const size_t j = i - nkv;
-        const int d = (int)(j % DQ);
-        const size_t r = j / DQ;
-        const int l = (int)(r % L);
-        const int h = (int)(r / L % HQ);
-        const int b = (int)(r / L / HQ);
-        reinterpret_cast<W*>(qo)[j] =
-            reinterpret_cast<const W*>(q)[b * q_strides[0] + h * q_strides[1] + l * q_strides[2] + d * q_strides[3]];
+        const At a = split(j, HQ, L, DQ);
+        reinterpret_cast<W*>(qo)[j] = reinterpret_cast<const W*>(q)[offset(a, q_strides, a.l)];
         return;
     }
     const bool is_k = i < nk;
-    const size_t j = is_k ? i : i - nk;
-    const int D = is_k ? DK : DV;
-    const int d = (int)(j % D);
-    const size_t r = j / D;
-    const int l = (int)(r % L);
-    const int h = (int)(r / L % H);
-    const int b = (int)(r / L / H);
-    const int64_t col = column[0] + l;
+    const At a = split(is_k ? i : i - nk, H, L, is_k ? DK : DV);
+    const int64_t col = column[0] + a.l;
     if (is_k) {
-        W* dst = const_cast<W*>(reinterpret_cast<const W*>(ks));
-        dst[b * ks_strides[0] + h * ks_strides[1] + col * ks_strides[2] + d * ks_strides[3]] =
-            reinterpret_cast<const W*>(k)[b * k_strides[0] + h * k_strides[1] + l * k_strides[2] + d * k_strides[3]];
+        const_cast<W*>(reinterpret_cast<const W*>(ks))[offset(a, ks_strides, col)] =
+            reinterpret_cast<const W*>(k)[offset(a, k_strides, a.l)];
     } else {
-        W* dst = const_cast<W*>(reinterpret_cast<const W*>(vs));
-        dst[b * vs_strides[0] + h * vs_strides[1] + col * vs_strides[2] + d * vs_strides[3]] =
-            reinterpret_cast<const W*>(v)[b * v_strides[0] + h * v_strides[1] + l * v_strides[2] + d * v_strides[3]];
+        const_cast<W*>(reinterpret_cast<const W*>(vs))[offset(a, vs_strides, col)] =
+            reinterpret_cast<const W*>(v)[offset(a, v_strides, a.l)];
     }
 "#;
 
@@ -86,6 +84,23 @@ fn kernel(bytes: usize) -> Result<&'static CudaKernel> {
         let src = format!("using W = {word};\n{SOURCE}");
         let inputs = ["ks", "vs", "k", "v", "q", "column", "after"];
         CudaKernel::new(&format!("kv_write_{bytes}"), &inputs, &["qo", "done"], &src)
+    })
+}
+
+/// `column` as a one-element array. Every layer of a step writes at the
+/// same column, so the last one made is kept and shared: one upload a step
+/// rather than one a layer.
+fn column_array(column: usize) -> Array {
+    thread_local! {
+        static LAST: RefCell<Option<(usize, Array)>> = const { RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((c, a)) if *c == column => a.clone(),
+        _ => {
+            let a = Array::from_slice(&[column as i32], &[1]);
+            *last = Some((column, a.clone()));
+            a
+        }
     })
 }
 
@@ -135,7 +150,7 @@ pub fn write(
     let elements = count(kn) + count(vn) + count(qn);
     let per = i64::from(THREADS);
     let Ok(threads) = i32::try_from((elements + per - 1) / per * per) else { return Ok(None) };
-    let col = Array::from_slice(&[column as i32], &[1]);
+    let col = column_array(column);
     let out = kernel(bytes)?.apply(
         &[ks, vs, k, v, q, &col, after.unwrap_or(&col)],
         &Launch {
