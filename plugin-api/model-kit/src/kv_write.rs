@@ -34,7 +34,7 @@ use std::cell::RefCell;
 /// `k`/`v` into column `column[0] + l` of `ks` / `vs` (`[B', H, capacity,
 /// D]`, strided, B' >= B), `q` into `qo` (row-major). `after` is only an
 /// input (the previous write's `done`): it orders the launches.
-const SOURCE: &str = r#"
+pub(crate) const SOURCE: &str = r#"
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i == 0) done[0] = 1;
     const int B = k_shape[0], H = k_shape[1], L = k_shape[2], DK = k_shape[3], DV = v_shape[3];

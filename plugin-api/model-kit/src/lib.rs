@@ -28,6 +28,8 @@ pub mod kernel_check;
 #[cfg(test)]
 mod kernels_compile;
 pub mod kv_write;
+#[cfg(test)]
+mod kv_write_on_host;
 pub mod layers;
 pub mod lm_head;
 pub mod mask;
