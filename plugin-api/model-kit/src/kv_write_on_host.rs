@@ -1,5 +1,5 @@
 //! `kv_write`'s kernel body run on this machine's CPU, one call per thread,
-//! compiled by the system's C++ compiler: CI has no GPU, so this is where
+//! compiled by g++ (xtask's system packages; `CXX` names another): CI has no GPU, so this is where
 //! the bytes it writes are checked (which column of which row and head each
 //! element of K, V and the queries lands in, strided sources, a storage with
 //! more rows than the update, every element width). The expected layout is
@@ -90,7 +90,7 @@ fn the_kv_write_kernel_body_writes_each_element_where_it_belongs() {
     std::fs::create_dir_all(&dir).unwrap();
     let (src, bin) = (dir.join("harness.cpp"), dir.join("harness"));
     std::fs::write(&src, HARNESS.replace("BODY", SOURCE)).unwrap();
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let built = Command::new(&cxx).args(["-std=c++17", "-O1", "-o"]).arg(&bin).arg(&src).output();
     let built = built.unwrap_or_else(|e| panic!("the C++ compiler `{cxx}` did not start: {e}"));
     assert!(built.status.success(), "the harness did not compile:\n{}", String::from_utf8_lossy(&built.stderr));
