@@ -1,11 +1,11 @@
 //! `kv_write`'s kernel body run on this machine's CPU, one call per thread,
-//! compiled by g++ (xtask's system packages; `CXX` names another): CI has no GPU, so this is where
-//! the bytes it writes are checked (which column of which row and head each
-//! element of K, V and the queries lands in, strided sources, a storage with
-//! more rows than the update, every element width). The expected layout is
-//! computed by the harness's own loops over (row, head, position,
-//! dimension), not by the body's index arithmetic. The CUDA compile of the
-//! same body is `kernels_compile`'s.
+//! compiled by g++ (xtask's system packages; `CXX` names another): CI has
+//! no GPU, so this is where the bytes it writes are checked (which column of
+//! which row and head each element of K, V and the queries lands in,
+//! strided sources, a storage with more rows than the update, every element
+//! width). The expected layout is computed by the harness's own loops over
+//! (row, head, position, dimension), not by the body's index arithmetic.
+//! The CUDA compile of the same body is `kernels_compile`'s.
 
 use crate::kv_write::SOURCE;
 use std::process::Command;
