@@ -172,7 +172,8 @@ enum Command {
         memory_budget: Option<f64>,
     },
     /// Throughput at several batch sizes, in process (as mlx_lm.benchmark):
-    /// prefill and decode tokens/s, time per step, peak memory.
+    /// prefill and decode tokens/s, time per step, peak memory, each batch
+    /// size timed after one untimed trial of the same shape.
     /// `--model shape:FILE` benchmarks random weights of the shape a shape
     /// file describes (tests/bench/shapes/*.json; made once under the
     /// temporary folder).

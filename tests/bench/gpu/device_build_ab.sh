@@ -2,15 +2,16 @@
 # H200: `host generate` decode of this build against another (its pack at
 # .devpack_b/device.tar.xz), one process per run, the two builds
 # alternated, ROUNDS rounds: decode tok/s and whether the tokens equal the
-# first run's. The runs (AB_RUNS): `hybrid:plain` and `hybrid:mtp`, the
-# 8B-scale hybrid (make_drafter_shapes.py's qwen3_5-8b) alone and with its
-# always-accepted MTP head (2 drafts), the default; `qwen3-8b:plain`, the
-# Qwen3-8B shape (make_shape.py). Second of two device calls (.gpu_b +
-# .devpack + .devpack_b). `[AB_RUNS="..."] device_build_ab.sh [ROUNDS]`
+# first run's (else the first token where they part). The runs (AB_RUNS):
+# `hybrid:plain` and `hybrid:mtp`, the 8B-scale hybrid
+# (make_drafter_shapes.py's qwen3_5-8b) alone and with its always-accepted
+# MTP head (2 drafts), the default; `qwen3-8b:plain`, the Qwen3-8B shape
+# (make_shape.py). Second of two device calls (.gpu_b + .devpack +
+# .devpack_b). `[AB_RUNS="..."] [AB_SEED=N] device_build_ab.sh [ROUNDS]`
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 other_build
-IDS=$(ids 64 64)
+IDS=$(ids ${AB_SEED:-64} 64)   # AB_SEED picks another prompt
 rm -f /tmp/first.*.json
 {
   echo "| round | build | model, run | decode tok/s | tokens equal the first run's |"
@@ -23,8 +24,9 @@ rm -f /tmp/first.*.json
       for side in other this; do
         side_build $side
         $BIN generate --plugins $PL --model $M --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup "${args[@]}" > /tmp/ab.json
+        cp /tmp/ab.json $OUT/run.$r.$side.$model.$run.json
         [ -f /tmp/first.$model.$run.json ] || cp /tmp/ab.json /tmp/first.$model.$run.json
-        python3 -c "import json,sys; a=json.load(open('/tmp/ab.json')); f=json.load(open('/tmp/first.$model.$run.json')); print(f'| $r | $side | $model $run | {a[\"decode_tokens_per_s\"]:.1f} | {a[\"tokens\"]==f[\"tokens\"]} |')"
+        python3 -c "import json,sys; a=json.load(open('/tmp/ab.json')); f=json.load(open('/tmp/first.$model.$run.json')); d=next((i for i,(x,y) in enumerate(zip(a['tokens'],f['tokens'])) if x!=y),None); print(f'| $r | $side | $model $run | {a[\"decode_tokens_per_s\"]:.1f} | {\"equal\" if a[\"tokens\"]==f[\"tokens\"] else f\"parts at token {d}\"} |')"
       done
     done
   done
