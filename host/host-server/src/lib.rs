@@ -9,6 +9,7 @@
 
 mod answer;
 mod assemble;
+mod assistant_turn;
 mod auth;
 mod body_read;
 mod choice;

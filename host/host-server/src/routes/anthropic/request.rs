@@ -6,6 +6,7 @@
 //! reasoning switch, and the sampling fields. Each wrong field is a 400
 //! naming it.
 
+use crate::assistant_turn::{into_messages, AssistantTurn, Turn};
 use crate::error::ApiError;
 use crate::reasoning::Ask;
 use crate::structured::Requested;
@@ -195,14 +196,14 @@ fn messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
             .get("content")
             .ok_or_else(|| ApiError::param(&format!("{at}.content"), format!("`{at}.content` is required")))?;
         match obj.get("role").and_then(Value::as_str) {
-            Some("user") => out.extend(user(content, &at)?),
+            Some("user") => out.extend(user(content, &at)?.into_iter().map(Turn::Message)),
             Some("assistant") if i + 1 == items.len() => {
                 return Err(ApiError::unsupported(
                     &format!("{at}.role"),
                     "a final assistant message (prefill) is not supported: the answer is always a new turn",
                 ))
             }
-            Some("assistant") => out.push(assistant(content, &at)?),
+            Some("assistant") => out.push(Turn::Assistant(assistant(content, &at)?)),
             Some(other) => {
                 return Err(ApiError::param(
                     &format!("{at}.role"),
@@ -214,35 +215,25 @@ fn messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
             None => return Err(ApiError::param(&format!("{at}.role"), format!("`{at}.role` must be a string"))),
         }
     }
-    Ok(merge_turns(out))
+    Ok(into_messages(merge_turns(out)))
 }
 
 /// Consecutive turns of one role as one turn, as Anthropic combines them:
 /// texts joined by a blank line, an assistant's calls and reasoning in
 /// order. Tool results stay apart (each answers its own call), so a user
 /// turn's text after its results still joins the next user turn.
-fn merge_turns(messages: Vec<Value>) -> Vec<Value> {
-    let mut out: Vec<Value> = Vec::with_capacity(messages.len());
-    for m in messages {
-        let joins = m["role"] != "tool" && out.last().is_some_and(|last| last["role"] == m["role"]);
-        let Some(last) = out.last_mut().filter(|_| joins) else {
-            out.push(m);
-            continue;
-        };
-        let text = |v: &Value| v.as_str().map(str::to_owned);
-        last["content"] = match (text(&last["content"]), text(&m["content"])) {
-            (Some(a), Some(b)) if !a.is_empty() && !b.is_empty() => json!(format!("{a}\n\n{b}")),
-            (Some(a), Some(b)) => json!(a + &b),
-            (a, b) => a.or(b).map_or(Value::Null, Value::String),
-        };
-        if let Some(calls) = m["tool_calls"].as_array() {
-            let joined =
-                last.as_object_mut().expect("a turn is an object").entry("tool_calls").or_insert_with(|| json!([]));
-            joined.as_array_mut().expect("tool_calls is an array").extend(calls.iter().cloned());
-        }
-        if let Some(r) = m["reasoning_content"].as_str() {
-            let before = last["reasoning_content"].as_str().unwrap_or_default().to_owned();
-            last["reasoning_content"] = json!(before + r);
+fn merge_turns(turns: Vec<Turn>) -> Vec<Turn> {
+    let mut out: Vec<Turn> = Vec::with_capacity(turns.len());
+    for t in turns {
+        match (out.last_mut(), t) {
+            (Some(Turn::Assistant(last)), Turn::Assistant(next)) => last.absorb(next, "\n\n"),
+            (Some(Turn::Message(last)), Turn::Message(next)) if last["role"] == "user" && next["role"] == "user" => {
+                let (a, b) =
+                    (last["content"].as_str().unwrap_or_default(), next["content"].as_str().unwrap_or_default());
+                let joined = if a.is_empty() || b.is_empty() { format!("{a}{b}") } else { format!("{a}\n\n{b}") };
+                last["content"] = json!(joined);
+            }
+            (_, t) => out.push(t),
         }
     }
     out
@@ -316,22 +307,23 @@ fn tool_result(b: &Value, at: &str) -> Result<Value, ApiError> {
 
 /// An assistant turn: its text and its `tool_use` blocks as one message
 /// with `tool_calls`.
-fn assistant(content: &Value, at: &str) -> Result<Value, ApiError> {
+fn assistant(content: &Value, at: &str) -> Result<AssistantTurn, ApiError> {
+    let mut turn = AssistantTurn::default();
     let blocks = match content {
-        Value::String(s) => return Ok(json!({ "role": "assistant", "content": s })),
+        Value::String(s) => {
+            turn.push_text(s, "");
+            return Ok(turn);
+        }
         Value::Array(b) => b,
         _ => return Err(content_type_error(at)),
     };
-    let mut text: Option<String> = None;
-    let mut calls = Vec::new();
-    let mut reasoning: Option<String> = None;
     for (k, b) in blocks.iter().enumerate() {
         let at = format!("{at}.content[{k}]");
         match block_type(b, &at)? {
-            "text" => text.get_or_insert_with(String::new).push_str(block_text(b, &at)?),
-            "tool_use" => calls.push(tool_use(b, &at)?),
+            "text" => turn.push_text(block_text(b, &at)?, ""),
+            "tool_use" => turn.push_call(tool_use(b, &at)?),
             "thinking" => match b.get("thinking") {
-                Some(Value::String(t)) => reasoning.get_or_insert_with(String::new).push_str(t),
+                Some(Value::String(t)) => turn.push_reasoning(t),
                 _ => {
                     return Err(ApiError::param(
                         &format!("{at}.thinking"),
@@ -344,19 +336,10 @@ fn assistant(content: &Value, at: &str) -> Result<Value, ApiError> {
             other => return Err(ApiError::param(&format!("{at}.type"), unsupported_block(other, "assistant"))),
         }
     }
-    if text.is_none() && calls.is_empty() && reasoning.is_none() {
+    if turn.is_empty() {
         return Err(ApiError::param(&format!("{at}.content"), "an assistant message needs at least one content block"));
     }
-    // A turn of reasoning alone still is a turn.
-    let content = text.or_else(|| calls.is_empty().then(String::new));
-    let mut m = json!({ "role": "assistant", "content": content });
-    if !calls.is_empty() {
-        m["tool_calls"] = Value::Array(calls);
-    }
-    if let Some(r) = reasoning {
-        m["reasoning_content"] = json!(r);
-    }
-    Ok(m)
+    Ok(turn)
 }
 
 fn tool_use(b: &Value, at: &str) -> Result<Value, ApiError> {

@@ -1,6 +1,7 @@
 //! What a finished response leaves in the response store: the
 //! conversation it answered, then its output as the assistant's turn.
 
+use crate::assistant_turn::AssistantTurn;
 use crate::response_store::StoredResponse;
 use crate::state::AppState;
 use serde_json::{json, Value};
@@ -32,22 +33,12 @@ impl Keep {
 
 /// Output items as the chat message a template renders for them.
 fn assistant_turn(output: &[Value]) -> Value {
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    let mut reasoning: Option<String> = None;
+    let mut turn = AssistantTurn::default();
     for item in output {
         match item["type"].as_str() {
-            Some("reasoning") => {
-                for part in item["content"].as_array().into_iter().flatten() {
-                    reasoning.get_or_insert_with(String::new).push_str(part["text"].as_str().unwrap_or_default());
-                }
-            }
-            Some("message") => {
-                for part in item["content"].as_array().into_iter().flatten() {
-                    text.push_str(part["text"].as_str().unwrap_or_default());
-                }
-            }
-            Some("function_call") => calls.push(json!({
+            Some("reasoning") => texts(item).for_each(|t| turn.push_reasoning(t)),
+            Some("message") => texts(item).for_each(|t| turn.push_text(t, "")),
+            Some("function_call") => turn.push_call(json!({
                 "id": item["call_id"],
                 "type": "function",
                 "function": { "name": item["name"], "arguments": item["arguments"] },
@@ -55,13 +46,10 @@ fn assistant_turn(output: &[Value]) -> Value {
             _ => {}
         }
     }
-    let content = if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) };
-    let mut m = json!({ "role": "assistant", "content": content });
-    if !calls.is_empty() {
-        m["tool_calls"] = Value::Array(calls);
-    }
-    if let Some(r) = reasoning {
-        m["reasoning_content"] = Value::String(r);
-    }
-    m
+    turn.into_message()
+}
+
+/// The texts of an output item's content parts.
+fn texts(item: &Value) -> impl Iterator<Item = &str> {
+    item["content"].as_array().into_iter().flatten().map(|p| p["text"].as_str().unwrap_or_default())
 }

@@ -5,6 +5,7 @@
 //! `reasoning.effort` as the reasoning switch, and the fields the response
 //! echoes. Each wrong field is a 400 naming it.
 
+use crate::assistant_turn::{into_messages, AssistantTurn, Turn};
 use crate::error::ApiError;
 use crate::reasoning::Ask;
 use crate::structured::{self, Requested};
@@ -160,30 +161,29 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
         Value::Array(items) => items,
         _ => return Err(ApiError::param("input", "`input` must be a string or an array of input items")),
     };
-    let mut out: Vec<Value> = Vec::new();
+    let mut out: Vec<Turn> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         let obj = item.as_object().ok_or_else(|| ApiError::param(&at, format!("`{at}` must be an object")))?;
         match obj.get("type").and_then(Value::as_str) {
             None | Some("message") => {
-                let m = message(obj, &at)?;
+                let (role, text) = message(obj, &at)?;
                 match out.last_mut() {
-                    // The answer after its reasoning item: one assistant turn.
-                    Some(Value::Object(last)) if m["role"] == "assistant" && reasoning_alone(last) => {
-                        last.insert("content".into(), m["content"].clone());
-                    }
-                    // Text written after the turn's calls (a response's
-                    // output echoed back) stays in that turn, as the stored
+                    // The answer after its reasoning item joins that turn;
+                    // text written after the turn's calls (a response's
+                    // output echoed back) stays in it too, as the stored
                     // conversation keeps it, so its results still follow it.
-                    Some(Value::Object(last)) if m["role"] == "assistant" && calling(last) => {
-                        let text = format!(
-                            "{}{}",
-                            last["content"].as_str().unwrap_or_default(),
-                            m["content"].as_str().unwrap_or_default()
-                        );
-                        last.insert("content".into(), if text.is_empty() { Value::Null } else { Value::String(text) });
+                    Some(Turn::Assistant(last))
+                        if role == "assistant" && (last.reasoning_alone() || last.has_calls()) =>
+                    {
+                        last.push_text(&text, "")
                     }
-                    _ => out.push(m),
+                    _ if role == "assistant" => {
+                        let mut turn = AssistantTurn::default();
+                        turn.push_text(&text, "");
+                        out.push(Turn::Assistant(turn));
+                    }
+                    _ => out.push(Turn::Message(json!({ "role": role, "content": text }))),
                 }
             }
             Some("reasoning") => {
@@ -192,14 +192,12 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
                 // before their results) is still that turn's.
                 let text = reasoning_text(obj, &at)?;
                 match out.last_mut() {
-                    Some(Value::Object(last)) if calling(last) => {
-                        let joined = format!(
-                            "{}{text}",
-                            last.get("reasoning_content").and_then(Value::as_str).unwrap_or_default()
-                        );
-                        last.insert("reasoning_content".into(), Value::String(joined));
+                    Some(Turn::Assistant(last)) if last.has_calls() => last.push_reasoning(&text),
+                    _ => {
+                        let mut turn = AssistantTurn::default();
+                        turn.push_reasoning(&text);
+                        out.push(Turn::Assistant(turn));
                     }
-                    _ => out.push(json!({ "role": "assistant", "content": "", "reasoning_content": text })),
                 }
             }
             Some("function_call") => {
@@ -218,15 +216,12 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
                 // Calls after an assistant message (or after each other)
                 // belong to that assistant turn, as the model wrote them.
                 match out.last_mut() {
-                    Some(Value::Object(m)) if m.get("role").and_then(Value::as_str) == Some("assistant") => {
-                        if reasoning_alone(m) {
-                            m.insert("content".into(), Value::Null);
-                        }
-                        if let Some(calls) = m.entry("tool_calls").or_insert_with(|| json!([])).as_array_mut() {
-                            calls.push(call);
-                        }
+                    Some(Turn::Assistant(last)) => last.push_call(call),
+                    _ => {
+                        let mut turn = AssistantTurn::default();
+                        turn.push_call(call);
+                        out.push(Turn::Assistant(turn));
                     }
-                    _ => out.push(json!({ "role": "assistant", "content": null, "tool_calls": [call] })),
                 }
             }
             Some("function_call_output") => {
@@ -240,7 +235,9 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
                         ))
                     }
                 };
-                out.push(json!({ "role": "tool", "tool_call_id": string(obj, "call_id", &at)?, "content": output }));
+                out.push(Turn::Message(
+                    json!({ "role": "tool", "tool_call_id": string(obj, "call_id", &at)?, "content": output }),
+                ));
             }
             Some(other @ ("item_reference" | "file_search_call" | "web_search_call" | "computer_call")) => {
                 return Err(ApiError::unsupported(
@@ -253,20 +250,7 @@ fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
             }
         }
     }
-    Ok(out)
-}
-
-/// An assistant turn with calls (their results, if any, come after it).
-fn calling(m: &Map<String, Value>) -> bool {
-    m.get("role").and_then(Value::as_str) == Some("assistant") && m.contains_key("tool_calls")
-}
-
-/// An assistant turn that so far holds only a reasoning item.
-fn reasoning_alone(m: &Map<String, Value>) -> bool {
-    m.get("role").and_then(Value::as_str) == Some("assistant")
-        && m.contains_key("reasoning_content")
-        && m.get("content").and_then(Value::as_str) == Some("")
-        && !m.contains_key("tool_calls")
+    Ok(into_messages(out))
 }
 
 /// A reasoning item's text: its `reasoning_text` content parts, joined,
@@ -304,7 +288,8 @@ fn reasoning_text(obj: &Map<String, Value>, at: &str) -> Result<String, ApiError
     Ok(text)
 }
 
-fn message(obj: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
+/// A message item's role and its text.
+fn message<'a>(obj: &'a Map<String, Value>, at: &str) -> Result<(&'a str, String), ApiError> {
     let role = match obj.get("role").and_then(Value::as_str) {
         Some(r @ ("user" | "assistant" | "system" | "developer")) => r,
         Some(other) => {
@@ -325,7 +310,7 @@ fn message(obj: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
             ))
         }
     };
-    Ok(json!({ "role": role, "content": content }))
+    Ok((role, content))
 }
 
 /// `input_text` / `output_text` parts (and a refusal, which is text too), joined.
