@@ -268,3 +268,33 @@ pub fn mapped_objects(name: &str) -> Vec<String> {
     paths.dedup();
     paths
 }
+
+#[cfg(test)]
+mod tests {
+    use super::wait_for_streams;
+    use mlx_rs::{ops, Array};
+
+    fn available(a: &Array) -> bool {
+        let mut ready = false;
+        // SAFETY: reads the status of a live array.
+        assert_eq!(unsafe { mlx_sys::_mlx_array_is_available(&mut ready, a.as_ptr()) }, 0);
+        ready
+    }
+
+    /// The exit path's wait, checked directly (tests/it `exit_stress` sees
+    /// the hang it prevents only in some runs): work queued and not read is
+    /// done when `wait_for_streams` returns.
+    #[test]
+    fn wait_for_streams_returns_once_queued_work_has_run() {
+        let w = ops::ones::<f32>(&[512, 512]).unwrap().multiply(Array::from_f32(1.0 / 512.0)).unwrap();
+        let mut x = w.clone();
+        // About a second of matmuls on a 2-core CPU, queued and never read.
+        for _ in 0..200 {
+            x = ops::matmul(&x, &w).unwrap();
+        }
+        mlx_rs::transforms::async_eval([&x]).unwrap();
+        assert!(!available(&x), "the chain must still be running when the wait starts");
+        wait_for_streams();
+        assert!(available(&x), "wait_for_streams returned with work still queued");
+    }
+}
