@@ -4,6 +4,7 @@
 //! cache, calls forced under a grammar). Every error leaves in
 //! Anthropic's shape.
 
+mod conversation;
 mod reply;
 mod request;
 

@@ -4,6 +4,7 @@
 //! `previous_response_id`: its conversation, then the new input, so the
 //! prompt begins with the tokens the prefix cache already holds.
 
+mod input;
 mod keep;
 mod reply;
 mod request;
