@@ -32,9 +32,11 @@ impl AssistantTurn {
         self.reasoning.get_or_insert_with(String::new).push_str(piece);
     }
 
-    /// A call in chat's shape: `{id, type: "function", function: {name, arguments}}`.
-    pub fn push_call(&mut self, call: Value) {
-        self.calls.push(call);
+    /// A call, kept in chat's shape: `{id, type: "function", function:
+    /// {name, arguments}}` (`arguments` a JSON string or an object, as the
+    /// API sent it).
+    pub fn push_call(&mut self, id: Value, name: Value, arguments: Value) {
+        self.calls.push(json!({ "id": id, "type": "function", "function": { "name": name, "arguments": arguments } }));
     }
 
     /// `next` joined after this turn: texts by `separator`, reasoning and
@@ -92,6 +94,18 @@ pub enum Turn {
     Assistant(AssistantTurn),
 }
 
+/// The assistant turn at the end of `turns` when `joins` takes it, else a
+/// new one opened there.
+pub fn joining(turns: &mut Vec<Turn>, joins: impl FnOnce(&AssistantTurn) -> bool) -> &mut AssistantTurn {
+    if !matches!(turns.last(), Some(Turn::Assistant(last)) if joins(last)) {
+        turns.push(Turn::Assistant(AssistantTurn::default()));
+    }
+    match turns.last_mut() {
+        Some(Turn::Assistant(turn)) => turn,
+        _ => unreachable!("the last turn is an assistant turn: taken or just opened"),
+    }
+}
+
 /// The chat messages of gathered turns.
 pub fn into_messages(turns: Vec<Turn>) -> Vec<Value> {
     turns
@@ -111,13 +125,17 @@ mod tests {
         json!({ "id": id, "type": "function", "function": { "name": "f", "arguments": "{}" } })
     }
 
+    fn push_call(t: &mut AssistantTurn, id: &str) {
+        t.push_call(json!(id), json!("f"), json!("{}"));
+    }
+
     #[test]
     fn content_is_the_text_null_beside_calls_alone_and_empty_for_reasoning_alone() {
         let mut t = AssistantTurn::default();
         t.push_text("Hi.", "\n\n");
         assert_eq!(t.clone().into_message(), json!({ "role": "assistant", "content": "Hi." }));
         let mut c = AssistantTurn::default();
-        c.push_call(call("a"));
+        push_call(&mut c, "a");
         assert_eq!(c.into_message(), json!({ "role": "assistant", "content": null, "tool_calls": [call("a")] }));
         let mut r = AssistantTurn::default();
         r.push_reasoning("Think.");
@@ -130,11 +148,11 @@ mod tests {
         let mut a = AssistantTurn::default();
         a.push_text("One.", "\n\n");
         a.push_reasoning("r1");
-        a.push_call(call("a"));
+        push_call(&mut a, "a");
         let mut b = AssistantTurn::default();
         b.push_text("Two.", "\n\n");
         b.push_reasoning("r2");
-        b.push_call(call("b"));
+        push_call(&mut b, "b");
         a.absorb(b, "\n\n");
         assert_eq!(
             a.into_message(),

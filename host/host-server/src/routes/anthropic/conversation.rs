@@ -13,17 +13,7 @@ pub(super) fn system(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
     let text = match v {
         None => return Ok(Vec::new()),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => {
-            let mut joined = String::new();
-            for (i, b) in blocks.iter().enumerate() {
-                let at = format!("system[{i}]");
-                match block_type(b, &at)? {
-                    "text" => joined.push_str(block_text(b, &at)?),
-                    other => return Err(ApiError::param(&format!("{at}.type"), unsupported_block(other, "system"))),
-                }
-            }
-            joined
-        }
+        Some(Value::Array(blocks)) => text_blocks(blocks, "system", "system")?,
         Some(_) => return Err(ApiError::param("system", "`system` must be a string or an array of text blocks")),
     };
     Ok(if text.is_empty() { Vec::new() } else { vec![json!({ "role": "system", "content": text })] })
@@ -129,19 +119,7 @@ fn tool_result(b: &Value, at: &str) -> Result<Value, ApiError> {
     let content = match b.get("content") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut joined = String::new();
-            for (j, p) in parts.iter().enumerate() {
-                let at = format!("{at}.content[{j}]");
-                match block_type(p, &at)? {
-                    "text" => joined.push_str(block_text(p, &at)?),
-                    other => {
-                        return Err(ApiError::param(&format!("{at}.type"), unsupported_block(other, "tool_result")))
-                    }
-                }
-            }
-            joined
-        }
+        Some(Value::Array(parts)) => text_blocks(parts, &format!("{at}.content"), "tool_result")?,
         Some(_) => {
             return Err(ApiError::param(
                 &format!("{at}.content"),
@@ -171,7 +149,10 @@ fn assistant(content: &Value, at: &str) -> Result<AssistantTurn, ApiError> {
         let at = format!("{at}.content[{k}]");
         match block_type(b, &at)? {
             "text" => turn.push_text(block_text(b, &at)?, ""),
-            "tool_use" => turn.push_call(tool_use(b, &at)?),
+            "tool_use" => {
+                let (id, name, input) = tool_use(b, &at)?;
+                turn.push_call(id, name, input);
+            }
             "thinking" => match b.get("thinking") {
                 Some(Value::String(t)) => turn.push_reasoning(t),
                 _ => {
@@ -192,7 +173,8 @@ fn assistant(content: &Value, at: &str) -> Result<AssistantTurn, ApiError> {
     Ok(turn)
 }
 
-fn tool_use(b: &Value, at: &str) -> Result<Value, ApiError> {
+/// A `tool_use` block's id, name and input.
+fn tool_use(b: &Value, at: &str) -> Result<(Value, Value, Value), ApiError> {
     let field = |k: &str| match b.get(k) {
         Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
         _ => Err(ApiError::param(&format!("{at}.{k}"), format!("`{k}` must be a non-empty string"))),
@@ -202,7 +184,20 @@ fn tool_use(b: &Value, at: &str) -> Result<Value, ApiError> {
         Some(v @ Value::Object(_)) => v.clone(),
         _ => return Err(ApiError::param(&format!("{at}.input"), "`input` must be an object")),
     };
-    Ok(json!({ "id": id, "type": "function", "function": { "name": name, "arguments": input } }))
+    Ok((id.into(), name.into(), input))
+}
+
+/// Text blocks (at `at[i]`) joined; any other block in `place` is refused.
+fn text_blocks(blocks: &[Value], at: &str, place: &str) -> Result<String, ApiError> {
+    let mut joined = String::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let at = format!("{at}[{i}]");
+        match block_type(b, &at)? {
+            "text" => joined.push_str(block_text(b, &at)?),
+            other => return Err(ApiError::param(&format!("{at}.type"), unsupported_block(other, place))),
+        }
+    }
+    Ok(joined)
 }
 
 fn block_type<'a>(b: &'a Value, at: &str) -> Result<&'a str, ApiError> {

@@ -3,7 +3,7 @@
 //! assistant turn, `function_call_output` items as `tool` messages. Each
 //! wrong item is a 400 naming it.
 
-use crate::assistant_turn::{into_messages, AssistantTurn, Turn};
+use crate::assistant_turn::{into_messages, joining, AssistantTurn, Turn};
 use crate::error::ApiError;
 use serde_json::{json, Map, Value};
 
@@ -21,22 +21,14 @@ pub(super) fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
         match obj.get("type").and_then(Value::as_str) {
             None | Some("message") => {
                 let (role, text) = message(obj, &at)?;
-                match out.last_mut() {
+                if role == "assistant" {
                     // The answer after its reasoning item joins that turn;
                     // text written after the turn's calls (a response's
                     // output echoed back) stays in it too, as the stored
                     // conversation keeps it, so its results still follow it.
-                    Some(Turn::Assistant(last))
-                        if role == "assistant" && (last.reasoning_alone() || last.has_calls()) =>
-                    {
-                        last.push_text(&text, "")
-                    }
-                    _ if role == "assistant" => {
-                        let mut turn = AssistantTurn::default();
-                        turn.push_text(&text, "");
-                        out.push(Turn::Assistant(turn));
-                    }
-                    _ => out.push(Turn::Message(json!({ "role": role, "content": text }))),
+                    joining(&mut out, |last| last.reasoning_alone() || last.has_calls()).push_text(&text, "");
+                } else {
+                    out.push(Turn::Message(json!({ "role": role, "content": text })));
                 }
             }
             Some("reasoning") => {
@@ -44,14 +36,7 @@ pub(super) fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
                 // and calls join it. Reasoning after the turn's calls (and
                 // before their results) is still that turn's.
                 let text = reasoning_text(obj, &at)?;
-                match out.last_mut() {
-                    Some(Turn::Assistant(last)) if last.has_calls() => last.push_reasoning(&text),
-                    _ => {
-                        let mut turn = AssistantTurn::default();
-                        turn.push_reasoning(&text);
-                        out.push(Turn::Assistant(turn));
-                    }
-                }
+                joining(&mut out, AssistantTurn::has_calls).push_reasoning(&text);
             }
             Some("function_call") => {
                 let arguments = string(obj, "arguments", &at)?;
@@ -61,21 +46,10 @@ pub(super) fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
                         "`arguments` must be a string holding a JSON object",
                     ));
                 }
-                let call = json!({
-                    "id": string(obj, "call_id", &at)?,
-                    "type": "function",
-                    "function": { "name": string(obj, "name", &at)?, "arguments": arguments },
-                });
+                let (id, name) = (string(obj, "call_id", &at)?, string(obj, "name", &at)?);
                 // Calls after an assistant message (or after each other)
                 // belong to that assistant turn, as the model wrote them.
-                match out.last_mut() {
-                    Some(Turn::Assistant(last)) => last.push_call(call),
-                    _ => {
-                        let mut turn = AssistantTurn::default();
-                        turn.push_call(call);
-                        out.push(Turn::Assistant(turn));
-                    }
-                }
+                joining(&mut out, |_| true).push_call(id.into(), name.into(), arguments.into());
             }
             Some("function_call_output") => {
                 let output = match obj.get("output") {

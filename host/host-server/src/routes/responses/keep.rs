@@ -4,7 +4,7 @@
 use crate::assistant_turn::AssistantTurn;
 use crate::response_store::StoredResponse;
 use crate::state::AppState;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// What a finished response leaves in the store: the conversation it
 /// answered, then its output as the assistant's turn.
@@ -38,11 +38,9 @@ fn assistant_turn(output: &[Value]) -> Value {
         match item["type"].as_str() {
             Some("reasoning") => texts(item).for_each(|t| turn.push_reasoning(t)),
             Some("message") => texts(item).for_each(|t| turn.push_text(t, "")),
-            Some("function_call") => turn.push_call(json!({
-                "id": item["call_id"],
-                "type": "function",
-                "function": { "name": item["name"], "arguments": item["arguments"] },
-            })),
+            Some("function_call") => {
+                turn.push_call(item["call_id"].clone(), item["name"].clone(), item["arguments"].clone())
+            }
             _ => {}
         }
     }
