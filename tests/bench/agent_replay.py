@@ -90,11 +90,11 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=1, help="greedy tokens each request generates")
     ap.add_argument("--only", help="send only these requests (0-based, comma-separated; for a server without a cache)")
     a = ap.parse_args()
+    only = None if a.only is None else {int(k) for k in a.only.split(",")}
     out = {}
     for path in a.traces:
         with open(path) as f:
             trace = json.load(f)
-        only = None if a.only is None else {int(k) for k in a.only.split(",")}
         r = replay(a.base.rstrip("/"), trace, a.turns, a.max_tokens, only)
         out[trace["name"]] = r
         print(f"{trace['name']}: warm turns {r['cached_tokens']}/{r['prompt_tokens']} prompt tokens from the cache ({r['warm_hit_rate']:.1%})", flush=True)

@@ -26,7 +26,7 @@ rm -f /tmp/first.*.json
         $BIN generate --plugins $PL --model $M --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup "${args[@]}" > /tmp/ab.json
         cp /tmp/ab.json $OUT/run.$r.$side.$model.$run.json
         [ -f /tmp/first.$model.$run.json ] || cp /tmp/ab.json /tmp/first.$model.$run.json
-        python3 -c "import json,sys; a=json.load(open('/tmp/ab.json')); f=json.load(open('/tmp/first.$model.$run.json')); d=next((i for i,(x,y) in enumerate(zip(a['tokens'],f['tokens'])) if x!=y),None); print(f'| $r | $side | $model $run | {a[\"decode_tokens_per_s\"]:.1f} | {\"equal\" if a[\"tokens\"]==f[\"tokens\"] else f\"parts at token {d}\"} |')"
+        echo "| $r | $side | $model $run | $(decode_vs /tmp/ab.json /tmp/first.$model.$run.json) |"
       done
     done
   done

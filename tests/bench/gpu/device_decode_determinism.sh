@@ -21,7 +21,7 @@ IDS=$(ids ${AB_SEED:-0} 64)
       f=$OUT/run.$r.$variant.json
       env "${env[@]}" $H generate --plugins $P --model $M --prompt-ids $IDS --max-tokens 256 --ignore-eos --json --warmup 2>/dev/null | tail -1 > $f
       [ -f /tmp/first.$variant.json ] || cp $f /tmp/first.$variant.json
-      python3 -c "import json,sys; a=json.load(open(sys.argv[1])); f=json.load(open(sys.argv[2])); d=next((i for i,(x,y) in enumerate(zip(a['tokens'],f['tokens'])) if x!=y),None); print(f'| $r | $variant | {a[\"decode_tokens_per_s\"]:.1f} | {\"equal\" if d is None else f\"parts at token {d}\"} |')" $f /tmp/first.$variant.json
+      echo "| $r | $variant | $(decode_vs $f /tmp/first.$variant.json) |"
     done
   done
 } 2>&1 | tee $OUT/determinism.md

@@ -31,6 +31,16 @@ drafter_shape() { [ -d /tmp/d/$1-8b ] || python3 tests/bench/make_drafter_shapes
 # to that side's host binary and plugins folder.
 other_build() { mkdir -p /tmp/other && tar -C /tmp/other -xJf .devpack_b/device.tar.xz; }
 side_build() { if [ $1 = this ]; then BIN=$H; PL=$P; else BIN=/tmp/other/.device/host; PL=/tmp/other/.device/plugins; fi; }
+# `decode_vs RUN.json FIRST.json`: two `host generate --json` outputs as
+# "RUN's decode tok/s | equal" (the same tokens) or "... | parts at token N".
+decode_vs() {
+  python3 -c "
+import json, sys
+a, f = (json.load(open(p))['tokens'] for p in sys.argv[1:])
+d = next((i for i, (x, y) in enumerate(zip(a, f)) if x != y), None if len(a) == len(f) else min(len(a), len(f)))
+print(f\"{json.load(open(sys.argv[1]))['decode_tokens_per_s']:.1f} | {'equal' if d is None else f'parts at token {d}'}\")
+" "$1" "$2"
+}
 # The real default model, 4-bit (pack_smollm2_q4.sh), from its two halves
 # copied to /tmp/mlxparts by earlier calls: /tmp/smollm2-q4.
 smollm2_q4() { [ -d /tmp/smollm2-q4 ] || cat /tmp/mlxparts/smq4_aa /tmp/mlxparts/smq4_ab | tar -C /tmp -xf -; }
