@@ -52,16 +52,11 @@ pub(super) fn input(v: &Value) -> Result<Vec<Value>, ApiError> {
                 joining(&mut out, |_| true).push_call(id.into(), name.into(), arguments.into());
             }
             Some("function_call_output") => {
-                let output = match obj.get("output") {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(Value::Array(parts)) => text_parts(parts, &format!("{at}.output"))?,
-                    _ => {
-                        return Err(ApiError::param(
-                            &format!("{at}.output"),
-                            "`output` must be a string or an array of input_text parts",
-                        ))
-                    }
-                };
+                let output = text_or_parts(
+                    obj.get("output"),
+                    &format!("{at}.output"),
+                    "`output` must be a string or an array of input_text parts",
+                )?;
                 out.push(Turn::Message(
                     json!({ "role": "tool", "tool_call_id": string(obj, "call_id", &at)?, "content": output }),
                 ));
@@ -127,17 +122,22 @@ fn message<'a>(obj: &'a Map<String, Value>, at: &str) -> Result<(&'a str, String
         }
         None => return Err(ApiError::param(&format!("{at}.role"), format!("`{at}.role` is required"))),
     };
-    let content = match obj.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => text_parts(parts, &format!("{at}.content"))?,
-        _ => {
-            return Err(ApiError::param(
-                &format!("{at}.content"),
-                "`content` must be a string or an array of content parts",
-            ))
-        }
-    };
+    let content = text_or_parts(
+        obj.get("content"),
+        &format!("{at}.content"),
+        "`content` must be a string or an array of content parts",
+    )?;
     Ok((role, content))
+}
+
+/// A field at `at` that holds a string or an array of text parts, as its
+/// text; else the error `wrong`.
+fn text_or_parts(value: Option<&Value>, at: &str, wrong: &str) -> Result<String, ApiError> {
+    match value {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => text_parts(parts, at),
+        _ => Err(ApiError::param(at, wrong)),
+    }
 }
 
 /// `input_text` / `output_text` parts (and a refusal, which is text too), joined.
@@ -262,5 +262,24 @@ mod tests {
             ])
         );
         assert_eq!(host_tools::pair_tool_results(&messages), Ok(()));
+    }
+
+    #[test]
+    fn contents_and_outputs_take_a_string_or_text_parts_and_name_the_field_otherwise() {
+        let parts = json!([{"type": "input_text", "text": "4"}, {"type": "input_text", "text": "C"}]);
+        let items = json!([
+            {"role": "user", "content": parts},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": parts}
+        ]);
+        let messages = input(&items).unwrap();
+        assert_eq!((&messages[0]["content"], &messages[2]["content"]), (&json!("4C"), &json!("4C")));
+        let wrong = |items: Value| input(&items).unwrap_err();
+        let e = wrong(json!([{"role": "user", "content": 4}]));
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("input[0].content")));
+        assert!(e.message.contains("`content` must be a string or an array"), "{}", e.message);
+        let e = wrong(json!([{"type": "function_call_output", "call_id": "call_1", "output": {"text": "4C"}}]));
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("input[0].output")));
+        assert!(e.message.contains("`output` must be a string or an array"), "{}", e.message);
     }
 }
