@@ -11,31 +11,41 @@
 //! out, where equal-length rows take one fused launch.
 //!
 //! The kernel: one block of 8 warps per (row, K/V head, slice of the keys);
-//! a warp takes one key at a time, each lane holding `D / 32` of its
-//! dimensions (and of the value's) in float32, for every query head sharing
-//! the K/V head; scores reduce across the warp, and an online softmax keeps
-//! each warp's running maximum, sum and weighted values, as MLX's vector
-//! kernel does. The block merges its warps; the slices (`splits`, so that
-//! short batches still fill the GPU) are merged by [`merge_slices`], which
-//! kv-quant's kernel over affine codes shares.
+//! a warp scores several keys at once, a group of lanes per key, each lane
+//! holding 16 of its dimensions (and of the value's) in float32 for every
+//! query head sharing the K/V head (`lanes_per_key`); scores reduce across
+//! the group, and an online softmax keeps each group's running maximum,
+//! sum and weighted values, as MLX's vector kernel does per warp. The
+//! block merges its warps; the slices (`splits`, so that short batches
+//! still fill the GPU) are merged by [`merge_slices`], which kv-quant's
+//! kernel over affine codes shares.
 
 use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use crate::{error, Array, Dtype, Result};
 
-/// The kernel up to the key loop's softmax update, each key scored from
-/// K/V read in place; `SOFTMAX_TAIL` completes it. `KEYS` (where the keys
-/// of row `b`, K/V head `h` are: `T`, and `KROW(t)` / `VROW(t)` pointing at
-/// key `t`'s first dimension with `KS` / `VS` between dimensions) is spliced
-/// in, once per kind of K/V storage (`DENSE`, `PAGED`); `MASK_ROW` and
-/// `MASK_SKIP` are the mask's lines ([`MASK_LINES`]) or nothing. A block's
-/// row is one (batch row, query) pair: the masked kernels take one query
-/// per batch row, the unmasked one up to `routes::PER_QUERY_MAX`; `SEEN` says how
-/// many of the `T` keys the pair's query attends to (`TS`).
+/// The kernel up to the block's merge ([`BLOCK_MERGE`]). `KEYS` (where
+/// the keys of row `b`, K/V head `h` are: `T`, and `KROW(t)` / `VROW(t)`
+/// pointing at key `t`'s first dimension with `KS` / `VS` between
+/// dimensions) is spliced in, once per kind of K/V storage (`DENSE`,
+/// `PAGED`); `MASK_ROW` and `MASK_LIVE` are the mask's lines
+/// ([`MASK_LINES`]) or nothing. A block's row is one (batch row, query)
+/// pair: the masked kernels take one query per batch row, the unmasked one
+/// up to `routes::PER_QUERY_MAX`; `SEEN` says how many of the `T` keys the
+/// pair's query attends to (`TS`).
+///
+/// `G` lanes share a key (`D / G` dimensions each, [`lanes_per_key`]), so a
+/// warp scores `32 / G` keys at once: each lane loads its dimensions of K
+/// and V in 16-byte words where they are contiguous and aligned, and a
+/// score reduces over `log2 G` shuffles. Each group keeps its own online
+/// softmax; the warp's groups are merged by shuffles at the end.
 const SOURCE: &str = r#"
     constexpr int WARPS = 8;
-    constexpr int DPL = D / 32;
+    constexpr int DPL = D / G;
+    constexpr int KW = 32 / G;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
+    const int grp = lane / G;
+    const int gi = lane % G;
     const int blk = blockIdx.x;
     const int QL = q_shape[2];
     const int splits = gridDim.x / (q_shape[0] * QL * HKV);
@@ -50,55 +60,102 @@ const SOURCE: &str = r#"
     const int t0 = split * per;
     const int t1 = min(TS, t0 + per);
     const float sc = __int_as_float(SCALE_BITS);
+    // DPL elements from p, `stride` apart, as floats: 16-byte loads where
+    // they are contiguous and p is aligned for them.
+    const auto load = [](const auto* p, size_t stride, float* f) {
+        constexpr int W = 16 / sizeof(*p);
+        if constexpr (DPL % W == 0) {
+            if (stride == 1 && (reinterpret_cast<size_t>(p) & 15) == 0) {
+                #pragma unroll
+                for (int c = 0; c < DPL / W; ++c) {
+                    const uint4 w = reinterpret_cast<const uint4*>(p)[c];
+                    const auto* e = reinterpret_cast<decltype(p)>(&w);
+                    #pragma unroll
+                    for (int j = 0; j < W; ++j) f[c * W + j] = static_cast<float>(e[j]);
+                }
+                return;
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < DPL; ++i) f[i] = static_cast<float>(p[i * stride]);
+    };
     float qv[R][DPL];
+    #pragma unroll
     for (int r = 0; r < R; ++r)
+        #pragma unroll
         for (int i = 0; i < DPL; ++i)
             qv[r][i] = sc * static_cast<float>(q[(size_t)b * q_strides[0] + (size_t)(h * R + r) * q_strides[1]
-                                                 + (size_t)ql * q_strides[2] + (size_t)(lane * DPL + i) * q_strides[3]]);
+                                                 + (size_t)ql * q_strides[2] + (size_t)(gi * DPL + i) * q_strides[3]]);
     float m[R], l[R], acc[R][DPL];
+    #pragma unroll
     for (int r = 0; r < R; ++r) {
         m[r] = -INFINITY;
         l[r] = 0.f;
+        #pragma unroll
         for (int i = 0; i < DPL; ++i) acc[r][i] = 0.f;
     }
     MASK_ROW
-    for (int t = t0 + warp; t < t1; t += WARPS) {
-        MASK_SKIP
-        const auto* krow = KROW(t) + lane * DPL * KS;
-        const auto* vrow = VROW(t) + lane * DPL * VS;
-        float s[R];
-        for (int r = 0; r < R; ++r) s[r] = 0.f;
-        float vv[DPL];
-        for (int i = 0; i < DPL; ++i) {
-            const float kval = static_cast<float>(krow[i * KS]);
-            vv[i] = static_cast<float>(vrow[i * VS]);
-            for (int r = 0; r < R; ++r) s[r] += qv[r][i] * kval;
+    // The loop's bounds are the warp's, so every lane takes every shuffle;
+    // a group past the slice's end (or on a masked key) scores nothing.
+    for (int base = t0 + warp * KW; base < t1; base += WARPS * KW) {
+        const int t = base + grp;
+        const bool live = t < t1 MASK_LIVE;
+        float kf[DPL], vv[DPL];
+        if (live) {
+            load(KROW(t) + (size_t)gi * DPL * KS, KS, kf);
+            load(VROW(t) + (size_t)gi * DPL * VS, VS, vv);
+        } else {
+            #pragma unroll
+            for (int i = 0; i < DPL; ++i) kf[i] = vv[i] = 0.f;
         }
-"#;
-
-/// The end of the key loop of [`SOURCE`], after a warp has scored one key
-/// into `s[R]` and loaded its values into `vv[DPL]`: the online softmax
-/// update, the loop's close, then each warp's running maximum, sum and
-/// weighted values stored for [`BLOCK_MERGE`].
-const SOFTMAX_TAIL: &str = r#"        for (int r = 0; r < R; ++r) {
-            for (int o = 16; o > 0; o >>= 1) s[r] += __shfl_xor_sync(0xffffffff, s[r], o);
-            const float mn = fmaxf(m[r], s[r]);
-            const float corr = __expf(m[r] - mn);
-            const float p = __expf(s[r] - mn);
-            l[r] = l[r] * corr + p;
-            for (int i = 0; i < DPL; ++i) acc[r][i] = acc[r][i] * corr + p * vv[i];
-            m[r] = mn;
+        float s[R];
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float x = 0.f;
+            #pragma unroll
+            for (int i = 0; i < DPL; ++i) x = fmaf(qv[r][i], kf[i], x);
+            #pragma unroll
+            for (int o = 1; o < G; o <<= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+            s[r] = x;
+        }
+        if (live) {
+            #pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float mn = fmaxf(m[r], s[r]);
+                const float corr = __expf(m[r] - mn);
+                const float p = __expf(s[r] - mn);
+                l[r] = l[r] * corr + p;
+                #pragma unroll
+                for (int i = 0; i < DPL; ++i) acc[r][i] = acc[r][i] * corr + p * vv[i];
+                m[r] = mn;
+            }
         }
     }
+    // The warp's groups merged (lanes holding the same dimensions are G
+    // apart), then stored for the block's merge.
     __shared__ float sm_m[WARPS][R];
     __shared__ float sm_l[WARPS][R];
     __shared__ float sm_acc[WARPS][R][D];
+    #pragma unroll
     for (int r = 0; r < R; ++r) {
-        if (lane == 0) {
-            sm_m[warp][r] = m[r];
-            sm_l[warp][r] = l[r];
+        float M = m[r];
+        #pragma unroll
+        for (int o = G; o < 32; o <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffff, M, o));
+        const float c = m[r] == -INFINITY ? 0.f : __expf(m[r] - M);
+        float L = l[r] * c;
+        #pragma unroll
+        for (int o = G; o < 32; o <<= 1) L += __shfl_xor_sync(0xffffffff, L, o);
+        #pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            float a = acc[r][i] * c;
+            #pragma unroll
+            for (int o = G; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffff, a, o);
+            if (grp == 0) sm_acc[warp][r][gi * DPL + i] = a;
         }
-        for (int i = 0; i < DPL; ++i) sm_acc[warp][r][lane * DPL + i] = acc[r][i];
+        if (lane == 0) {
+            sm_m[warp][r] = M;
+            sm_l[warp][r] = L;
+        }
     }
 "#;
 
@@ -130,7 +187,7 @@ pub const BLOCK_MERGE: &str = r#"    __syncthreads();
 "#;
 
 /// `k` / `v` `[B, Hkv, T, D]`, any strides.
-const DENSE: &str = r#"
+pub(crate) const DENSE: &str = r#"
     const int T = k_shape[2];
     const size_t kb = (size_t)b * k_strides[0] + (size_t)h * k_strides[1];
     const size_t vb = (size_t)b * v_strides[0] + (size_t)h * v_strides[1];
@@ -143,7 +200,7 @@ const DENSE: &str = r#"
 /// nb]` names each row's blocks as `h * capacity + block` (kv-paged's
 /// gather indices), so key `t` of the row is slot `t % BLOCK` of its
 /// `t / BLOCK`-th block.
-const PAGED: &str = r#"
+pub(crate) const PAGED: &str = r#"
     const int T = flat_shape[2] * BLOCK;
     const int cap = k_shape[1] / BLOCK;
     const size_t fb = (size_t)b * flat_strides[0] + (size_t)h * flat_strides[1];
@@ -158,7 +215,7 @@ const PAGED: &str = r#"
 /// weighs nothing). One thread per output element. `part` comes as
 /// `[B * Hkv, splits, R, D]`, so the count of slices is a shape, not an
 /// array the host uploads every step.
-const MERGE_SOURCE: &str = r#"
+pub(crate) const MERGE_SOURCE: &str = r#"
     const int SPLITS = part_shape[1];
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t n = (size_t)part_shape[0] * R * D;
@@ -188,10 +245,10 @@ pub const TARGET_BLOCKS: i32 = 264;
 /// Keys a slice holds at least.
 const MIN_SLICE: i32 = 256;
 
-/// [`SOURCE`]'s mask lines: a key is skipped where the row's mask is false.
+/// [`SOURCE`]'s mask lines: a key scores nothing where the row's mask is false.
 const MASK_LINES: [(&str, &str); 2] = [
     ("MASK_ROW", "const size_t mb = (size_t)b * mask_strides[0];"),
-    ("MASK_SKIP", "if (!mask[mb + (size_t)t * mask_strides[1]]) continue;"),
+    ("MASK_LIVE", "&& mask[mb + (size_t)t * mask_strides[1]]"),
 ];
 
 /// [`SOURCE`]'s keys seen without a mask: all `T`, or when `CAUSAL` (a
@@ -200,12 +257,12 @@ const MASK_LINES: [(&str, &str); 2] = [
 const UNMASKED_SEEN: &str = "const int TS = CAUSAL ? T - (QL - 1 - ql) : T;";
 
 /// The whole kernel over `keys` (`DENSE` or `PAGED`), with or without a mask.
-fn source(keys: &str, masked: bool) -> String {
+pub(crate) fn source(keys: &str, masked: bool) -> String {
     let mut s = SOURCE.replace("KEYS", keys).replace("SEEN", if masked { "const int TS = T;" } else { UNMASKED_SEEN });
     for (slot, line) in MASK_LINES {
         s = s.replace(slot, if masked { line } else { "" });
     }
-    format!("{s}{SOFTMAX_TAIL}{BLOCK_MERGE}")
+    format!("{s}{BLOCK_MERGE}")
 }
 
 fn kernel() -> Result<&'static CudaKernel> {
@@ -231,6 +288,20 @@ fn paged_kernel() -> Result<&'static CudaKernel> {
 fn merge_kernel() -> Result<&'static CudaKernel> {
     static KERNEL: Cached = Cached::new();
     cached(&KERNEL, || CudaKernel::new("decode_attention_merge_slices", &["part", "ml"], &["out"], MERGE_SOURCE))
+}
+
+/// Lanes that share one key in [`SOURCE`] at head size `d` (a multiple of
+/// 32): 16 dimensions each where `d / 16` is a power of two, so that each
+/// lane loads two 16-byte words of a 16-bit key and a warp scores several
+/// keys at once (more loads in flight, fewer shuffles per key); else the
+/// whole warp, `d / 32` dimensions each.
+pub fn lanes_per_key(d: i32) -> i32 {
+    let g = d / 16;
+    if d % 16 == 0 && g > 0 && g <= 32 && (g & (g - 1)) == 0 {
+        g
+    } else {
+        32
+    }
 }
 
 /// How many slices of the keys each (row, K/V head) is cut into: at least
@@ -304,6 +375,7 @@ fn launch(
     // nothing to upload per layer and step.
     let mut template = vec![
         Template::Int("D", d),
+        Template::Int("G", lanes_per_key(d)),
         Template::Int("R", r),
         Template::Int("HKV", hkv),
         Template::Int("SCALE_BITS", scale.to_bits() as i32),

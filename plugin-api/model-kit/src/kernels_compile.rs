@@ -15,7 +15,7 @@ use crate::{decode_attention, kv_write, qk_norm_rope, Dtype, Result};
 fn the_decode_attention_kernels_compile_for_the_h200() {
     let recorded = launches(|| -> Result<()> {
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
-            for (b, hq, hkv, d, t) in [(1, 32, 8, 128, 4096), (16, 9, 3, 64, 700)] {
+            for (b, hq, hkv, d, t) in [(1, 32, 8, 128, 4096), (16, 9, 3, 64, 700), (2, 8, 2, 96, 300)] {
                 let q = zeros(&[b, hq, 1, d], dtype)?;
                 let kv = zeros(&[b, hkv, t, d], dtype)?;
                 let mask = zeros(&[b, 1, 1, t], Dtype::Bool)?;

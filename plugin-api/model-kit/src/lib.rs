@@ -19,6 +19,8 @@ pub mod cuda_capture;
 pub mod cuda_kernel;
 pub mod cuda_source;
 pub mod decode_attention;
+#[cfg(test)]
+mod decode_attention_on_host;
 pub mod depthwise_conv;
 pub mod fused_layers;
 pub mod gated_attention;

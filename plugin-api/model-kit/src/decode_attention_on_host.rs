@@ -1,0 +1,303 @@
+//! `decode_attention`'s kernels run on this machine's CPU, compiled by g++
+//! (as `kv_write_on_host`): CI has no GPU, so this is where their numbers
+//! are checked. Each CUDA thread of a block is a host thread; a warp's
+//! shuffles meet at a barrier of its 32 threads and `__syncthreads` at one
+//! of the block's, so the body runs as written, warp-uniform loops and
+//! all. The slices are merged by the merge kernel's body, one call per
+//! output element. The expected outputs come from the harness's own
+//! softmax in double precision over the keys each query may see, not from
+//! the kernel's arithmetic.
+//!
+//! Cases: bf16 and float32 K/V at head sizes 128 (8 lanes a key, 16-byte
+//! loads), 64 and 96 (a warp a key, element loads), a masked batch with a
+//! row masked out and slices longer than the keys, a causal 3-query verify,
+//! keys read through strides that are not contiguous, and the paged pool.
+//! The CUDA compile of the same bodies is `kernels_compile`'s.
+
+use crate::decode_attention::{lanes_per_key, source, DENSE, MERGE_SOURCE, PAGED};
+use std::process::Command;
+
+const HARNESS: &str = r#"
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <thread>
+#include <vector>
+#include <algorithm>
+using std::min;
+struct Shape { int v[4]; int operator[](int i) const { return v[i]; } };
+struct Strides { int64_t v[4]; int64_t operator[](int i) const { return v[i]; } };
+struct Dim { unsigned x; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+// bfloat16 as its top 16 bits of a float (round to nearest even).
+struct bf16 {
+    uint16_t bits;
+    bf16() = default;
+    explicit bf16(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); bits = u >> 16; }
+    operator float() const { uint32_t u = (uint32_t)bits << 16; float f; memcpy(&f, &u, 4); return f; }
+};
+#define __shared__ static
+#define __expf expf
+static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+struct Warp { std::barrier<>* bar; float slot[32]; };
+thread_local int tl_tid;
+thread_local Warp* tl_warp;
+thread_local std::barrier<>* tl_block;
+static float __shfl_xor_sync(unsigned, float x, int o) {
+    const int lane = tl_tid & 31;
+    tl_warp->slot[lane] = x;
+    tl_warp->bar->arrive_and_wait();
+    const float y = tl_warp->slot[lane ^ o];
+    tl_warp->bar->arrive_and_wait();
+    return y;
+}
+static void __syncthreads() { tl_block->arrive_and_wait(); }
+
+#define SIGNATURE(NAME) \
+template <typename Elem, int D, int G, int R, int HKV, int SCALE_BITS, bool CAUSAL, int BLOCK> \
+void NAME(Dim gridDim, Dim blockIdx, Dim blockDim, Dim threadIdx, \
+          const Elem* q, Shape q_shape, Strides q_strides, const Elem* k, Shape k_shape, Strides k_strides, \
+          const Elem* v, Shape v_shape, Strides v_strides, const bool* mask, Strides mask_strides, \
+          const int* flat, Shape flat_shape, Strides flat_strides, float* part, float* ml)
+
+SIGNATURE(dense_masked) {
+@DENSE_MASKED@
+}
+#undef KROW
+#undef VROW
+SIGNATURE(dense_unmasked) {
+@DENSE_UNMASKED@
+}
+#undef KROW
+#undef VROW
+SIGNATURE(paged_masked) {
+@PAGED_MASKED@
+}
+
+template <int D, int R>
+void merge(Dim blockIdx, Dim blockDim, Dim threadIdx, const float* part, Shape part_shape, const float* ml,
+           float* out) {
+@MERGE@
+}
+
+enum Kind { DenseMasked, DenseUnmasked, Paged };
+
+// One launch: `blocks` blocks of 256 threads, each thread a host thread.
+template <Kind K, typename T, int D, int R, int HKV, bool CAUSAL, int BLOCK>
+void launch(int blocks, const T* q, Shape qs, Strides qst, const T* k, Shape ks, Strides kst, const T* v,
+            Strides vst, const bool* mask, Strides mst, const int* flat, Shape fs, Strides fst, float* part,
+            float* ml) {
+    constexpr int G = @LANES_PER_KEY@;
+    for (int blk = 0; blk < blocks; ++blk) {
+        std::barrier<> block(256);
+        std::deque<std::barrier<>> bars;
+        for (int w = 0; w < 8; ++w) bars.emplace_back(32);
+        Warp warps[8];
+        for (int w = 0; w < 8; ++w) warps[w].bar = &bars[w];
+        std::vector<std::thread> threads;
+        for (int t = 0; t < 256; ++t)
+            threads.emplace_back([&, t] {
+                tl_tid = t;
+                tl_warp = &warps[t / 32];
+                tl_block = &block;
+                // gridDim.x counts blocks (MLX's launch gives threads in all).
+                const Dim gd{(unsigned)blocks}, at{(unsigned)blk}, dim{256}, th{(unsigned)t};
+                if constexpr (K == DenseMasked)
+                    dense_masked<T, D, G, R, HKV, 0, CAUSAL, BLOCK>(gd, at, dim, th, q, qs, qst, k, ks, kst, v, ks, vst, mask, mst, flat, fs, fst, part, ml);
+                else if constexpr (K == DenseUnmasked)
+                    dense_unmasked<T, D, G, R, HKV, 0, CAUSAL, BLOCK>(gd, at, dim, th, q, qs, qst, k, ks, kst, v, ks, vst, mask, mst, flat, fs, fst, part, ml);
+                else
+                    paged_masked<T, D, G, R, HKV, 0, CAUSAL, BLOCK>(gd, at, dim, th, q, qs, qst, k, ks, kst, v, ks, vst, mask, mst, flat, fs, fst, part, ml);
+            });
+        for (auto& th : threads) th.join();
+    }
+}
+"#;
+
+/// The cases: each builds Q/K/V, runs the kernel and the merge, and
+/// compares with the reference. `SCALE_BITS` is a template constant in
+/// the kernel; the harness passes 0 there and folds the scale into Q
+/// instead (`__int_as_float(0)` is 0, so the body's `sc` is replaced).
+const CASES: &str = r#"
+std::mt19937 rng(7);
+float uni() { return std::uniform_real_distribution<float>(-1.f, 1.f)(rng); }
+
+// Attention of query (b, hq, ql) over keys t < seen where live(b, t), in
+// double; key t's element d of head h is kv(b, h, t, d).
+template <typename KV, typename LIVE>
+void reference(int B, int HQ, int QL, int HKV, int D, int T, bool causal, const std::vector<float>& q, KV key,
+               KV val, LIVE live, std::vector<double>& out) {
+    const int R = HQ / HKV;
+    out.assign((size_t)B * QL * HQ * D, 0.0);
+    for (int b = 0; b < B; ++b)
+        for (int ql = 0; ql < QL; ++ql)
+            for (int hq = 0; hq < HQ; ++hq) {
+                const int h = hq / R, seen = causal ? T - (QL - 1 - ql) : T;
+                std::vector<double> s;
+                std::vector<int> ts;
+                for (int t = 0; t < seen; ++t) {
+                    if (!live(b, t)) continue;
+                    double x = 0;
+                    for (int d = 0; d < D; ++d) x += (double)q[(((size_t)b * HQ + hq) * QL + ql) * D + d] * key(b, h, t, d);
+                    s.push_back(x);
+                    ts.push_back(t);
+                }
+                if (s.empty()) continue;
+                const double m = *std::max_element(s.begin(), s.end());
+                double l = 0;
+                for (auto& x : s) l += (x = std::exp(x - m));
+                for (size_t i = 0; i < s.size(); ++i)
+                    for (int d = 0; d < D; ++d)
+                        out[(((size_t)b * QL + ql) * HQ + hq) * D + d] += s[i] / l * val(b, h, ts[i], d);
+            }
+}
+
+int splits_for(int rows, int hkv, int t, int min_slice) {
+    const int want = (264 + rows * hkv - 1) / (rows * hkv);
+    return std::max(1, std::min(want, t / min_slice));
+}
+
+// Runs the merge over `blocks` partial results and compares with `want`
+// (laid out [B * QL, HQ, D]); returns the largest difference.
+template <int D, int R>
+double merged_error(int pairs, int splits, const std::vector<float>& part, const std::vector<float>& ml,
+                    const std::vector<double>& want) {
+    std::vector<float> out(want.size());
+    const int n = (int)out.size();
+    for (int i = 0; i < (n + 255) / 256 * 256; ++i)
+        merge<D, R>({(unsigned)(i / 256)}, {256}, {(unsigned)(i % 256)}, part.data(), Shape{{pairs, splits, R, D}},
+                    ml.data(), out.data());
+    double worst = 0;
+    for (int i = 0; i < n; ++i) worst = std::max(worst, std::fabs(out[i] - want[i]));
+    return worst;
+}
+
+// A dense case: B rows, HQ query heads over HKV K/V heads, QL queries,
+// T keys stored with `strided` (K as [B, T, HKV, D] in memory) or
+// contiguous strides; `masked` drops row 1's first keys and all of row 2's.
+template <typename T, int D, int R, int HKV>
+double dense(int B, int QL, int Tk, bool causal, bool masked, bool strided, int min_slice) {
+    const int HQ = R * HKV;
+    const float scale = 1.f / std::sqrt((float)D);
+    std::vector<float> qf((size_t)B * HQ * QL * D);
+    for (auto& x : qf) x = uni();
+    std::vector<T> q(qf.size());
+    for (size_t i = 0; i < qf.size(); ++i) { q[i] = T(qf[i] * scale); qf[i] = (float)q[i]; }
+    std::vector<T> k((size_t)B * HKV * Tk * D), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) { k[i] = T(uni() * 3); v[i] = T(uni()); }
+    const Strides kst = strided ? Strides{{(int64_t)Tk * HKV * D, D, (int64_t)HKV * D, 1}}
+                                : Strides{{(int64_t)HKV * Tk * D, (int64_t)Tk * D, D, 1}};
+    auto at = [&](const std::vector<T>& a) {
+        return [&a, kst](int b, int h, int t, int d) { return (double)(float)a[b * kst[0] + h * kst[1] + t * kst[2] + d]; };
+    };
+    std::vector<char> mk((size_t)B * Tk, 1);
+    if (masked) {
+        for (int t = 0; t < Tk / 3; ++t) mk[1 * Tk + t] = 0;
+        if (B > 2) for (int t = 0; t < Tk; ++t) mk[2 * Tk + t] = 0;
+    }
+    bool* mask = new bool[mk.size()];
+    for (size_t i = 0; i < mk.size(); ++i) mask[i] = mk[i];
+    std::vector<double> want;
+    reference(B, HQ, QL, HKV, D, Tk, causal, qf, at(k), at(v), [&](int b, int t) { return mk[b * Tk + t] != 0; }, want);
+    const int splits = splits_for(B, HKV, Tk, min_slice), blocks = B * QL * HKV * splits;
+    std::vector<float> part((size_t)blocks * R * D), ml((size_t)blocks * R * 2);
+    const Shape qs{{B, HQ, QL, D}}, ks{{B, HKV, Tk, D}};
+    const Strides qst{{(int64_t)HQ * QL * D, (int64_t)QL * D, D, 1}}, mst{{Tk, 1, 0, 0}};
+    if (masked)
+        launch<DenseMasked, T, D, R, HKV, false, 0>(blocks, q.data(), qs, qst, k.data(), ks, kst, v.data(), kst, mask, mst, nullptr, Shape{}, Strides{}, part.data(), ml.data());
+    else if (causal)
+        launch<DenseUnmasked, T, D, R, HKV, true, 0>(blocks, q.data(), qs, qst, k.data(), ks, kst, v.data(), kst, mask, mst, nullptr, Shape{}, Strides{}, part.data(), ml.data());
+    else
+        launch<DenseUnmasked, T, D, R, HKV, false, 0>(blocks, q.data(), qs, qst, k.data(), ks, kst, v.data(), kst, mask, mst, nullptr, Shape{}, Strides{}, part.data(), ml.data());
+    delete[] mask;
+    return merged_error<D, R>(B * QL * HKV, splits, part, ml, want);
+}
+
+// The paged pool: K/V [HKV, cap * BLOCK, D]; row b's j-th block is
+// table[b][j]; `flat` [B, HKV, nb] = h * cap + table[b][j].
+template <typename T, int D, int R, int HKV, int BLOCK>
+double paged(int B, int nb, int cap) {
+    const int HQ = R * HKV, Tk = nb * BLOCK, S = cap * BLOCK;
+    std::vector<float> qf((size_t)B * HQ * D);
+    std::vector<T> q(qf.size());
+    for (size_t i = 0; i < qf.size(); ++i) { q[i] = T(uni() * 0.2f); qf[i] = (float)q[i]; }
+    std::vector<T> k((size_t)HKV * S * D), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) { k[i] = T(uni() * 3); v[i] = T(uni()); }
+    std::vector<int> table((size_t)B * nb), flat((size_t)B * HKV * nb);
+    for (int b = 0; b < B; ++b)
+        for (int j = 0; j < nb; ++j) table[b * nb + j] = (b * 5 + j * 3 + 1) % cap;
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < HKV; ++h)
+            for (int j = 0; j < nb; ++j) flat[(b * HKV + h) * nb + j] = h * cap + table[b * nb + j];
+    auto at = [&](const std::vector<T>& a) {
+        return [&a, &table, nb, S](int b, int h, int t, int d) {
+            const int slot = table[b * nb + t / BLOCK] * BLOCK + t % BLOCK;
+            return (double)(float)a[((size_t)h * S + slot) * D + d];
+        };
+    };
+    bool* mask = new bool[(size_t)B * Tk];
+    for (int i = 0; i < B * Tk; ++i) mask[i] = (i % Tk) >= (i / Tk) * 3;
+    std::vector<double> want;
+    reference(B, HQ, 1, HKV, D, Tk, false, qf, at(k), at(v), [&](int b, int t) { return mask[b * Tk + t]; }, want);
+    const int splits = splits_for(B, HKV, Tk, 256), blocks = B * HKV * splits;
+    std::vector<float> part((size_t)blocks * R * D), ml((size_t)blocks * R * 2);
+    const Strides kst{{(int64_t)S * D, D, 1, 0}}, qst{{(int64_t)HQ * D, D, D, 1}}, mst{{Tk, 1, 0, 0}};
+    const Strides fst{{(int64_t)HKV * nb, nb, 1, 0}};
+    launch<Paged, T, D, R, HKV, false, BLOCK>(blocks, q.data(), Shape{{B, HQ, 1, D}}, qst, k.data(), Shape{{HKV, S, D, 0}}, kst, v.data(), kst, mask, mst, flat.data(), Shape{{B, HKV, nb, 0}}, fst, part.data(), ml.data());
+    delete[] mask;
+    return merged_error<D, R>(B * HKV, splits, part, ml, want);
+}
+
+int main() {
+    struct { const char* what; double err; } cases[] = {
+        {"bf16 head 128, masked rows, 300 keys", dense<bf16, 128, 4, 2>(3, 1, 300, false, true, false, 256)},
+        {"bf16 head 128, one row, slices of 64", dense<bf16, 128, 4, 2>(1, 1, 300, false, false, false, 64)},
+        {"f32 head 128, causal verify of 3", dense<float, 128, 2, 2>(2, 3, 40, true, false, false, 16)},
+        {"bf16 head 64, keys strided", dense<bf16, 64, 3, 2>(2, 1, 100, false, false, true, 32)},
+        {"f32 head 96 (a warp a key), masked", dense<float, 96, 2, 1>(3, 1, 70, false, true, false, 32)},
+        {"bf16 head 128, paged blocks of 16", paged<bf16, 128, 4, 2, 16>(2, 5, 9)},
+    };
+    int bad = 0;
+    for (auto& c : cases) {
+        const bool ok = c.err < 2e-5;
+        bad += !ok;
+        printf("%s: %s, largest difference %.3g\n", ok ? "ok" : "WRONG", c.what, c.err);
+    }
+    printf("wrong cases: %d\n", bad);
+    return bad != 0;
+}
+"#;
+
+#[test]
+fn the_decode_attention_kernels_attend_as_a_softmax_in_double_precision() {
+    let dir = std::env::temp_dir().join(format!("decode-attention-on-host-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, bin) = (dir.join("harness.cpp"), dir.join("harness"));
+    // The scale is folded into Q (SCALE_BITS = 0 would zero it).
+    let body = |s: String| s.replace("const float sc = __int_as_float(SCALE_BITS);", "const float sc = 1.f;");
+    let lanes = [64, 96, 128].iter().map(|&d| format!("D == {d} ? {} : ", lanes_per_key(d))).collect::<String>();
+    let text = HARNESS
+        .replace("@DENSE_MASKED@", &body(source(DENSE, true)))
+        .replace("@DENSE_UNMASKED@", &body(source(DENSE, false)))
+        .replace("@PAGED_MASKED@", &body(source(PAGED, true)))
+        .replace("@MERGE@", MERGE_SOURCE)
+        .replace("@LANES_PER_KEY@", &format!("({lanes}0)"));
+    std::fs::write(&src, format!("{text}{CASES}")).unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let built = Command::new(&cxx)
+        .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output();
+    let built = built.unwrap_or_else(|e| panic!("the C++ compiler `{cxx}` did not start: {e}"));
+    assert!(built.status.success(), "the harness did not compile:\n{}", String::from_utf8_lossy(&built.stderr));
+    let ran = Command::new(&bin).output().unwrap();
+    let said = String::from_utf8_lossy(&ran.stdout);
+    std::fs::remove_dir_all(&dir).unwrap();
+    println!("{said}");
+    assert!(ran.status.success() && said.contains("wrong cases: 0"), "{said}");
+}
