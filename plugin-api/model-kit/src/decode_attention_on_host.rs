@@ -1,21 +1,21 @@
-//! `decode_attention`'s kernels run on this machine's CPU, compiled by g++
-//! (as `kv_write_on_host`): CI has no GPU, so this is where their numbers
-//! are checked. Each CUDA thread of a block is a host thread; a warp's
-//! shuffles meet at a barrier of its 32 threads and `__syncthreads` at one
-//! of the block's, so the body runs as written, warp-uniform loops and
-//! all. The slices are merged by the merge kernel's body, one call per
-//! output element. The expected outputs come from the harness's own
-//! softmax in double precision over the keys each query may see, not from
-//! the kernel's arithmetic.
+//! `decode_attention`'s kernels run on this machine's CPU (`on_host`): CI
+//! has no GPU, so this is where their numbers are checked. Each CUDA
+//! thread of a block is a host thread; a warp's shuffles meet at a barrier
+//! of its 32 threads and `__syncthreads` at one of the block's, so the body
+//! runs as written, warp-uniform loops and all. The slices are merged by
+//! the merge kernel's body, one call per output element. The expected
+//! outputs come from the harness's own softmax in double precision over
+//! the keys each query may see, not from the kernel's arithmetic.
 //!
-//! Cases: bf16 and float32 K/V at head sizes 128 (8 lanes a key, 16-byte
-//! loads), 64 and 96 (a warp a key, element loads), a masked batch with a
-//! row masked out and slices longer than the keys, a causal 3-query verify,
-//! keys read through strides that are not contiguous, and the paged pool.
+//! Cases: bf16 and float32 K/V at head sizes 128 and 64 (8 and 4 lanes a
+//! key, 16-byte loads) and 96 (a warp a key, element loads), a masked batch
+//! with a row masked out and slices longer than the keys, a causal 3-query
+//! verify, keys stored token-major (`[B, T, H, D]`, read through strides),
+//! and the paged pool.
 //! The CUDA compile of the same bodies is `kernels_compile`'s.
 
 use crate::decode_attention::{lanes_per_key, source, DENSE, MERGE_SOURCE, PAGED};
-use std::process::Command;
+use crate::on_host::compile_and_run;
 
 const HARNESS: &str = r#"
 #include <barrier>
@@ -274,9 +274,6 @@ int main() {
 
 #[test]
 fn the_decode_attention_kernels_attend_as_a_softmax_in_double_precision() {
-    let dir = std::env::temp_dir().join(format!("decode-attention-on-host-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (src, bin) = (dir.join("harness.cpp"), dir.join("harness"));
     // The scale is folded into Q (SCALE_BITS = 0 would zero it).
     let body = |s: String| s.replace("const float sc = __int_as_float(SCALE_BITS);", "const float sc = 1.f;");
     let lanes = [64, 96, 128].iter().map(|&d| format!("D == {d} ? {} : ", lanes_per_key(d))).collect::<String>();
@@ -286,18 +283,7 @@ fn the_decode_attention_kernels_attend_as_a_softmax_in_double_precision() {
         .replace("@PAGED_MASKED@", &body(source(PAGED, true)))
         .replace("@MERGE@", MERGE_SOURCE)
         .replace("@LANES_PER_KEY@", &format!("({lanes}0)"));
-    std::fs::write(&src, format!("{text}{CASES}")).unwrap();
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    let built = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output();
-    let built = built.unwrap_or_else(|e| panic!("the C++ compiler `{cxx}` did not start: {e}"));
-    assert!(built.status.success(), "the harness did not compile:\n{}", String::from_utf8_lossy(&built.stderr));
-    let ran = Command::new(&bin).output().unwrap();
-    let said = String::from_utf8_lossy(&ran.stdout);
-    std::fs::remove_dir_all(&dir).unwrap();
+    let (ok, said) = compile_and_run("decode-attention-on-host", &format!("{text}{CASES}"));
     println!("{said}");
-    assert!(ran.status.success() && said.contains("wrong cases: 0"), "{said}");
+    assert!(ok && said.contains("wrong cases: 0"), "{said}");
 }

@@ -1,14 +1,14 @@
-//! `kv_write`'s kernel body run on this machine's CPU, one call per thread,
-//! compiled by g++ (xtask's system packages; `CXX` names another): CI has
-//! no GPU, so this is where the bytes it writes are checked (which column of
-//! which row and head each element of K, V and the queries lands in,
-//! strided sources, a storage with more rows than the update, every element
-//! width). The expected layout is computed by the harness's own loops over
-//! (row, head, position, dimension), not by the body's index arithmetic.
-//! The CUDA compile of the same body is `kernels_compile`'s.
+//! `kv_write`'s kernel body run on this machine's CPU, one call per thread
+//! (`on_host`): CI has no GPU, so this is where the bytes it writes are
+//! checked (which column of which row and head each element of K, V and
+//! the queries lands in, strided sources, a storage with more rows than the
+//! update, every element width). The expected layout is computed by the
+//! harness's own loops over (row, head, position, dimension), not by the
+//! body's index arithmetic. The CUDA compile of the same body is
+//! `kernels_compile`'s.
 
 use crate::kv_write::SOURCE;
-use std::process::Command;
+use crate::on_host::compile_and_run;
 
 /// The harness: `kern` is the body with CUDA's thread coordinates as
 /// arguments, run for every thread of the launch (and some past it, which
@@ -86,16 +86,6 @@ int main() {
 
 #[test]
 fn the_kv_write_kernel_body_writes_each_element_where_it_belongs() {
-    let dir = std::env::temp_dir().join(format!("kv-write-on-host-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (src, bin) = (dir.join("harness.cpp"), dir.join("harness"));
-    std::fs::write(&src, HARNESS.replace("BODY", SOURCE)).unwrap();
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    let built = Command::new(&cxx).args(["-std=c++17", "-O1", "-o"]).arg(&bin).arg(&src).output();
-    let built = built.unwrap_or_else(|e| panic!("the C++ compiler `{cxx}` did not start: {e}"));
-    assert!(built.status.success(), "the harness did not compile:\n{}", String::from_utf8_lossy(&built.stderr));
-    let ran = Command::new(&bin).output().unwrap();
-    let said = String::from_utf8_lossy(&ran.stdout);
-    std::fs::remove_dir_all(&dir).unwrap();
-    assert!(ran.status.success() && said.contains("wrong elements: 0"), "{said}");
+    let (ok, said) = compile_and_run("kv-write-on-host", &HARNESS.replace("BODY", SOURCE));
+    assert!(ok && said.contains("wrong elements: 0"), "{said}");
 }

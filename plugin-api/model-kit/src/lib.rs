@@ -37,6 +37,8 @@ pub mod lm_head;
 pub mod mask;
 pub mod mlp;
 pub mod moe;
+#[cfg(test)]
+mod on_host;
 pub mod ops;
 pub mod qk_norm_rope;
 pub mod rope;

@@ -1,0 +1,27 @@
+//! What the `*_on_host` tests share: a C++ program holding a kernel body,
+//! compiled by g++ (xtask's system packages; `CXX` names another) and run
+//! on this machine's CPU, its output returned.
+
+use std::process::Command;
+
+/// Compiles `program` (C++20, with threads) under a folder of its own
+/// named after `name`, runs it and returns what it printed, and whether it
+/// exited 0. A program that does not compile fails the test, with g++'s
+/// messages.
+pub fn compile_and_run(name: &str, program: &str) -> (bool, String) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, bin) = (dir.join("harness.cpp"), dir.join("harness"));
+    std::fs::write(&src, program).unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let built = Command::new(&cxx)
+        .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output();
+    let built = built.unwrap_or_else(|e| panic!("the C++ compiler `{cxx}` did not start: {e}"));
+    assert!(built.status.success(), "the harness did not compile:\n{}", String::from_utf8_lossy(&built.stderr));
+    let ran = Command::new(&bin).output().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (ran.status.success(), String::from_utf8_lossy(&ran.stdout).into_owned())
+}
