@@ -295,12 +295,10 @@ fn merge_kernel() -> Result<&'static CudaKernel> {
 /// lane loads two 16-byte words of a 16-bit key and a warp scores several
 /// keys at once (more loads in flight, fewer shuffles per key); else the
 /// whole warp, `d / 32` dimensions each.
-pub fn lanes_per_key(d: i32) -> i32 {
-    let g = d / 16;
-    if d % 16 == 0 && g > 0 && g <= 32 && (g & (g - 1)) == 0 {
-        g
-    } else {
-        32
+pub(crate) fn lanes_per_key(d: i32) -> i32 {
+    match d / 16 {
+        g @ (1 | 2 | 4 | 8 | 16 | 32) if d % 16 == 0 => g,
+        _ => 32,
     }
 }
 

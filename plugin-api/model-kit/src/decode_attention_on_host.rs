@@ -9,8 +9,8 @@
 //!
 //! Cases: bf16 and float32 K/V at head sizes 128 and 64 (8 and 4 lanes a
 //! key, 16-byte loads) and 96 (a warp a key, element loads), a masked batch
-//! with a row masked out and slices longer than the keys, a causal 3-query
-//! verify, keys stored token-major (`[B, T, H, D]`, read through strides),
+//! with a row masked out, one to four slices of the keys (the kernel reads
+//! their count from its grid), a causal 3-query verify, keys stored token-major (`[B, T, H, D]`, read through strides),
 //! and the paged pool.
 //! The CUDA compile of the same bodies is `kernels_compile`'s.
 
@@ -156,11 +156,6 @@ void reference(int B, int HQ, int QL, int HKV, int D, int T, bool causal, const 
             }
 }
 
-int splits_for(int rows, int hkv, int t, int min_slice) {
-    const int want = (264 + rows * hkv - 1) / (rows * hkv);
-    return std::max(1, std::min(want, t / min_slice));
-}
-
 // Runs the merge over `blocks` partial results and compares with `want`
 // (laid out [B * QL, HQ, D]); returns the largest difference.
 template <int D, int R>
@@ -180,7 +175,7 @@ double merged_error(int pairs, int splits, const std::vector<float>& part, const
 // T keys stored with `strided` (K as [B, T, HKV, D] in memory) or
 // contiguous strides; `masked` drops row 1's first keys and all of row 2's.
 template <typename T, int D, int R, int HKV>
-double dense(int B, int QL, int Tk, bool causal, bool masked, bool strided, int min_slice) {
+double dense(int B, int QL, int Tk, bool causal, bool masked, bool strided, int splits) {
     const int HQ = R * HKV;
     const float scale = 1.f / std::sqrt((float)D);
     std::vector<float> qf((size_t)B * HQ * QL * D);
@@ -203,7 +198,7 @@ double dense(int B, int QL, int Tk, bool causal, bool masked, bool strided, int 
     for (size_t i = 0; i < mk.size(); ++i) mask[i] = mk[i];
     std::vector<double> want;
     reference(B, HQ, QL, HKV, D, Tk, causal, qf, at(k), at(v), [&](int b, int t) { return mk[b * Tk + t] != 0; }, want);
-    const int splits = splits_for(B, HKV, Tk, min_slice), blocks = B * QL * HKV * splits;
+    const int blocks = B * QL * HKV * splits;
     std::vector<float> part((size_t)blocks * R * D), ml((size_t)blocks * R * 2);
     const Shape qs{{B, HQ, QL, D}}, ks{{B, HKV, Tk, D}};
     const Strides qst{{(int64_t)HQ * QL * D, (int64_t)QL * D, D, 1}}, mst{{Tk, 1, 0, 0}};
@@ -220,7 +215,7 @@ double dense(int B, int QL, int Tk, bool causal, bool masked, bool strided, int 
 // The paged pool: K/V [HKV, cap * BLOCK, D]; row b's j-th block is
 // table[b][j]; `flat` [B, HKV, nb] = h * cap + table[b][j].
 template <typename T, int D, int R, int HKV, int BLOCK>
-double paged(int B, int nb, int cap) {
+double paged(int B, int nb, int cap, int splits) {
     const int HQ = R * HKV, Tk = nb * BLOCK, S = cap * BLOCK;
     std::vector<float> qf((size_t)B * HQ * D);
     std::vector<T> q(qf.size());
@@ -243,7 +238,7 @@ double paged(int B, int nb, int cap) {
     for (int i = 0; i < B * Tk; ++i) mask[i] = (i % Tk) >= (i / Tk) * 3;
     std::vector<double> want;
     reference(B, HQ, 1, HKV, D, Tk, false, qf, at(k), at(v), [&](int b, int t) { return mask[b * Tk + t]; }, want);
-    const int splits = splits_for(B, HKV, Tk, 256), blocks = B * HKV * splits;
+    const int blocks = B * HKV * splits;
     std::vector<float> part((size_t)blocks * R * D), ml((size_t)blocks * R * 2);
     const Strides kst{{(int64_t)S * D, D, 1, 0}}, qst{{(int64_t)HQ * D, D, D, 1}}, mst{{Tk, 1, 0, 0}};
     const Strides fst{{(int64_t)HKV * nb, nb, 1, 0}};
@@ -254,12 +249,12 @@ double paged(int B, int nb, int cap) {
 
 int main() {
     struct { const char* what; double err; } cases[] = {
-        {"bf16 head 128, masked rows, 300 keys", dense<bf16, 128, 4, 2>(3, 1, 300, false, true, false, 256)},
-        {"bf16 head 128, one row, slices of 64", dense<bf16, 128, 4, 2>(1, 1, 300, false, false, false, 64)},
-        {"f32 head 128, causal verify of 3", dense<float, 128, 2, 2>(2, 3, 40, true, false, false, 16)},
-        {"bf16 head 64, keys strided", dense<bf16, 64, 3, 2>(2, 1, 100, false, false, true, 32)},
-        {"f32 head 96 (a warp a key), masked", dense<float, 96, 2, 1>(3, 1, 70, false, true, false, 32)},
-        {"bf16 head 128, paged blocks of 16", paged<bf16, 128, 4, 2, 16>(2, 5, 9)},
+        {"bf16 head 128, masked rows, 300 keys in 1 slice", dense<bf16, 128, 4, 2>(3, 1, 300, false, true, false, 1)},
+        {"bf16 head 128, one row, 4 slices", dense<bf16, 128, 4, 2>(1, 1, 300, false, false, false, 4)},
+        {"f32 head 128, causal verify of 3, 2 slices", dense<float, 128, 2, 2>(2, 3, 40, true, false, false, 2)},
+        {"bf16 head 64, keys token-major, 3 slices", dense<bf16, 64, 3, 2>(2, 1, 100, false, false, true, 3)},
+        {"f32 head 96 (a warp a key), masked, 2 slices", dense<float, 96, 2, 1>(3, 1, 70, false, true, false, 2)},
+        {"bf16 head 128, paged blocks of 16, 3 slices", paged<bf16, 128, 4, 2, 16>(2, 5, 9, 3)},
     };
     int bad = 0;
     for (auto& c : cases) {
