@@ -30,6 +30,7 @@ commands:
 /// RUST_BACKTRACE for the tests), so that a log's tail keeps the suite's
 /// own summary of why tests failed.
 fn main() -> std::process::ExitCode {
+    util::started();
     match dispatch() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

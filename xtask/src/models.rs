@@ -60,6 +60,7 @@ pub fn test(root: &Path, extra: &[String]) -> Result<()> {
     step("running the test suite");
     let c =
         run_counting(Command::new("cargo").args(["test", "--release", "--workspace", "--no-fail-fast"]).args(extra))?;
+    step("the test suite ran");
     // One closing line for the whole suite, after cargo's per-binary lines
     // (the last of which is often an empty doc-test run).
     println!("total: {} passed, {} failed, {} ignored", c.passed, c.failed, c.ignored);

@@ -22,8 +22,17 @@ pub fn cache_dir() -> PathBuf {
     base.join("mlx-engine")
 }
 
+/// A step's line, with the time since xtask started: a CI log then says
+/// where its minutes went (builds, set-up, the suite).
 pub fn step(msg: impl AsRef<str>) {
-    println!("==> {}", msg.as_ref());
+    let s = started().elapsed().as_secs();
+    println!("==> [{}m{:02}s] {}", s / 60, s % 60, msg.as_ref());
+}
+
+/// When xtask started (its first call: `main` makes it).
+pub fn started() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
 }
 
 /// Runs a command, echoing it, and fails with its exit status.
