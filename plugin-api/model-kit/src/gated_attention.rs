@@ -66,11 +66,6 @@ impl GatedAttention {
         })
     }
 
-    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
-        let (q, k, v) = (self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?);
-        self.o.forward(&self.gated(&q, &k, &v, mask, cache)?)
-    }
-
     /// `x + attention(norm(x))`, the attention half of a pre-norm block: on
     /// a GPU decode step or short verify, the norm and q/k/v as one fused
     /// kernel and o with the residual as another (`fused_layers`), else

@@ -10,7 +10,7 @@ use model_kit::config::Config;
 use model_kit::gated_attention::{GatedAttention, GatedAttentionShape};
 use model_kit::layers::{Linear, LoadCtx, RmsNorm};
 use model_kit::mlp::Mlp;
-use model_kit::{error, Array, Result};
+use model_kit::{error, fused_layers, Array, Result};
 use plugin_api::CacheBox;
 use plugin_sdk::mlx_rs::ops;
 use serde_json::{json, Value};
@@ -164,16 +164,17 @@ impl Head {
     }
 
     /// Rows `[1, L, H]` from embeddings and hidden states `[1, L, H]`,
-    /// appended to `caches` (one per layer).
+    /// appended to `caches` (one per layer). Each layer runs as the
+    /// target family's blocks do (`forward_residual`): on a GPU decode step
+    /// the norms, projections and residuals fused (`fused_layers`), else
+    /// the separate ops in mlx-vlm's order.
     pub fn forward(&self, embed: &Array, hidden: &Array, caches: &mut [CacheBox]) -> Result<Array> {
         let x = ops::concatenate(&[self.norm_embed.forward(embed)?, self.norm_hidden.forward(hidden)?], -1)?;
-        let mut h = self.fc.forward(&x)?;
+        let mut h = fused_layers::linear(&x, &self.fc)?;
         let mask = Mask::for_cache(&caches[0], h.shape()[1])?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, &mask, cache)?;
-            let h1 = h.add(&r)?;
-            let r = layer.mlp.forward(&layer.post_norm.forward(&h1)?)?;
-            h = h1.add(&r)?;
+            let h1 = layer.attn.forward_residual(&h, &layer.input_norm, &mask, cache)?;
+            h = layer.mlp.forward_residual(&layer.post_norm, &h1)?;
         }
         self.norm.forward(&h)
     }
