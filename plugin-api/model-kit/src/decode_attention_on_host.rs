@@ -10,8 +10,8 @@
 //! Cases: bf16 and float32 K/V at head sizes 128 and 64 (8 and 4 lanes a
 //! key, 16-byte loads) and 96 (a warp a key, element loads), a masked batch
 //! with a row masked out, one to four slices of the keys (the kernel reads
-//! their count from its grid), a causal 3-query verify, keys stored token-major (`[B, T, H, D]`, read through strides),
-//! and the paged pool.
+//! their count from its grid), a causal 3-query verify, keys stored
+//! token-major (`[B, T, H, D]`, read through strides), and the paged pool.
 //! The CUDA compile of the same bodies is `kernels_compile`'s.
 
 use crate::decode_attention::{lanes_per_key, source, DENSE, MERGE_SOURCE, PAGED};

@@ -20,8 +20,9 @@ pub fn compile_and_run(name: &str, program: &str) -> (bool, String) {
         .arg(&src)
         .output();
     let built = built.unwrap_or_else(|e| panic!("the C++ compiler `{cxx}` did not start: {e}"));
-    assert!(built.status.success(), "the harness did not compile:\n{}", String::from_utf8_lossy(&built.stderr));
-    let ran = Command::new(&bin).output().unwrap();
+    let ran = built.status.success().then(|| Command::new(&bin).output().unwrap());
+    // Removed before any assertion, so that a failing case leaves no folder behind.
     std::fs::remove_dir_all(&dir).unwrap();
+    let ran = ran.unwrap_or_else(|| panic!("the harness did not compile:\n{}", String::from_utf8_lossy(&built.stderr)));
     (ran.status.success(), String::from_utf8_lossy(&ran.stdout).into_owned())
 }
