@@ -23,6 +23,8 @@ pub(super) struct Queued {
     pub states: Option<States>,
     /// The caches' offsets where it began.
     pub starts: Vec<u64>,
+    /// Host time the drafter took to build its drafts (the step trace).
+    pub draft_ms: f64,
 }
 
 /// Whether the request's rounds may be pipelined: greedy (the bonus token
@@ -48,6 +50,7 @@ pub(super) fn queue(
     let pending = round.bonus();
     let history_len = d.history.len() + round.width();
     let sampling = draft_sampling(&d.sampler, history_len);
+    let since = std::time::Instant::now();
     let answer = states.lend(|s| {
         drafter.draft_ahead(AheadArgs {
             history_len: history_len as u64,
@@ -62,6 +65,7 @@ pub(super) fn queue(
         Ok(ROption::RNone) => return Ok(Ok(None)),
         Err(e) => return Ok(Err(format!("the drafter failed to draft ahead ({e}): plain steps from here"))),
     };
+    let draft_ms = since.elapsed().as_secs_f64() * 1e3;
     if drafts.ndim() != 1 || drafts.shape()[0] as usize > n {
         return Ok(Err(format!(
             "the drafter drafted ahead a {:?} array where at most [{n}] fits: plain steps from here",
@@ -76,7 +80,7 @@ pub(super) fn queue(
     let tokens = input.as_dtype(mlx_rs::Dtype::Int32)?.reshape(&[1, -1])?;
     let (round, states) =
         queue_verify(engine, &tokens, Input::Unread(input), None, None, caches, &mut d.sampler, Some(wants))?;
-    Ok(Ok(Some(Queued { round, states, starts })))
+    Ok(Ok(Some(Queued { round, states, starts, draft_ms })))
 }
 
 /// Drops a queued round from the caches (the request ends or stops

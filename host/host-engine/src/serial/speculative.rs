@@ -133,6 +133,7 @@ pub(crate) fn decode(
         };
         // The next round goes on the device behind this one, before this
         // verdict is read, as if it accepts every draft.
+        let mut ahead_ms = 0.0;
         if pipelining && stats.disabled.is_none() {
             let room_after = d.room().saturating_sub(round.width());
             let sampled_next = judge && clock.wants_plain_sample(d.out.len() + round.width());
@@ -142,14 +143,17 @@ pub(crate) fn decode(
                 let k = round.width() - 1;
                 let next = if k > 0 { next_depth(k, max_depth, drafting.fixed_depth()) } else { depth };
                 let n = next.min(room_after - 1);
+                let t = Instant::now();
                 match ahead::queue(engine, d, caches, drafter, w, &round, s, n)? {
                     Ok(q) => queued = q,
                     Err(why) => stats.disabled = Some(why),
                 }
+                ahead_ms = t.elapsed().as_secs_f64() * 1e3;
             }
         }
         let waited = Instant::now();
         round.read()?;
+        let read_ms = waited.elapsed().as_secs_f64() * 1e3;
         let (t, n) = emitted(round.out.as_slice::<u32>(), &round.input[1..], round.rejection);
         let k = round.k;
         if k > 0 {
@@ -195,6 +199,10 @@ pub(crate) fn decode(
             build_ms = (waited - since).as_secs_f64() * 1e3 - draft_ms,
             launch_ms = (waited - round.built).as_secs_f64() * 1e3,
             wait_ms = waited.elapsed().as_secs_f64() * 1e3,
+            read_ms,
+            ahead_ms,
+            ahead_draft_ms = queued.as_ref().map_or(0.0, |q| q.draft_ms),
+            ahead_launch_ms = queued.as_ref().map_or(0.0, |q| q.round.launch_ms),
             ahead = queued.is_some(),
             "speculative round"
         );

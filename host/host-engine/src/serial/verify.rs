@@ -28,6 +28,9 @@ pub(super) struct Round {
     pub rejection: bool,
     /// When the graph was built, before MLX was handed it (`async_eval`).
     pub built: Instant,
+    /// Host time MLX took to take the graph (`async_eval`: encoding and
+    /// launching its kernels).
+    pub launch_ms: f64,
 }
 
 impl Round {
@@ -112,5 +115,6 @@ pub(super) fn queue_verify(
     };
     let built = Instant::now();
     mlx_rs::transforms::async_eval([&out])?;
-    Ok((Round { input, unread, k, lps, out, rejection, built }, states))
+    let launch_ms = built.elapsed().as_secs_f64() * 1e3;
+    Ok((Round { input, unread, k, lps, out, rejection, built, launch_ms }, states))
 }
