@@ -23,7 +23,7 @@ MTP=(--draft-model /tmp/d/qwen3_5-8b/mtp-agree --speculate-always)
     echo "## MTP (agreeing head, 2 drafts), the last 40 rounds"
     RUST_LOG=host_engine::spec=trace trace mtp gen "${MTP[@]}" > $OUT/mtp.json 2> $OUT/mtp.log
     python3 tests/bench/gpu/timeline.py $OUT/mtp.csv --rust-log $OUT/mtp.log --target host_engine::spec --last 40 --top-api 8 | tail -45
-    python3 tests/bench/traces.py $OUT/mtp.log --target host_engine::spec --event "speculative round" --last 40 --fields draft_ms,build_ms,launch_ms,wait_ms,accepted
+    python3 tests/bench/traces.py $OUT/mtp.log --target host_engine::spec --event "speculative round" --last 40 --fields draft_ms,build_ms,launch_ms,wait_ms,read_ms,ahead_ms,ahead_draft_ms,ahead_launch_ms,accepted
     rm -f $OUT/plain.csv $OUT/mtp.csv
   fi
   if perf_kit; then
