@@ -289,7 +289,7 @@ pub enum Fusion {
 }
 
 impl Fusion {
-    fn defines(self) -> String {
+    pub(crate) fn defines(self) -> String {
         let (norm, weights, pair, residual) = match self {
             Fusion::NormThen(w) => (1, w, 0, 0),
             Fusion::NormSwiGlu => (1, 2, 1, 0),

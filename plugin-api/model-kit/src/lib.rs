@@ -25,6 +25,8 @@ pub mod depthwise_conv;
 pub mod fused_layers;
 pub mod gated_attention;
 pub mod gemv;
+#[cfg(test)]
+mod gemv_on_host;
 pub mod graph;
 pub mod kernel_check;
 #[cfg(test)]
