@@ -15,7 +15,7 @@
 //! The CUDA compile of the same bodies is `kernels_compile`'s.
 
 use crate::decode_attention::{lanes_per_key, source, DENSE, MERGE_SOURCE, PAGED};
-use crate::on_host::compile_and_run;
+use crate::on_host::{compile_and_run, THREAD_SHIMS};
 
 const HARNESS: &str = r#"
 #include <barrier>
@@ -43,19 +43,7 @@ struct bf16 {
 #define __shared__ static
 #define __expf expf
 static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
-struct Warp { std::barrier<>* bar; float slot[32]; };
-thread_local int tl_tid;
-thread_local Warp* tl_warp;
-thread_local std::barrier<>* tl_block;
-static float __shfl_xor_sync(unsigned, float x, int o) {
-    const int lane = tl_tid & 31;
-    tl_warp->slot[lane] = x;
-    tl_warp->bar->arrive_and_wait();
-    const float y = tl_warp->slot[lane ^ o];
-    tl_warp->bar->arrive_and_wait();
-    return y;
-}
-static void __syncthreads() { tl_block->arrive_and_wait(); }
+THREAD_SHIMS
 
 #define SIGNATURE(NAME) \
 template <typename Elem, int D, int G, int R, int HKV, int SCALE_BITS, bool CAUSAL, int BLOCK> \
@@ -101,7 +89,7 @@ void launch(int blocks, const T* q, Shape qs, Strides qst, const T* k, Shape ks,
         std::vector<std::thread> threads;
         for (int t = 0; t < 256; ++t)
             threads.emplace_back([&, t] {
-                tl_tid = t;
+                tl_lane = t & 31;
                 tl_warp = &warps[t / 32];
                 tl_block = &block;
                 // gridDim.x counts blocks (MLX's launch gives threads in all).
@@ -273,6 +261,7 @@ fn the_decode_attention_kernels_attend_as_a_softmax_in_double_precision() {
     let body = |s: String| s.replace("const float sc = __int_as_float(SCALE_BITS);", "const float sc = 1.f;");
     let lanes = [64, 96, 128].iter().map(|&d| format!("D == {d} ? {} : ", lanes_per_key(d))).collect::<String>();
     let text = HARNESS
+        .replace("THREAD_SHIMS", THREAD_SHIMS)
         .replace("@DENSE_MASKED@", &body(source(DENSE, true)))
         .replace("@DENSE_UNMASKED@", &body(source(DENSE, false)))
         .replace("@PAGED_MASKED@", &body(source(PAGED, true)))

@@ -12,7 +12,7 @@
 //! own magnitude (two for SwiGLU's product of two sums). The CUDA compile of the same body is `kernels_compile`'s.
 
 use crate::gemv::{split_rows, Fusion, Split, SOURCE};
-use crate::on_host::compile_and_run;
+use crate::on_host::{compile_and_run, THREAD_SHIMS};
 
 /// CUDA's names for what the body uses, on the host. bf16 is the top 16
 /// bits of a float, rounded to nearest even.
@@ -44,18 +44,7 @@ static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static float rsqrtf(float x) { return 1.f / sqrtf(x); }
 template <typename T> static T __ldg(const T* p) { return *p; }
 #define __shared__ static
-struct Warp { std::barrier<>* bar; float slot[32]; };
-thread_local Warp* tl_warp;
-thread_local int tl_lane;
-thread_local std::barrier<>* tl_block;
-static float __shfl_xor_sync(unsigned, float x, int o) {
-    tl_warp->slot[tl_lane] = x;
-    tl_warp->bar->arrive_and_wait();
-    const float y = tl_warp->slot[tl_lane ^ o];
-    tl_warp->bar->arrive_and_wait();
-    return y;
-}
-static void __syncthreads() { tl_block->arrive_and_wait(); }
+THREAD_SHIMS
 using bf = __nv_bfloat16;
 static double d(bf b) { return __bfloat162float(b); }
 static double r(double x) { return __bfloat162float(__float2bfloat16((float)x)); }
@@ -187,7 +176,7 @@ fn the_fused_projection_bodies_match_the_separate_ops_at_every_split() {
         ("then_add", Fusion::ThenAdd, vec![32]),
         ("plain", Fusion::Plain, vec![48]),
     ];
-    let mut program = PRELUDE.to_string();
+    let mut program = PRELUDE.replace("THREAD_SHIMS", THREAD_SHIMS);
     let mut calls = String::new();
     for (name, fusion, outs) in &fusions {
         program += &section(name, *fusion);

@@ -4,6 +4,25 @@
 
 use std::process::Command;
 
+/// A block's threads as host threads: each sets `tl_lane`, `tl_warp` (its
+/// warp's shuffle barrier of 32) and `tl_block` (the block's barrier)
+/// before running a body, so `__shfl_xor_sync` and `__syncthreads` meet
+/// as on a GPU. Needs `<barrier>`.
+pub const THREAD_SHIMS: &str = r#"
+struct Warp { std::barrier<>* bar; float slot[32]; };
+thread_local int tl_lane;
+thread_local Warp* tl_warp;
+thread_local std::barrier<>* tl_block;
+static float __shfl_xor_sync(unsigned, float x, int o) {
+    tl_warp->slot[tl_lane] = x;
+    tl_warp->bar->arrive_and_wait();
+    const float y = tl_warp->slot[tl_lane ^ o];
+    tl_warp->bar->arrive_and_wait();
+    return y;
+}
+static void __syncthreads() { tl_block->arrive_and_wait(); }
+"#;
+
 /// Compiles `program` (C++20, with threads) under a folder of its own
 /// named after `name`, runs it and returns what it printed, and whether it
 /// exited 0. A program that does not compile fails the test, with g++'s
