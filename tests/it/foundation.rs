@@ -103,3 +103,43 @@ fn host_version_prints_the_mlx_version_and_device() {
     assert!(text.lines().any(|l| l.starts_with("device cpu") || l.starts_with("device gpu")), "{text}");
     assert!(text.contains("libmlx.so"), "{text}");
 }
+
+/// libmlx's `cblas_sgemm` calls bind to libmlx_gemv_route's (xtask makes it
+/// libmlx's first needed library), in this process as in the host and the
+/// oracle: one-row float32 products go to BLAS's gemv, others to sgemm.
+/// Both, with the weight stored either way round, equal the products taken
+/// in double precision here.
+#[test]
+fn one_row_float32_products_take_the_gemv_route_and_stay_exact() {
+    let _mlx = it::mlx_exclusive();
+    extern "C" {
+        fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+    }
+    // SAFETY: a NUL-terminated name; RTLD_DEFAULT (null) searches the global scope.
+    let sgemm = unsafe { dlsym(std::ptr::null_mut(), c"cblas_sgemm".as_ptr()) };
+    let owner = runtime::object_of(sgemm).expect("cblas_sgemm is defined somewhere");
+    assert!(owner.ends_with("/libmlx_gemv_route.so"), "cblas_sgemm binds in {owner}");
+
+    let (k, n) = (37, 23);
+    let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
+    let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+    for m in [1, 3] {
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
+        let xa = Array::from_slice(&x, &[m as i32, k as i32]);
+        let stored = Array::from_slice(&w, &[n as i32, k as i32]).t();
+        let plain = Array::from_slice(&wt, &[k as i32, n as i32]);
+        for (how, b) in [("transposed", stored), ("as is", plain)] {
+            let y = xa.matmul(&b).unwrap();
+            let got = y.as_slice::<f32>();
+            for (r, c) in (0..m).flat_map(|r| (0..n).map(move |c| (r, c))) {
+                let want: f64 = (0..k).map(|i| x[r * k + i] as f64 * w[c * k + i] as f64).sum();
+                let diff = (got[r * n + c] as f64 - want).abs();
+                assert!(
+                    diff <= 1e-5 * (1.0 + want.abs()),
+                    "{m} rows, weight {how}: [{r}, {c}] {} vs {want}",
+                    got[r * n + c]
+                );
+            }
+        }
+    }
+}
