@@ -15,16 +15,13 @@ use std::process::Command;
 pub const MLX_VERSION: &str = "0.32.4";
 pub const MLX_SYS_VERSION: &str = "0.7.0";
 pub const PATCH: &str = "native/mlxc-0.7.0-linux.patch";
-/// libmlx's route for one-row float32 products (`gemv_route`).
-const GEMV_ROUTE: &str = "native/gemv-route/gemv_route.cpp";
 /// Bump when the layout this module produces changes.
-const LAYOUT: &str = "4";
+const LAYOUT: &str = "3";
 
 /// Prepares (or reuses) the runtime prefix and links `.mlx` to it.
 pub fn setup(root: &Path) -> Result<PathBuf> {
     let patch = std::fs::read(root.join(PATCH)).with_context(|| format!("reading {PATCH}"))?;
-    let route = std::fs::read(root.join(GEMV_ROUTE)).with_context(|| format!("reading {GEMV_ROUTE}"))?;
-    let key = fnv(&[MLX_VERSION.as_bytes(), MLX_SYS_VERSION.as_bytes(), &patch, &route, LAYOUT.as_bytes()]);
+    let key = fnv(&[MLX_VERSION.as_bytes(), MLX_SYS_VERSION.as_bytes(), &patch, LAYOUT.as_bytes()]);
     let prefix = cache_dir().join(format!("mlx-{MLX_VERSION}-mlxc-{MLX_SYS_VERSION}-{}", &key[..12]));
     let stamp = prefix.join("READY");
     if stamp.exists() {
@@ -66,9 +63,7 @@ fn build_prefix(root: &Path, prefix: &Path) -> Result<()> {
     copy_dir(&unpacked.join("mlx/share"), &prefix.join("share"))?;
     // The wheel's RPATH expects a site-packages layout; everything now sits in lib/.
     run(Command::new("patchelf").args(["--set-rpath", "$ORIGIN"]).arg(lib.join("libmlx.so")))?;
-    if relink_openblas(&lib)? {
-        gemv_route(root, &lib)?;
-    }
+    relink_openblas(&lib)?;
 
     // 2. mlx-c sources from the published mlx-sys crate, fetched by cargo as a package.
     step(format!("fetching the mlx-c sources of mlx-sys {MLX_SYS_VERSION}"));
@@ -138,39 +133,19 @@ fn fetch_wheel(req: &str, dir: &Path, platform: &[&str]) -> Result<PathBuf> {
 
 /// The wheel bundles a reference BLAS; Debian's OpenBLAS is ~17x faster for
 /// f32 matmul on this kind of CPU. Skipped (and said so) when not installed.
-/// Whether libmlx now calls OpenBLAS.
-fn relink_openblas(lib: &Path) -> Result<bool> {
+fn relink_openblas(lib: &Path) -> Result<()> {
     let openblas = Path::new("/usr/lib/x86_64-linux-gnu/libopenblas.so.0");
     if !openblas.exists() {
         step("OpenBLAS not found: keeping the wheel's reference BLAS (slow f32 matmul)");
-        return Ok(false);
+        return Ok(());
     }
     let needed = output(Command::new("patchelf").arg("--print-needed").arg(lib.join("libmlx.so")))?;
     let Some(blas) = needed.lines().find(|l| l.starts_with("libblas-")) else {
         step("libmlx has no bundled BLAS dependency; nothing to relink");
-        return Ok(false);
+        return Ok(());
     };
     step(format!("relinking libmlx: {blas} -> libopenblas.so.0"));
-    run(Command::new("patchelf").args(["--replace-needed", blas, "libopenblas.so.0"]).arg(lib.join("libmlx.so")))?;
-    Ok(true)
-}
-
-/// Builds libmlx_gemv_route.so (`GEMV_ROUTE`: one-row products through
-/// OpenBLAS's gemv instead of its sgemm, which packs the whole weight
-/// first) and makes it libmlx's first needed library, so that its
-/// `cblas_sgemm` is the one libmlx's calls bind to in every process.
-fn gemv_route(root: &Path, lib: &Path) -> Result<()> {
-    step("building libmlx_gemv_route (one-row products through gemv)");
-    let so = lib.join("libmlx_gemv_route.so");
-    run(Command::new("g++").args(["-O2", "-shared", "-fPIC", "-o"]).arg(&so).arg(root.join(GEMV_ROUTE)).arg("-ldl"))?;
-    run(Command::new("patchelf").args(["--add-needed", "libmlx_gemv_route.so"]).arg(lib.join("libmlx.so")))?;
-    let needed = output(Command::new("patchelf").arg("--print-needed").arg(lib.join("libmlx.so")))?;
-    let order: Vec<&str> = needed.lines().collect();
-    let at = |name: &str| order.iter().position(|l| l.starts_with(name));
-    match (at("libmlx_gemv_route"), at("libopenblas")) {
-        (Some(r), Some(b)) if r < b => Ok(()),
-        _ => bail!("libmlx's needed libraries put the gemv route after OpenBLAS: {order:?}"),
-    }
+    run(Command::new("patchelf").args(["--replace-needed", blas, "libopenblas.so.0"]).arg(lib.join("libmlx.so")))
 }
 
 /// Fetches the published mlx-sys crate with cargo (a package, not a git
