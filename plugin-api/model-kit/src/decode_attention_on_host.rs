@@ -80,29 +80,16 @@ void launch(int blocks, const T* q, Shape qs, Strides qst, const T* k, Shape ks,
             Strides vst, const bool* mask, Strides mst, const int* flat, Shape fs, Strides fst, float* part,
             float* ml) {
     constexpr int G = @LANES_PER_KEY@;
-    for (int blk = 0; blk < blocks; ++blk) {
-        std::barrier<> block(256);
-        std::deque<std::barrier<>> bars;
-        for (int w = 0; w < 8; ++w) bars.emplace_back(32);
-        Warp warps[8];
-        for (int w = 0; w < 8; ++w) warps[w].bar = &bars[w];
-        std::vector<std::thread> threads;
-        for (int t = 0; t < 256; ++t)
-            threads.emplace_back([&, t] {
-                tl_lane = t & 31;
-                tl_warp = &warps[t / 32];
-                tl_block = &block;
-                // gridDim.x counts blocks (MLX's launch gives threads in all).
-                const Dim gd{(unsigned)blocks}, at{(unsigned)blk}, dim{256}, th{(unsigned)t};
-                if constexpr (K == DenseMasked)
-                    dense_masked<T, D, G, R, HKV, 0, CAUSAL, BLOCK>(gd, at, dim, th, q, qs, qst, k, ks, kst, v, ks, vst, mask, mst, flat, fs, fst, part, ml);
-                else if constexpr (K == DenseUnmasked)
-                    dense_unmasked<T, D, G, R, HKV, 0, CAUSAL, BLOCK>(gd, at, dim, th, q, qs, qst, k, ks, kst, v, ks, vst, mask, mst, flat, fs, fst, part, ml);
-                else
-                    paged_masked<T, D, G, R, HKV, 0, CAUSAL, BLOCK>(gd, at, dim, th, q, qs, qst, k, ks, kst, v, ks, vst, mask, mst, flat, fs, fst, part, ml);
-            });
-        for (auto& th : threads) th.join();
-    }
+    run_blocks(blocks, 8, [&](Dim at, Dim th) {
+        // gridDim.x counts blocks (MLX's launch gives threads in all).
+        const Dim gd{(unsigned)blocks}, dim{256};
+        if constexpr (K == DenseMasked)
+            dense_masked<T, D, G, R, HKV, 0, CAUSAL, BLOCK>(gd, at, dim, th, q, qs, qst, k, ks, kst, v, ks, vst, mask, mst, flat, fs, fst, part, ml);
+        else if constexpr (K == DenseUnmasked)
+            dense_unmasked<T, D, G, R, HKV, 0, CAUSAL, BLOCK>(gd, at, dim, th, q, qs, qst, k, ks, kst, v, ks, vst, mask, mst, flat, fs, fst, part, ml);
+        else
+            paged_masked<T, D, G, R, HKV, 0, CAUSAL, BLOCK>(gd, at, dim, th, q, qs, qst, k, ks, kst, v, ks, vst, mask, mst, flat, fs, fst, part, ml);
+    });
 }
 "#;
 

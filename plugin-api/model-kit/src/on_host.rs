@@ -4,10 +4,13 @@
 
 use std::process::Command;
 
-/// A block's threads as host threads: each sets `tl_lane`, `tl_warp` (its
-/// warp's shuffle barrier of 32) and `tl_block` (the block's barrier)
-/// before running a body, so `__shfl_xor_sync` and `__syncthreads` meet
-/// as on a GPU. Needs `<barrier>`.
+/// A launch's threads as host threads: `run_blocks(blocks, warps, kern)`
+/// runs the blocks one after another, each thread of a block on a host
+/// thread of its own with `tl_lane`, `tl_warp` (its warp's shuffle barrier
+/// of 32) and `tl_block` (the block's barrier) set, calling
+/// `kern(block, thread)`, so `__shfl_xor_sync` and `__syncthreads` meet as
+/// on a GPU. Needs `<barrier>`, `<deque>`, `<thread>` and `<vector>`, and a
+/// `Dim` with one `unsigned x`.
 pub const THREAD_SHIMS: &str = r#"
 struct Warp { std::barrier<>* bar; float slot[32]; };
 thread_local int tl_lane;
@@ -21,6 +24,24 @@ static float __shfl_xor_sync(unsigned, float x, int o) {
     return y;
 }
 static void __syncthreads() { tl_block->arrive_and_wait(); }
+template <typename F>
+void run_blocks(int blocks, int warps, F kern) {
+    for (int blk = 0; blk < blocks; ++blk) {
+        std::barrier<> block(warps * 32);
+        std::deque<std::barrier<>> bars;
+        std::vector<Warp> ws(warps);
+        for (int w = 0; w < warps; ++w) ws[w].bar = &bars.emplace_back(32);
+        std::vector<std::thread> threads;
+        for (int t = 0; t < warps * 32; ++t)
+            threads.emplace_back([&, t] {
+                tl_lane = t & 31;
+                tl_warp = &ws[t / 32];
+                tl_block = &block;
+                kern(Dim{(unsigned)blk}, Dim{(unsigned)t});
+            });
+        for (auto& th : threads) th.join();
+    }
+}
 "#;
 
 /// Compiles `program` (C++20, with threads) under a folder of its own
