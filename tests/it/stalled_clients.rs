@@ -38,8 +38,10 @@ fn answered(s: &Server) {
 #[test]
 fn a_request_head_that_never_completes_loses_its_connection() {
     let s = start();
-    let mut sock = connect(&s);
+    // The server's clock for this connection cannot start before the
+    // connection exists, so the client's starts first.
     let since = Instant::now();
+    let mut sock = connect(&s);
     write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app").unwrap();
     answered(&s);
     let (raw, took) = read_until_closed(sock, since);
@@ -59,8 +61,8 @@ fn a_request_head_that_never_completes_loses_its_connection() {
 fn a_body_that_stops_part_way_gets_a_408_in_the_apis_shape() {
     let s = start();
     for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
-        let mut sock = connect(&s);
         let since = Instant::now();
+        let mut sock = connect(&s);
         write!(
             sock,
             "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{{\"messages\": ["
@@ -91,8 +93,8 @@ fn a_body_trickling_in_inside_the_deadline_still_gets_a_408() {
     // Nothing is written after 0.8 s, so no write meets a closed socket and
     // resets the answer away.
     let s = start();
-    let mut sock = connect(&s);
     let since = Instant::now();
+    let mut sock = connect(&s);
     write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{{").unwrap();
     for _ in 0..2 {
         std::thread::sleep(Duration::from_millis(400));
