@@ -6,7 +6,9 @@
 # host API calls per step / round by name (launches, allocations, cuBLAS's
 # and cuDNN's calls), then, with perf (the machine's or the kit pack_device.sh adds), the host functions
 # under each run (MLX's launch of the graph). Second of two device calls
-# (.gpu_b + .devpack). PERF_ONLY=1: the perf profiles alone; PERF_RUNS="mtp": one of them.
+# (.gpu_b + .devpack). First, both runs untraced with the host's split
+# of a step and of a round. PERF_ONLY=1: the perf profiles alone;
+# PERF_RUNS="mtp": one of them.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 drafter_shape qwen3_5
@@ -17,6 +19,17 @@ gen() { $H generate --plugins $P --model /tmp/d/qwen3_5-8b --prompt-ids $IDS --m
 MTP=(--draft-model /tmp/d/qwen3_5-8b/mtp-agree --speculate-always)
 {
   if [ -z "${PERF_ONLY:-}" ]; then
+    # The host's split without the trace (CUPTI lengthens every CUDA call):
+    # a round is bound by the host where the verdict is ready when read
+    # (read_ms near 0) and queueing the next round outlasts the round.
+    echo "## untraced: the last 40 plain steps, then the last 40 rounds"
+    RUST_LOG=host_engine::step=trace gen > $OUT/plain_untraced.json 2> $OUT/plain_untraced.log
+    python3 tests/bench/traces.py $OUT/plain_untraced.log --target host_engine::step --event "plain step" --last 40 --fields graph_ms,launch_ms
+    RUST_LOG=host_engine::spec=trace gen "${MTP[@]}" > $OUT/mtp_untraced.json 2> $OUT/mtp_untraced.log
+    python3 tests/bench/traces.py $OUT/mtp_untraced.log --target host_engine::spec --event "speculative round" --last 40 --fields read_ms,ahead_ms,ahead_draft_ms,ahead_launch_ms,accepted
+    for run in plain_untraced mtp_untraced; do
+      python3 -c "import json,sys; print(sys.argv[1], round(json.load(open(sys.argv[2]))['decode_tokens_per_s'], 1), 'decode tok/s')" $run $OUT/$run.json
+    done
     echo "## plain decode, the last 40 steps"
     RUST_LOG=host_engine::step=trace trace plain gen > $OUT/plain.json 2> $OUT/plain.log
     python3 tests/bench/gpu/timeline.py $OUT/plain.csv --rust-log $OUT/plain.log --last 40 --top-api 8 | tail -45
