@@ -23,6 +23,14 @@ fn connect(s: &Server) -> TcpStream {
     sock
 }
 
+/// A connection and the instant the server's clock for it can start from at
+/// the earliest: taken before connecting, as the server may start its timer
+/// at accept, before `connect` returns here.
+fn connect_clocked(s: &Server) -> (TcpStream, Instant) {
+    let since = Instant::now();
+    (connect(s), since)
+}
+
 /// Everything until the server closes, and how long that took.
 fn read_until_closed(mut sock: TcpStream, since: Instant) -> (String, Duration) {
     let mut raw = Vec::new();
@@ -38,10 +46,7 @@ fn answered(s: &Server) {
 #[test]
 fn a_request_head_that_never_completes_loses_its_connection() {
     let s = start();
-    // The server's clock for this connection cannot start before the
-    // connection exists, so the client's starts first.
-    let since = Instant::now();
-    let mut sock = connect(&s);
+    let (mut sock, since) = connect_clocked(&s);
     write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app").unwrap();
     answered(&s);
     let (raw, took) = read_until_closed(sock, since);
@@ -61,8 +66,7 @@ fn a_request_head_that_never_completes_loses_its_connection() {
 fn a_body_that_stops_part_way_gets_a_408_in_the_apis_shape() {
     let s = start();
     for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
-        let since = Instant::now();
-        let mut sock = connect(&s);
+        let (mut sock, since) = connect_clocked(&s);
         write!(
             sock,
             "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{{\"messages\": ["
@@ -93,8 +97,7 @@ fn a_body_trickling_in_inside_the_deadline_still_gets_a_408() {
     // Nothing is written after 0.8 s, so no write meets a closed socket and
     // resets the answer away.
     let s = start();
-    let since = Instant::now();
-    let mut sock = connect(&s);
+    let (mut sock, since) = connect_clocked(&s);
     write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{{").unwrap();
     for _ in 0..2 {
         std::thread::sleep(Duration::from_millis(400));
