@@ -182,22 +182,25 @@ pub const SOURCE: &str = r#"
 #endif
 #if NORM
         const uint4 gr = __ldg(gv + i);
-        const __nv_bfloat16* gp = reinterpret_cast<const __nv_bfloat16*>(&gr);
+        const __nv_bfloat162* gp2 = reinterpret_cast<const __nv_bfloat162*>(&gr);
 #endif
         #pragma unroll
         for (int m = 0; m < M; ++m) {
             const uint4 xr = __ldg(xv + (size_t)m * VK + i);
-            const __nv_bfloat16* xp = reinterpret_cast<const __nv_bfloat16*>(&xr);
+            const __nv_bfloat162* xp2 = reinterpret_cast<const __nv_bfloat162*>(&xr);
             float xf[8];
             #pragma unroll
-            for (int e = 0; e < 8; ++e) {
+            for (int e = 0; e < 4; ++e) {
+                float2 f = __bfloat1622float2(xp2[e]);
 #if NORM
-                // MLX's rms_norm: w * T(x * normalizer), each rounded to T.
-                const float y = __bfloat162float(__float2bfloat16(__bfloat162float(xp[e]) * inv[m]));
-                xf[e] = __bfloat162float(__float2bfloat16(__bfloat162float(gp[e]) * y));
-#else
-                xf[e] = __bfloat162float(xp[e]);
+                // MLX's rms_norm: w * T(x * normalizer), each rounded to T; two
+                // elements at a time (a bf16 product is exact in float, so the
+                // bf16x2 multiply rounds as MLX's float multiply then cast).
+                const __nv_bfloat162 y = __floats2bfloat162_rn(f.x * inv[m], f.y * inv[m]);
+                f = __bfloat1622float2(__hmul2(gp2[e], y));
 #endif
+                xf[2 * e] = f.x;
+                xf[2 * e + 1] = f.y;
             }
             #pragma unroll
             for (int r = 0; r < R; ++r) {

@@ -37,6 +37,12 @@ static __nv_bfloat16 __float2bfloat16(float f) {
     uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return {(uint16_t)(u >> 16)};
 }
 static float2 __bfloat1622float2(__nv_bfloat162 p) { return {__bfloat162float(p.x), __bfloat162float(p.y)}; }
+static __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16(a), __float2bfloat16(b)}; }
+// A product of two bf16 values is exact in float, so one rounding of it is
+// what the device's bf16x2 multiply gives.
+static __nv_bfloat162 __hmul2(__nv_bfloat162 a, __nv_bfloat162 b) {
+    return __floats2bfloat162_rn(__bfloat162float(a.x) * __bfloat162float(b.x), __bfloat162float(a.y) * __bfloat162float(b.y));
+}
 static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static float rsqrtf(float x) { return 1.f / sqrtf(x); }
 template <typename T> static T __ldg(const T* p) { return *p; }

@@ -39,9 +39,9 @@ HIDDEN, INTER, Q, KV, VOCAB, EPS = 4096, 12288, 4096, 1024, 151936, 1e-6
 NCU_SPLITS = list(itertools.product((4, 8), (1, 2, 4), (1, 2, 4)))
 CASES = {
     # name: ((NORM, WEIGHTS, PAIR, RESIDUAL), weight shapes)
-    "norm + q,k,v": ((1, 3, 0, 0), [(Q, HIDDEN), (KV, HIDDEN), (KV, HIDDEN)]),
+    "norm + q/k/v": ((1, 3, 0, 0), [(Q, HIDDEN), (KV, HIDDEN), (KV, HIDDEN)]),
     "o + residual": ((0, 1, 0, 1), [(HIDDEN, Q)]),
-    "norm + gate,up + swiglu": ((1, 2, 1, 0), [(INTER, HIDDEN), (INTER, HIDDEN)]),
+    "norm + gate/up + swiglu": ((1, 2, 1, 0), [(INTER, HIDDEN), (INTER, HIDDEN)]),
     "down + residual": ((0, 1, 0, 1), [(HIDDEN, INTER)]),
     "lm head": ((0, 1, 0, 0), [(VOCAB, HIDDEN)]),
 }
