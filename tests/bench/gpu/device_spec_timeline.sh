@@ -52,8 +52,14 @@ MTP=(--draft-model /tmp/d/qwen3_5-8b/mtp-agree --speculate-always)
       # 1200 plain steps or 400 rounds of 3 tokens each.
       past=1300; [ $run = mtp ] && past=450
       until [ "$(grep -c "plain step\|speculative round" /tmp/perf.$run.log)" -gt $past ] || ! kill -0 $pid 2> /dev/null; do sleep 0.2; done
-      "${PERF[@]}" record -q -e cpu-clock -F 1999 -o /tmp/perf.$run -p $pid -- sleep 5 2> /dev/null || true
-      kill $pid 2> /dev/null; wait $pid 2> /dev/null || true
+      if ! kill -0 $pid 2> /dev/null; then
+        echo "(the decode ended before the profile could attach; its log's end:)"; tail -5 /tmp/perf.$run.log; continue
+      fi
+      # perf's status is not 0 even when it profiled, so judge by its data.
+      rm -f /tmp/perf.$run
+      "${PERF[@]}" record -q -e cpu-clock -F 1999 -o /tmp/perf.$run -p $pid -- sleep 5 2> /tmp/perf.$run.err || true
+      [ -s /tmp/perf.$run ] || { echo "(perf recorded nothing:)"; tail -5 /tmp/perf.$run.err; }
+      kill $pid 2> /dev/null || true; wait $pid 2> /dev/null || true
       "${PERF[@]}" report -i /tmp/perf.$run --no-children --sort dso,sym --stdio 2> /dev/null | grep -v '^#' | grep -v '^$' | head -40 || true
       echo "### by library"
       "${PERF[@]}" report -i /tmp/perf.$run --no-children --sort dso --stdio 2> /dev/null | grep -v '^#' | grep -v '^$' | head -12 || true
