@@ -103,3 +103,59 @@ fn host_version_prints_the_mlx_version_and_device() {
     assert!(text.lines().any(|l| l.starts_with("device cpu") || l.starts_with("device gpu")), "{text}");
     assert!(text.contains("libmlx.so"), "{text}");
 }
+
+/// libmlx's `cblas_sgemm` calls bind to libmlx_stable_gemm's (xtask makes
+/// it libmlx's first needed library), in this process as in the host and
+/// the oracle. A product against a weight stored [N, K] (a linear layer's)
+/// sums each output in one order whatever the rows beside it: every row of
+/// a 1-, 3-, 9- and 70-row product has the bits of that row alone. Every
+/// product, that layout or the other (OpenBLAS's), equals the one taken in
+/// double precision here.
+#[test]
+fn float32_products_sum_a_row_alike_whatever_rows_come_with_it() {
+    let _mlx = it::mlx_exclusive();
+    extern "C" {
+        fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+    }
+    // SAFETY: a NUL-terminated name; RTLD_DEFAULT (null) searches the global scope.
+    let sgemm = unsafe { dlsym(std::ptr::null_mut(), c"cblas_sgemm".as_ptr()) };
+    let owner = runtime::object_of(sgemm).expect("cblas_sgemm is defined somewhere");
+    assert!(owner.ends_with("/libmlx_stable_gemm.so"), "cblas_sgemm binds in {owner}");
+
+    // K past a multiple of 8 (the lanes' tail), N past 64 (two threads) and
+    // not a multiple of 3 (the tiles' edge).
+    let (k, n) = (77, 131);
+    let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
+    let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+    let x: Vec<f32> = (0..70 * k).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
+    let product = |rows: usize, first: usize, stored: bool| -> Vec<f32> {
+        let xa = Array::from_slice(&x[first * k..(first + rows) * k], &[rows as i32, k as i32]);
+        let b = if stored {
+            Array::from_slice(&w, &[n as i32, k as i32]).t()
+        } else {
+            Array::from_slice(&wt, &[k as i32, n as i32])
+        };
+        xa.matmul(&b).unwrap().as_slice::<f32>().to_vec()
+    };
+    for rows in [1, 3, 9, 70] {
+        for stored in [true, false] {
+            let got = product(rows, 0, stored);
+            for (r, c) in (0..rows).flat_map(|r| (0..n).map(move |c| (r, c))) {
+                let want: f64 = (0..k).map(|i| x[r * k + i] as f64 * w[c * k + i] as f64).sum();
+                let diff = (got[r * n + c] as f64 - want).abs();
+                assert!(
+                    diff <= 1e-5 * (1.0 + want.abs()),
+                    "{rows} rows, stored {stored}: [{r}, {c}] {} vs {want}",
+                    got[r * n + c]
+                );
+            }
+            if stored {
+                for r in 0..rows {
+                    let alone = product(1, r, true);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got[r * n..(r + 1) * n]), bits(&alone), "row {r} of {rows} against itself alone");
+                }
+            }
+        }
+    }
+}

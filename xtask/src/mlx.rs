@@ -15,13 +15,16 @@ use std::process::Command;
 pub const MLX_VERSION: &str = "0.32.4";
 pub const MLX_SYS_VERSION: &str = "0.7.0";
 pub const PATCH: &str = "native/mlxc-0.7.0-linux.patch";
+/// libmlx's float32 products against weights in one order of sums (`stable_gemm`).
+const STABLE_GEMM: &str = "native/stable-gemm/stable_gemm.cpp";
 /// Bump when the layout this module produces changes.
-const LAYOUT: &str = "3";
+const LAYOUT: &str = "5";
 
 /// Prepares (or reuses) the runtime prefix and links `.mlx` to it.
 pub fn setup(root: &Path) -> Result<PathBuf> {
     let patch = std::fs::read(root.join(PATCH)).with_context(|| format!("reading {PATCH}"))?;
-    let key = fnv(&[MLX_VERSION.as_bytes(), MLX_SYS_VERSION.as_bytes(), &patch, LAYOUT.as_bytes()]);
+    let route = std::fs::read(root.join(STABLE_GEMM)).with_context(|| format!("reading {STABLE_GEMM}"))?;
+    let key = fnv(&[MLX_VERSION.as_bytes(), MLX_SYS_VERSION.as_bytes(), &patch, &route, LAYOUT.as_bytes()]);
     let prefix = cache_dir().join(format!("mlx-{MLX_VERSION}-mlxc-{MLX_SYS_VERSION}-{}", &key[..12]));
     let stamp = prefix.join("READY");
     if stamp.exists() {
@@ -63,7 +66,9 @@ fn build_prefix(root: &Path, prefix: &Path) -> Result<()> {
     copy_dir(&unpacked.join("mlx/share"), &prefix.join("share"))?;
     // The wheel's RPATH expects a site-packages layout; everything now sits in lib/.
     run(Command::new("patchelf").args(["--set-rpath", "$ORIGIN"]).arg(lib.join("libmlx.so")))?;
-    relink_openblas(&lib)?;
+    if relink_openblas(&lib)? {
+        stable_gemm(root, &lib)?;
+    }
 
     // 2. mlx-c sources from the published mlx-sys crate, fetched by cargo as a package.
     step(format!("fetching the mlx-c sources of mlx-sys {MLX_SYS_VERSION}"));
@@ -133,19 +138,41 @@ fn fetch_wheel(req: &str, dir: &Path, platform: &[&str]) -> Result<PathBuf> {
 
 /// The wheel bundles a reference BLAS; Debian's OpenBLAS is ~17x faster for
 /// f32 matmul on this kind of CPU. Skipped (and said so) when not installed.
-fn relink_openblas(lib: &Path) -> Result<()> {
+/// Whether libmlx now calls OpenBLAS.
+fn relink_openblas(lib: &Path) -> Result<bool> {
     let openblas = Path::new("/usr/lib/x86_64-linux-gnu/libopenblas.so.0");
     if !openblas.exists() {
         step("OpenBLAS not found: keeping the wheel's reference BLAS (slow f32 matmul)");
-        return Ok(());
+        return Ok(false);
     }
     let needed = output(Command::new("patchelf").arg("--print-needed").arg(lib.join("libmlx.so")))?;
     let Some(blas) = needed.lines().find(|l| l.starts_with("libblas-")) else {
         step("libmlx has no bundled BLAS dependency; nothing to relink");
-        return Ok(());
+        return Ok(false);
     };
     step(format!("relinking libmlx: {blas} -> libopenblas.so.0"));
-    run(Command::new("patchelf").args(["--replace-needed", blas, "libopenblas.so.0"]).arg(lib.join("libmlx.so")))
+    run(Command::new("patchelf").args(["--replace-needed", blas, "libopenblas.so.0"]).arg(lib.join("libmlx.so")))?;
+    Ok(true)
+}
+
+/// Builds libmlx_stable_gemm.so (`STABLE_GEMM`: products against weights
+/// stored [N, K] with one order of sums per output whatever the number of
+/// rows, without OpenBLAS's packing of the whole weight) and makes it
+/// libmlx's first needed library, so that its `cblas_sgemm` is the one
+/// libmlx's calls bind to in every process.
+fn stable_gemm(root: &Path, lib: &Path) -> Result<()> {
+    step("building libmlx_stable_gemm (products against weights in one order of sums)");
+    let so = lib.join("libmlx_stable_gemm.so");
+    let src = root.join(STABLE_GEMM);
+    run(Command::new("g++").args(["-O3", "-shared", "-fPIC", "-fopenmp", "-o"]).arg(&so).arg(src).arg("-ldl"))?;
+    run(Command::new("patchelf").args(["--add-needed", "libmlx_stable_gemm.so"]).arg(lib.join("libmlx.so")))?;
+    let needed = output(Command::new("patchelf").arg("--print-needed").arg(lib.join("libmlx.so")))?;
+    let order: Vec<&str> = needed.lines().collect();
+    let at = |name: &str| order.iter().position(|l| l.starts_with(name));
+    match (at("libmlx_stable_gemm"), at("libopenblas")) {
+        (Some(r), Some(b)) if r < b => Ok(()),
+        _ => bail!("libmlx's needed libraries put libmlx_stable_gemm after OpenBLAS: {order:?}"),
+    }
 }
 
 /// Fetches the published mlx-sys crate with cargo (a package, not a git
