@@ -23,8 +23,8 @@ const LAYOUT: &str = "5";
 /// Prepares (or reuses) the runtime prefix and links `.mlx` to it.
 pub fn setup(root: &Path) -> Result<PathBuf> {
     let patch = std::fs::read(root.join(PATCH)).with_context(|| format!("reading {PATCH}"))?;
-    let route = std::fs::read(root.join(STABLE_GEMM)).with_context(|| format!("reading {STABLE_GEMM}"))?;
-    let key = fnv(&[MLX_VERSION.as_bytes(), MLX_SYS_VERSION.as_bytes(), &patch, &route, LAYOUT.as_bytes()]);
+    let stable_gemm_src = std::fs::read(root.join(STABLE_GEMM)).with_context(|| format!("reading {STABLE_GEMM}"))?;
+    let key = fnv(&[MLX_VERSION.as_bytes(), MLX_SYS_VERSION.as_bytes(), &patch, &stable_gemm_src, LAYOUT.as_bytes()]);
     let prefix = cache_dir().join(format!("mlx-{MLX_VERSION}-mlxc-{MLX_SYS_VERSION}-{}", &key[..12]));
     let stamp = prefix.join("READY");
     if stamp.exists() {
