@@ -5,6 +5,11 @@
 //!
 //! The loop calls `checkpoint` between iterations; `parked` says it is
 //! waiting there, so a caller can wait for the hold to take effect.
+//!
+//! A window counts only the steps that begin inside it: the loop can be
+//! between a step and its `stepped` when a caller opens a window (it saw
+//! that step's row finish, and queued the next job), and that step is not
+//! one of the n.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -16,7 +21,13 @@ struct State {
     steps_left: Option<u64>,
     /// The loop is waiting at a checkpoint.
     parked: bool,
+    /// Which release window is open (each `release_for` opens a new one).
+    window: u64,
 }
+
+/// The release window a decode step began in (`Hold::begin_step`).
+#[derive(Clone, Copy)]
+pub(crate) struct StepTicket(u64);
 
 #[derive(Default)]
 pub struct Hold {
@@ -53,6 +64,7 @@ impl Hold {
         self.with(|s| {
             s.held = steps == 0;
             s.steps_left = (steps > 0).then_some(steps);
+            s.window += 1;
         });
     }
 
@@ -95,9 +107,19 @@ impl Hold {
         }
     }
 
-    /// Called by the loop after each decode step.
-    pub(crate) fn stepped(&self) {
+    /// Called by the loop before each decode step; its ticket goes to
+    /// `stepped` after it.
+    pub(crate) fn begin_step(&self) -> StepTicket {
+        StepTicket(self.state.lock().map(|s| s.window).unwrap_or(0))
+    }
+
+    /// Called by the loop after each decode step: a step that began before
+    /// the window now open does not count against it.
+    pub(crate) fn stepped(&self, step: StepTicket) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if step.0 != s.window {
+            return;
+        }
         if let Some(n) = s.steps_left {
             s.steps_left = n.checked_sub(1).filter(|&n| n > 0);
             s.held = s.steps_left.is_none();
@@ -119,7 +141,7 @@ mod tests {
         let loop_thread = std::thread::spawn(move || {
             h.checkpoint();
             for _ in 0..3 {
-                h.stepped();
+                h.stepped(h.begin_step());
             }
             h.checkpoint();
         });
@@ -146,9 +168,23 @@ mod tests {
         hold.release_for(3);
         hold.idle(&queued);
         assert!(!hold.held(), "the window ended with a job queued for it");
-        hold.stepped();
+        hold.stepped(hold.begin_step());
         queued.store(0, Ordering::SeqCst);
         hold.idle(&queued);
         assert!(hold.held(), "an idle loop with nothing queued kept its window");
+    }
+
+    /// A step that was under way when the window opened (its row's end
+    /// already answered, the next job queued) uses none of the window.
+    #[test]
+    fn a_step_begun_before_the_window_opened_does_not_count_against_it() {
+        let hold = Hold::default();
+        let under_way = hold.begin_step();
+        hold.hold();
+        hold.release_for(1);
+        hold.stepped(under_way);
+        assert!(!hold.held(), "the step begun before the window used it up");
+        hold.stepped(hold.begin_step());
+        assert!(hold.held(), "the window's own step did not end it");
     }
 }

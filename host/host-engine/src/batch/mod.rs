@@ -96,10 +96,11 @@ impl Scheduler<'_> {
             }
             self.bound_prefix_cache();
             if !self.rows.is_empty() {
+                let ticket = self.hold.begin_step();
                 if let Err(e) = self.step() {
                     self.fail_rows(&e);
                 }
-                self.hold.stepped();
+                self.hold.stepped(ticket);
             }
         }
     }
