@@ -117,37 +117,44 @@ void rows_against(const Product& p, int m0, int n0, int n1) {
     for (; n < n1; ++n) S::template tile<MT, 1>(p, m0, n);
 }
 
-// Rows m0 .. m1 against weight rows n0 .. n1, the weight in chunks that
-// stay in L2 while every row of the block passes over them, so the weight
-// is read from memory once per block of rows.
+// Rows m0 .. m1 against weight rows n0 .. n1: tiles of S::kMT rows, then
+// the rows left over.
 template <class S>
 void block(const Product& p, int m0, int m1, int n0, int n1) {
-    const int chunk = std::max(S::kNT, 32768 / p.k / S::kNT * S::kNT);
-    for (int c0 = n0; c0 < n1; c0 += chunk) {
-        const int c1 = std::min(n1, c0 + chunk);
-        int m = m0;
-        for (; m + S::kMT <= m1; m += S::kMT) rows_against<S, S::kMT>(p, m, c0, c1);
-        if (m1 - m == 3) rows_against<S, 3>(p, m, c0, c1);
-        if (m1 - m == 2) rows_against<S, 2>(p, m, c0, c1);
-        if (m1 - m == 1) rows_against<S, 1>(p, m, c0, c1);
-    }
+    int m = m0;
+    for (; m + S::kMT <= m1; m += S::kMT) rows_against<S, S::kMT>(p, m, n0, n1);
+    if (m1 - m == 3) rows_against<S, 3>(p, m, n0, n1);
+    if (m1 - m == 2) rows_against<S, 2>(p, m, n0, n1);
+    if (m1 - m == 1) rows_against<S, 1>(p, m, n0, n1);
 }
 
 template <class S>
 void stable_gemm(const Product& p, int m, int n) {
-    // Threads split the weight's rows (each output is one thread's). A
-    // product of less work than a fork and join is worth (attention's
-    // per-head products) stays on the calling thread.
+    // The work is cut into items: a block of rows against a chunk of the
+    // weight that stays in L2 while every row of the block passes over it,
+    // so the weight is read from memory once per block of rows. Threads
+    // take items as they come free (each output is one item's), so a
+    // thread the OS runs late leaves its share to the others instead of
+    // holding them at the join (on a busy two-core server, where the HTTP
+    // side shares the cores: docs/benchmarks.md, "Products in items taken
+    // as threads come free"). A product of less work than a fork and join
+    // is worth (attention's per-head products) stays on the calling thread.
     constexpr long kThreadedWork = 1L << 17;
     const int threads = (long)m * n * p.k >= kThreadedWork && n >= 2 * S::kNT ? omp_get_max_threads() : 1;
-#pragma omp parallel num_threads(threads)
-    {
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        // Whole tiles to each thread where it can.
-        const int per = (n / S::kNT + nt - 1) / nt * S::kNT;
-        const int n0 = std::min(n, t * per);
-        const int n1 = t == nt - 1 ? n : std::min(n, n0 + per);
-        for (int m0 = 0; m0 < m; m0 += kRowBlock) block<S>(p, m0, std::min(m, m0 + kRowBlock), n0, n1);
+    // Chunks of at most 32768 weights (128 KiB), at least four per thread and a
+    // multiple of the threads in number, whole tiles wide where they can
+    // be, so that the threads finish together when none is held up.
+    const int widest = std::max(S::kNT, 32768 / p.k / S::kNT * S::kNT);
+    const int wanted = std::max((n + widest - 1) / widest, 4 * threads);
+    const int even = (wanted + threads - 1) / threads * threads;
+    const int chunk = std::max(S::kNT, (n + even - 1) / even / S::kNT * S::kNT);
+    const int chunks = (n + chunk - 1) / chunk;
+    const int row_blocks = (m + kRowBlock - 1) / kRowBlock;
+    const int items = row_blocks * chunks;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int item = 0; item < items; ++item) {
+        const int m0 = item / chunks * kRowBlock, n0 = item % chunks * chunk;
+        block<S>(p, m0, std::min(m, m0 + kRowBlock), n0, std::min(n, n0 + chunk));
     }
 }
 }  // namespace
