@@ -141,9 +141,10 @@ void stable_gemm(const Product& p, int m, int n) {
     // is worth (attention's per-head products) stays on the calling thread.
     constexpr long kThreadedWork = 1L << 17;
     const int threads = (long)m * n * p.k >= kThreadedWork && n >= 2 * S::kNT ? omp_get_max_threads() : 1;
-    // Chunks of at most 32768 weights (128 KiB), at least four per thread and a
-    // multiple of the threads in number, whole tiles wide where they can
-    // be, so that the threads finish together when none is held up.
+    // Chunks of at most 32768 weights (128 KiB), at least four per thread,
+    // as many as the next multiple of the threads where whole tiles allow
+    // (else one narrow chunk more), so that the threads finish together
+    // when none is held up.
     const int widest = std::max(S::kNT, 32768 / p.k / S::kNT * S::kNT);
     const int wanted = std::max((n + widest - 1) / widest, 4 * threads);
     const int even = (wanted + threads - 1) / threads * threads;

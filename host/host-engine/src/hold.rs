@@ -110,7 +110,7 @@ impl Hold {
     /// Called by the loop before each decode step; its ticket goes to
     /// `stepped` after it.
     pub(crate) fn begin_step(&self) -> StepTicket {
-        StepTicket(self.state.lock().map(|s| s.window).unwrap_or(0))
+        StepTicket(self.state.lock().unwrap_or_else(|p| p.into_inner()).window)
     }
 
     /// Called by the loop after each decode step: a step that began before
