@@ -87,7 +87,24 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
     let kv = boundary(cache.update_for_queries(into_tensor(q.clone()), into_tensor(keys), into_tensor(values)))?;
     let written = kv.written_in_place;
     let (q, k, v) = (into_array(kv.queries), into_array(kv.keys), into_array(kv.values));
-    routed(&q, &k, &v, scale, mask, written.then_some(&q))
+    let out = routed(&q, &k, &v, scale, mask, written.then_some(&q))?;
+    schedule_on_cpu(&out)?;
+    Ok(out)
+}
+
+/// On the CPU, queues the layer's attention so far on MLX's stream while
+/// the host goes on building the rest of the pass. MLX's eval waits
+/// whenever more than ten of its tasks are in flight, so an `async_eval` of
+/// a whole step returns only when the step has nearly run: the next step's
+/// graph would then be built while the CPU stream idles. Queued a layer at
+/// a time, the stream computes one layer while the host builds the next
+/// (docs/benchmarks.md, "A layer at a time on the CPU stream"). Not on a
+/// GPU, where each `async_eval` commits a CUDA graph of its own.
+fn schedule_on_cpu(out: &Array) -> Result<()> {
+    if crate::ops::on_gpu() {
+        return Ok(());
+    }
+    mlx_rs::transforms::async_eval([out])
 }
 
 /// `mx.fast.scaled_dot_product_attention` with the mask's mode; multi-token
