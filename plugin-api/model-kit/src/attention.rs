@@ -80,14 +80,17 @@ pub fn attend(cache: &mut CacheBox, q: &Array, keys: Array, values: Array, scale
         },
     };
     let own = boundary(cache.attend(lend(q), lend(&keys), lend(&values), scale, mask_ref))?;
-    if let ROption::RSome(out) = own {
-        return Ok(into_array(out));
-    }
-    // The layout hands the queries back through its write, if it writes in place.
-    let kv = boundary(cache.update_for_queries(into_tensor(q.clone()), into_tensor(keys), into_tensor(values)))?;
-    let written = kv.written_in_place;
-    let (q, k, v) = (into_array(kv.queries), into_array(kv.keys), into_array(kv.values));
-    let out = routed(&q, &k, &v, scale, mask, written.then_some(&q))?;
+    let out = match own {
+        ROption::RSome(out) => into_array(out),
+        ROption::RNone => {
+            // The layout hands the queries back through its write, if it writes in place.
+            let kv =
+                boundary(cache.update_for_queries(into_tensor(q.clone()), into_tensor(keys), into_tensor(values)))?;
+            let written = kv.written_in_place;
+            let (q, k, v) = (into_array(kv.queries), into_array(kv.keys), into_array(kv.values));
+            routed(&q, &k, &v, scale, mask, written.then_some(&q))?
+        }
+    };
     schedule_on_cpu(&out)?;
     Ok(out)
 }
