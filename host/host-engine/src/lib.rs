@@ -44,6 +44,7 @@ mod target_kv;
 mod target_states;
 mod template_json;
 mod tensors;
+mod thread_clock;
 pub mod tokenizer;
 mod warm_up;
 pub mod work;

@@ -7,8 +7,10 @@
 # and cuDNN's calls), then, with perf (the machine's or the kit pack_device.sh adds), the host functions
 # under each run (MLX's launch of the graph). Second of two device calls
 # (.gpu_b + .devpack). First, both runs untraced with the host's split
-# of a step and of a round. PERF_ONLY=1: the perf profiles alone;
-# PERF_RUNS="mtp": one of them.
+# of a step and of a round (`cpu_ms`: the thread's own CPU time, waits for
+# the device left out). PERF_ONLY=1: the perf profiles alone;
+# UNTRACED_ONLY=1: the untraced split and perf, no CUDA trace;
+# PERF_RUNS="mtp": one of the profiles.
 set -euo pipefail
 source tests/bench/gpu/device_env.sh
 drafter_shape qwen3_5
@@ -24,12 +26,13 @@ MTP=(--draft-model /tmp/d/qwen3_5-8b/mtp-agree --speculate-always)
     # (read_ms near 0) and queueing the next round outlasts the round.
     echo "## untraced: the last 40 plain steps, then the last 40 rounds"
     RUST_LOG=host_engine::step=trace gen > $OUT/plain_untraced.json 2> $OUT/plain_untraced.log
-    python3 tests/bench/traces.py $OUT/plain_untraced.log --target host_engine::step --event "plain step" --last 40 --fields graph_ms,launch_ms
+    python3 tests/bench/traces.py $OUT/plain_untraced.log --target host_engine::step --event "plain step" --last 40 --fields graph_ms,launch_ms,cpu_ms
     RUST_LOG=host_engine::spec=trace gen "${MTP[@]}" > $OUT/mtp_untraced.json 2> $OUT/mtp_untraced.log
-    python3 tests/bench/traces.py $OUT/mtp_untraced.log --target host_engine::spec --event "speculative round" --last 40 --fields read_ms,ahead_ms,ahead_draft_ms,ahead_launch_ms,accepted
+    python3 tests/bench/traces.py $OUT/mtp_untraced.log --target host_engine::spec --event "speculative round" --last 40 --fields read_ms,ahead_ms,ahead_draft_ms,ahead_launch_ms,ahead_cpu_ms,cpu_ms,accepted
     for run in plain_untraced mtp_untraced; do
       python3 -c "import json,sys; print(sys.argv[1], round(json.load(open(sys.argv[2]))['decode_tokens_per_s'], 1), 'decode tok/s')" $run $OUT/$run.json
     done
+    if [ -z "${UNTRACED_ONLY:-}" ]; then
     echo "## plain decode, the last 40 steps"
     RUST_LOG=host_engine::step=trace trace plain gen > $OUT/plain.json 2> $OUT/plain.log
     python3 tests/bench/gpu/timeline.py $OUT/plain.csv --rust-log $OUT/plain.log --last 40 --top-api 8 | tail -45
@@ -38,6 +41,7 @@ MTP=(--draft-model /tmp/d/qwen3_5-8b/mtp-agree --speculate-always)
     python3 tests/bench/gpu/timeline.py $OUT/mtp.csv --rust-log $OUT/mtp.log --target host_engine::spec --last 40 --top-api 8 | tail -45
     python3 tests/bench/traces.py $OUT/mtp.log --target host_engine::spec --event "speculative round" --last 40 --fields draft_ms,build_ms,launch_ms,wait_ms,read_ms,ahead_ms,ahead_draft_ms,ahead_launch_ms,accepted
     rm -f $OUT/plain.csv $OUT/mtp.csv
+    fi
   fi
   if perf_kit; then
     for run in ${PERF_RUNS:-plain mtp}; do

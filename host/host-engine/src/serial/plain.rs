@@ -12,6 +12,7 @@ use crate::error::EngineError;
 use crate::job::{Finish, Flow, TokenOut};
 use crate::sampling::Sampler;
 use crate::tensors::token_array;
+use crate::thread_clock;
 use mlx_rs::Array;
 use plugin_api::CacheBox;
 use std::time::Instant;
@@ -75,7 +76,7 @@ fn step(
     history: &[u32],
     caches: &mut [CacheBox],
 ) -> Result<(Array, Array), EngineError> {
-    let t0 = Instant::now();
+    let (t0, cpu0) = (Instant::now(), thread_clock::now());
     let logits = engine.forward(input, caches, true)?;
     let mask = match constraint {
         Some(c) => {
@@ -97,6 +98,7 @@ fn step(
         target: "host_engine::step",
         graph_ms = (t1 - t0).as_secs_f64() * 1e3,
         launch_ms = t1.elapsed().as_secs_f64() * 1e3,
+        cpu_ms = thread_clock::ms_since(cpu0),
         "plain step"
     );
     Ok((y, lp))

@@ -17,6 +17,7 @@ use crate::speculation::{
 };
 use crate::target_states::States;
 use crate::tensors::token_array;
+use crate::thread_clock;
 use mlx_rs::ops::indexing::IndexOp;
 use plugin_api::abi_stable::std_types::RSlice;
 use plugin_api::{CacheBox, DraftArgs, DrafterBox};
@@ -52,6 +53,8 @@ pub(crate) fn decode(
     let pipelining = wants.is_some() && engine.pipelines_rounds() && ahead::allowed(d);
     let mut queued: Option<ahead::Queued> = None;
     let mut last_verdict = Instant::now();
+    // The host's own work per round (CPU time, not waits), for the trace.
+    let mut round_cpu = thread_clock::now();
     loop {
         let (mut round, states, starts, marked, since, draft_ms) = match queued.take() {
             Some(q) => {
@@ -133,7 +136,7 @@ pub(crate) fn decode(
         };
         // The next round goes on the device behind this one, before this
         // verdict is read, as if it accepts every draft.
-        let mut ahead_ms = 0.0;
+        let (mut ahead_ms, mut ahead_cpu_ms) = (0.0, 0.0);
         if pipelining && stats.disabled.is_none() {
             let room_after = d.room().saturating_sub(round.width());
             let sampled_next = judge && clock.wants_plain_sample(d.out.len() + round.width());
@@ -143,17 +146,20 @@ pub(crate) fn decode(
                 let k = round.width() - 1;
                 let next = if k > 0 { next_depth(k, max_depth, drafting.fixed_depth()) } else { depth };
                 let n = next.min(room_after - 1);
-                let t = Instant::now();
+                let (t, cpu) = (Instant::now(), thread_clock::now());
                 match ahead::queue(engine, d, caches, drafter, w, &round, s, n)? {
                     Ok(q) => queued = q,
                     Err(why) => stats.disabled = Some(why),
                 }
                 ahead_ms = t.elapsed().as_secs_f64() * 1e3;
+                ahead_cpu_ms = thread_clock::ms_since(cpu);
             }
         }
-        let waited = Instant::now();
+        let (waited, read_cpu) = (Instant::now(), thread_clock::now());
         round.read()?;
         let read_ms = waited.elapsed().as_secs_f64() * 1e3;
+        // A wait for the device may spin in the CUDA driver: not host work.
+        let read_cpu_ms = thread_clock::ms_since(read_cpu);
         let (t, n) = emitted(round.out.as_slice::<u32>(), &round.input[1..], round.rejection);
         let k = round.k;
         if k > 0 {
@@ -204,8 +210,11 @@ pub(crate) fn decode(
             ahead_draft_ms = queued.as_ref().map_or(0.0, |q| q.draft_ms),
             ahead_launch_ms = queued.as_ref().map_or(0.0, |q| q.round.launch_ms),
             ahead = queued.is_some(),
+            ahead_cpu_ms,
+            cpu_ms = thread_clock::ms_since(round_cpu) - read_cpu_ms,
             "speculative round"
         );
+        round_cpu = thread_clock::now();
         last_verdict = Instant::now();
         for (i, &id) in t.iter().take(n + 1).enumerate() {
             if let Some(f) = d.emit(id, &round.lps.index(i as i32..i as i32 + 1), on_token)? {
