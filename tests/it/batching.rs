@@ -186,12 +186,56 @@ fn assert_one_cohort_matching_serial(s: &Server, got: &[String], want: &[String]
     }
 }
 
-/// A burst whose prompts share a short prefix already in the prefix cache
-/// (as chat requests share their template's opening) still prefills as ONE
-/// cohort: the short cached prefix is recomputed rather than forcing the
-/// rows to join one at a time, and is not reported as cached.
+/// A burst whose prompts share a prefix already in the prefix cache (as
+/// chat requests share their template's opening and system prompt)
+/// prefills as ONE cohort that starts from the cached tokens: the longest
+/// row is cached up to the end of the shared prefix, a row padded by p
+/// columns holds p fewer cached tokens there, and each reports those as
+/// cached. So does a shared prefix longer than a cohort would recompute
+/// (300 tokens). Every row's greedy output equals its serial run without
+/// any cache.
 #[test]
-fn a_burst_sharing_a_short_cached_prefix_still_prefills_as_one_cohort() {
+fn a_burst_sharing_a_cached_prefix_prefills_as_one_cohort_from_the_cached_tokens() {
+    let m = model("tiny/tiny-llama-f32");
+    let body = |p: &Vec<u32>| json!({ "prompt": p, "max_tokens": 20, "temperature": 0 });
+    for shared_len in [12u32, 300] {
+        let shared: Vec<u32> = (0..shared_len).map(|k| 5 + (2 * k) % 400).collect();
+        // Suffixes of 3..8 tokens: heads padded 5..0.
+        let prompts: Vec<Vec<u32>> = (0..6u32)
+            .map(|i| shared.iter().copied().chain((0..3 + i).map(|k| 440 + 37 * i + 3 * k)).collect())
+            .collect();
+        let width = prompts.iter().map(|p| p.len() - 1).max().unwrap();
+        // Both layouts whose batched rows equal serial ones: plain K/V, pages.
+        for layout in [&[][..], &["--paged-kv"]] {
+            let want: Vec<String> = {
+                let s = Server::start(&m, &[&["--batch", "1", "--prompt-cache", "0"], layout].concat());
+                prompts.iter().map(|p| text(&s.post("/v1/completions", &body(p)).json())).collect()
+            };
+            let s = Server::start(&m, &[&["--batch", "8", "--debug-endpoints"], layout].concat());
+            let warm: Vec<u32> = shared.iter().copied().chain([900, 901, 902]).collect();
+            s.post("/v1/completions", &body(&warm)).json();
+            let bodies: Vec<Value> = prompts.iter().map(body).collect();
+            let got = s.post_burst("/v1/completions", &bodies);
+            assert_one_cohort_matching_serial(&s, &got.iter().map(text).collect::<Vec<_>>(), &want);
+            for (i, (g, p)) in got.iter().zip(&prompts).enumerate() {
+                let pad = width - (p.len() - 1);
+                let cached = g["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+                assert_eq!(
+                    cached,
+                    Some((shared_len as usize - pad) as u64),
+                    "{shared_len} shared, {layout:?}, request {i}: {g}"
+                );
+            }
+        }
+    }
+}
+
+/// A burst whose prompts share a short cached prefix but differ in length
+/// by more than it (a row would be padding alone where the cache ends)
+/// still prefills as ONE cohort: the short prefix is recomputed rather than
+/// forcing the rows to join one at a time, and is not reported as cached.
+#[test]
+fn a_burst_sharing_a_short_cached_prefix_of_rows_far_apart_recomputes_it_in_one_cohort() {
     let m = model("tiny/tiny-llama-f32");
     let shared = [5u32, 6, 7, 8];
     let prompts: Vec<Vec<u32>> =

@@ -15,11 +15,11 @@ use plugin_api::abi_stable::std_types::RVec;
 use plugin_api::CacheBox;
 use std::sync::atomic::Ordering;
 
-/// A joiner whose prefix-cache hit is at most this many tokens prefills from
-/// scratch inside a cohort: recomputing a short shared prefix (a chat
-/// template's opening, a short system prompt) costs less than prefilling the
-/// burst one joiner after another, which is what a cached prefix otherwise
-/// forces (cohort caches start empty).
+/// A cohort that cannot start from its members' cached tokens (`cohort`,
+/// "seeded") recomputes them: a joiner whose prefix-cache hit is at most
+/// this many tokens still joins it, because recomputing a short shared
+/// prefix costs less than prefilling the burst one joiner after another.
+/// A longer hit joins only a cohort that starts from it.
 const COHORT_RECOMPUTES_CACHED: usize = 256;
 
 impl Scheduler<'_> {
@@ -75,25 +75,39 @@ impl Scheduler<'_> {
         let fresh: Vec<usize> = (0..self.joining.len())
             .filter(|&i| {
                 let j = &self.joining[i];
-                j.done == j.cached && j.cached <= COHORT_RECOMPUTES_CACHED && self.reads_states(&j.job).is_none()
+                j.done == j.cached && self.reads_states(&j.job).is_none()
             })
             .collect();
-        let heads: Vec<usize> = fresh.iter().map(|&i| self.joining[i].job.request.prompt.len() - 1).collect();
-        let picked: Vec<usize> = cohort::choose(&heads).into_iter().map(|p| fresh[p]).collect();
+        // Grouped by what each has left to compute when the cohort starts
+        // from the cache (it computes as many columns as the longest of
+        // those), else by whole heads among the short hits.
+        let mut picked = self.choose_members(&fresh, true);
+        if picked.is_empty() || !self.starts_seeded(&picked) {
+            let short: Vec<usize> =
+                fresh.into_iter().filter(|&i| self.joining[i].cached <= COHORT_RECOMPUTES_CACHED).collect();
+            picked = self.choose_members(&short, false);
+        }
         if picked.is_empty() {
             return;
         }
         let mut members: Vec<Joiner> =
             picked.iter().rev().map(|&i| self.joining.remove(i).expect("index in range")).collect();
         members.reverse();
-        let heads = members.iter().map(|j| j.job.request.prompt[..j.job.request.prompt.len() - 1].to_vec()).collect();
-        match Cohort::start(self.engine, heads) {
+        let seeds = members
+            .iter_mut()
+            .map(|j| cohort::Member {
+                head: j.job.request.prompt[..j.job.request.prompt.len() - 1].to_vec(),
+                cached: j.cached,
+                caches: &mut j.caches,
+            })
+            .collect();
+        match Cohort::start(self.engine, seeds) {
             Ok(Some(c)) => {
-                // The cohort prefills whole heads: a member's cached prefix
-                // goes unused (and is not reported as cached).
-                for m in &mut members {
-                    m.caches.clear();
-                    (m.done, m.cached) = (0, 0);
+                // The cohort's caches hold what each member had cached
+                // (`seeded`) or nothing: a member's own caches are spent.
+                for (m, j) in members.iter_mut().enumerate() {
+                    j.caches.clear();
+                    (j.done, j.cached) = (c.seeded(m), c.seeded(m));
                 }
                 self.cohort = Some((c, members))
             }
@@ -105,6 +119,29 @@ impl Scheduler<'_> {
             }
             Err(e) => self.fail_all(members, &e),
         }
+    }
+
+    /// The joiners among `candidates` (indices into `joining`) that
+    /// prefill together (`cohort::choose`), by the length of their heads
+    /// less what they have cached (`uncached`) or of their whole heads.
+    fn choose_members(&self, candidates: &[usize], uncached: bool) -> Vec<usize> {
+        let lengths: Vec<usize> = candidates
+            .iter()
+            .map(|&i| {
+                let j = &self.joining[i];
+                j.job.request.prompt.len() - 1 - if uncached { j.cached } else { 0 }
+            })
+            .collect();
+        cohort::choose(&lengths).into_iter().map(|p| candidates[p]).collect()
+    }
+
+    /// Whether a cohort of these joiners would start from their cached
+    /// tokens.
+    fn starts_seeded(&self, picked: &[usize]) -> bool {
+        cohort::starts_seeded(picked.iter().map(|&i| {
+            let j = &self.joining[i];
+            (&j.job.request.prompt[..j.job.request.prompt.len() - 1], cohort::seed_of(j.cached, &j.caches))
+        }))
     }
 
     fn advance_cohort(&mut self) {
