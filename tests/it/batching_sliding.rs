@@ -141,3 +141,36 @@ fn batched_ngram_speculation_over_a_sliding_window_is_lossless() {
         "both kept and rejected drafts needed (drafted {drafted}, accepted {accepted})"
     );
 }
+
+/// A burst sharing a prefix the prefix cache holds starts its cohort from
+/// the cached tokens over rotating layers too (window 8): each row's cached
+/// ring (6 tokens, not yet wrapped) is trimmed to its share and merged
+/// left-padded, then the rows wrap their rings inside the cohort's prefill.
+/// Each row reports 6 - pad cached tokens, and its greedy output equals its
+/// serial run without any cache.
+#[test]
+fn a_burst_sharing_a_cached_prefix_starts_its_cohort_from_it_over_rotating_layers() {
+    let body = |p: &Vec<u32>| json!({ "prompt": p, "max_tokens": 20, "temperature": 0 });
+    let shared: Vec<u32> = (0..6).map(|k| 5 + 2 * k).collect();
+    // Suffixes of 3..5 tokens: heads of 8..10, padded 2..0.
+    let prompts: Vec<Vec<u32>> =
+        (0..3u32).map(|i| shared.iter().copied().chain((0..3 + i).map(|k| 440 + 37 * i + 3 * k)).collect()).collect();
+    for name in ["tiny-llama-swa-f32", "tiny-gemma3-f32"] {
+        let m = model(&format!("tiny/{name}"));
+        let text = |r: &Value| r["choices"][0]["text"].as_str().unwrap().to_owned();
+        let want: Vec<String> = {
+            let s = Server::start(&m, &["--batch", "1", "--prompt-cache", "0"]);
+            prompts.iter().map(|p| text(&s.post("/v1/completions", &body(p)).json())).collect()
+        };
+        let s = Server::start(&m, &["--batch", "8", "--debug-endpoints"]);
+        let warm: Vec<u32> = shared.iter().copied().chain([900, 901]).collect();
+        s.post("/v1/completions", &json!({ "prompt": warm, "max_tokens": 1, "temperature": 0 })).json();
+        let got = s.post_burst("/v1/completions", &prompts.iter().map(body).collect::<Vec<_>>());
+        let st = s.stats();
+        assert_eq!((st["cohort_prefills"].as_u64(), st["cohort_rows"].as_u64()), (Some(1), Some(3)), "{name}: {st}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(&text(g), w, "{name} request {i} differs from its serial run");
+            assert_eq!(g["usage"]["prompt_tokens_details"]["cached_tokens"], 4 + i, "{name} request {i}: {g}");
+        }
+    }
+}
