@@ -466,3 +466,61 @@ fn the_same_kv_budget_admits_more_rows_of_codes() {
     assert!(codes >= 2 * plain, "4-bit codes admitted {codes} rows, bf16 {plain}");
     assert_eq!(codes, ROWS, "4-bit rows were kept waiting");
 }
+
+/// A burst sharing a prefix the prefix cache holds starts its cohort from
+/// the cached codes (each row's trimmed to its share, merged left-padded)
+/// under every quantized scheme: one cohort, no failure, each row reporting
+/// 6 - pad cached tokens. The reference is each prompt served alone after
+/// the same warm request, so that it too reads the prefix from the cached
+/// codes. A row padded by p recomputes p of those tokens exactly (prefill
+/// runs on plain K/V) where the reference reads their codes, which moves a
+/// tiny model's answer by more than rounding, so the numbers are compared
+/// on the unpadded rows, which start from all 6 cached tokens, by the
+/// batched-rows rule (within TOL, diverging only at a near-tie). The
+/// hybrid's recurrent state cannot give up cached tokens, so its cohort
+/// recomputes the prefix (0 cached).
+#[test]
+fn a_burst_sharing_a_cached_prefix_starts_its_cohort_from_the_cached_codes() {
+    const TOL: f64 = 0.1;
+    let shared: Vec<u32> = (0..6).map(|k| 5 + 2 * k).collect();
+    let warm: Vec<u32> = shared.iter().copied().chain([900, 901]).collect();
+    let warm = json!({ "prompt": warm, "max_tokens": 1, "temperature": 0 });
+    // Suffixes of 3, 5 and 5 tokens: heads padded 2, 0 and 0.
+    let prompts: Vec<Vec<u32>> = [3u32, 5, 5]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| shared.iter().copied().chain((0..n).map(|k| 440 + 37 * i as u32 + 3 * k)).collect())
+        .collect();
+    let bodies: Vec<Value> =
+        prompts.iter().map(|p| json!({ "prompt": p, "max_tokens": 16, "temperature": 0, "logprobs": 2 })).collect();
+    for name in MODELS {
+        let m = model(name);
+        let recurrent = name.contains("qwen3_5");
+        for kv in [["--kv-quant", "8"], ["--kv-quant", "4"], ["--kv-quant", "turbo"]] {
+            let alone: Vec<Value> = {
+                let s = Server::start(&m, &[&["--batch", "1"], &kv[..]].concat());
+                s.post("/v1/completions", &warm).json();
+                bodies.iter().map(|b| s.post("/v1/completions", b).json()).collect()
+            };
+            let s = Server::start(&m, &[&["--batch", "8", "--debug-endpoints"], &kv[..]].concat());
+            s.post("/v1/completions", &warm).json();
+            let burst = s.post_burst("/v1/completions", &bodies);
+            let st = s.stats();
+            assert_eq!(
+                (st["cohort_prefills"].as_u64(), st["failed"].as_u64()),
+                (Some(1), Some(0)),
+                "{name} {kv:?}: {st}"
+            );
+            for (i, (a, b)) in alone.iter().zip(&burst).enumerate() {
+                let what = format!("{name} {kv:?} request {i}");
+                let pad = if i == 0 { 2 } else { 0 };
+                let cached = if recurrent { 0 } else { 6 - pad };
+                assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], cached, "{what}: {b}");
+                assert_eq!(b["usage"]["completion_tokens"], 16, "{what}: {b}");
+                if pad == 0 && !recurrent {
+                    within_tolerance(a, b, TOL, &what);
+                }
+            }
+        }
+    }
+}
