@@ -142,8 +142,10 @@ fn rows_sharing_a_long_system_prompt_hold_one_copy_of_it() {
         std::thread::scope(|sc| {
             let hs: Vec<_> = bodies.iter().map(|b| sc.spawn(move || s.post("/v1/completions", b).json())).collect();
             s.wait_for("the rows to be queued", |st| st["queued"].as_u64() == Some(ROWS as u64));
-            // One joiner merges per iteration, and every iteration steps
-            // once: after ROWS steps every row is in and none has finished.
+            // The rows join as one cohort started from the cached system
+            // prompt (or, failing that, one per iteration), and every
+            // iteration steps once: after ROWS steps every row is in and
+            // none has finished.
             let r = s.request("POST", &format!("/debug/release?steps={ROWS}"), &[], b"");
             assert_eq!(r.status, 200, "{}", r.text());
             let st = s.wait_for("the rows to run and hold", |st| {
