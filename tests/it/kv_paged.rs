@@ -142,10 +142,10 @@ fn rows_sharing_a_long_system_prompt_hold_one_copy_of_it() {
         std::thread::scope(|sc| {
             let hs: Vec<_> = bodies.iter().map(|b| sc.spawn(move || s.post("/v1/completions", b).json())).collect();
             s.wait_for("the rows to be queued", |st| st["queued"].as_u64() == Some(ROWS as u64));
-            // The rows join as one cohort started from the cached system
-            // prompt (or, failing that, one per iteration), and every
-            // iteration steps once: after ROWS steps every row is in and
-            // none has finished.
+            // The rows join as a cohort started from the cached system
+            // prompt (so the pool's shared blocks come through cohorts
+            // too), and every iteration steps once: after ROWS steps every
+            // row is in and none has finished.
             let r = s.request("POST", &format!("/debug/release?steps={ROWS}"), &[], b"");
             assert_eq!(r.status, 200, "{}", r.text());
             let st = s.wait_for("the rows to run and hold", |st| {
@@ -158,6 +158,7 @@ fn rows_sharing_a_long_system_prompt_hold_one_copy_of_it() {
                 assert!(cached >= SYSTEM as u64, "row {i} did not reuse the system prompt: {cached}");
             }
             assert_eq!(st["active"], ROWS as u64, "{st}");
+            assert!(st["cohort_rows"].as_u64() >= Some(2), "the rows never joined as a cohort: {st}");
             (out.iter().map(text).collect(), st)
         })
     };
