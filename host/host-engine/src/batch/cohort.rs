@@ -118,13 +118,19 @@ fn pads_of(rows: &[&[u32]]) -> Vec<usize> {
     rows.iter().map(|h| width - h.len()).collect()
 }
 
-/// Whether members with these heads and seeds would start from their
-/// cached tokens (the first member with a head speaks for it).
-pub fn starts_seeded<'h>(members: impl Iterator<Item = (&'h [u32], Seed)>) -> bool {
-    let (heads, seeds): (Vec<&[u32]>, Vec<Seed>) = members.unzip();
-    let (rows, row_of) = distinct(heads.iter().copied());
-    let first: Vec<Seed> = (0..rows.len()).map(|r| seeds[row_of.iter().position(|&x| x == r).unwrap()]).collect();
-    seeded_start(&pads_of(&rows), &first).is_some()
+/// The column a cohort of members with these heads and seeds starts
+/// computing at (`seeded_start`; the first member with a head speaks for
+/// it), or None when it starts empty.
+pub fn start_column<'h>(members: impl Iterator<Item = (&'h [u32], Seed)>) -> Option<usize> {
+    let mut rows: Vec<(&[u32], Seed)> = Vec::new();
+    for (head, seed) in members {
+        if !rows.iter().any(|(h, _)| *h == head) {
+            rows.push((head, seed));
+        }
+    }
+    let heads: Vec<&[u32]> = rows.iter().map(|(h, _)| *h).collect();
+    let seeds: Vec<Seed> = rows.iter().map(|(_, s)| *s).collect();
+    seeded_start(&pads_of(&heads), &seeds)
 }
 
 /// A member's seed: its cached tokens, and whether all its caches trim.
@@ -134,23 +140,23 @@ pub fn seed_of(cached: usize, caches: &[CacheBox]) -> Seed {
 
 impl Cohort {
     /// Padded caches for these members, started from their cached tokens
-    /// where every row can be (`seeded_start`), else empty; `None` when a
+    /// where every row can be (`start_column`), else empty; `None` when a
     /// layout cannot start padded rows (the caller then prefills one at a
     /// time).
     pub fn start(engine: &Engine, members: Vec<Member>) -> Result<Option<Self>, EngineError> {
+        let start = start_column(members.iter().map(|m| (m.head.as_slice(), seed_of(m.cached, m.caches))));
         let (rows, row_of) = distinct(members.iter().map(|m| m.head.as_slice()));
         let heads: Vec<Vec<u32>> = rows.iter().map(|h| h.to_vec()).collect();
         let pads = pads_of(&rows);
         let width = heads.iter().map(Vec::len).max().unwrap_or(0);
-        // The first member with each head brings its cached tokens.
-        let mut seeds: Vec<Member> = Vec::with_capacity(heads.len());
-        for (m, member) in members.into_iter().enumerate() {
-            if row_of[m] == seeds.len() {
-                seeds.push(member);
+        if let Some(start) = start {
+            // The first member with each head brings its cached tokens.
+            let mut seeds: Vec<Member> = Vec::with_capacity(heads.len());
+            for (m, member) in members.into_iter().enumerate() {
+                if row_of[m] == seeds.len() {
+                    seeds.push(member);
+                }
             }
-        }
-        let seed: Vec<Seed> = seeds.iter().map(|m| seed_of(m.cached, m.caches)).collect();
-        if let Some(start) = seeded_start(&pads, &seed) {
             let caches = merge_seeds(engine, &mut seeds, &pads, start)?;
             let seeded = pads.iter().map(|p| start - p).collect();
             return Ok(Some(Self { caches, heads, row_of, pads, done: start, width, seeded }));
@@ -259,7 +265,7 @@ fn extract(c: &CacheBox, row: usize) -> Result<plugin_api::CacheState, EngineErr
 
 #[cfg(test)]
 mod tests {
-    use super::{choose, seeded_start, starts_seeded, Seed};
+    use super::{choose, seeded_start, start_column, Seed};
 
     #[test]
     fn a_cohort_starts_where_every_row_has_cached_up_to() {
@@ -285,8 +291,8 @@ mod tests {
         // The repeat of a brings a seed the start would refuse; only the
         // first with its head speaks for it.
         let members = [(&a[..], seed(6)), (&b[..], seed(6)), (&a[..], seed(0))];
-        assert!(starts_seeded(members.into_iter()));
-        assert!(!starts_seeded([(&a[..], seed(6)), (&b[..], seed(0))].into_iter()), "b has nothing cached");
+        assert_eq!(start_column(members.into_iter()), Some(6));
+        assert_eq!(start_column([(&a[..], seed(6)), (&b[..], seed(0))].into_iter()), None, "b has nothing cached");
     }
 
     #[test]

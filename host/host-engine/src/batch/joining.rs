@@ -33,7 +33,7 @@ impl Scheduler<'_> {
             return self.advance_cohort();
         }
         let Some(mut j) = self.joining.pop_front() else { return };
-        let head = j.job.request.prompt.len() - 1;
+        let head = j.head().len();
         let step = self.engine.prefill_step();
         if j.done < head {
             let end = (j.done + step).min(head);
@@ -95,11 +95,7 @@ impl Scheduler<'_> {
         members.reverse();
         let seeds = members
             .iter_mut()
-            .map(|j| cohort::Member {
-                head: j.job.request.prompt[..j.job.request.prompt.len() - 1].to_vec(),
-                cached: j.cached,
-                caches: &mut j.caches,
-            })
+            .map(|j| cohort::Member { head: j.head().to_vec(), cached: j.cached, caches: &mut j.caches })
             .collect();
         match Cohort::start(self.engine, seeds) {
             Ok(Some(c)) => {
@@ -129,7 +125,7 @@ impl Scheduler<'_> {
             .iter()
             .map(|&i| {
                 let j = &self.joining[i];
-                j.job.request.prompt.len() - 1 - if uncached { j.cached } else { 0 }
+                j.head().len() - if uncached { j.cached } else { 0 }
             })
             .collect();
         cohort::choose(&lengths).into_iter().map(|p| candidates[p]).collect()
@@ -138,10 +134,8 @@ impl Scheduler<'_> {
     /// Whether a cohort of these joiners would start from their cached
     /// tokens.
     fn starts_seeded(&self, picked: &[usize]) -> bool {
-        cohort::starts_seeded(picked.iter().map(|&i| {
-            let j = &self.joining[i];
-            (&j.job.request.prompt[..j.job.request.prompt.len() - 1], cohort::seed_of(j.cached, &j.caches))
-        }))
+        let members = picked.iter().map(|&i| &self.joining[i]);
+        cohort::start_column(members.map(|j| (j.head(), cohort::seed_of(j.cached, &j.caches)))).is_some()
     }
 
     fn advance_cohort(&mut self) {

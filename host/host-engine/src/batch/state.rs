@@ -73,6 +73,14 @@ pub(super) struct Joiner {
     pub states: Option<States>,
 }
 
+impl Joiner {
+    /// What prefill covers: the prompt but its last token.
+    pub fn head(&self) -> &[u32] {
+        let prompt = &self.job.request.prompt;
+        &prompt[..prompt.len() - 1]
+    }
+}
+
 pub struct Scheduler<'a> {
     pub(super) engine: &'a Engine,
     pub(super) stats: Arc<Stats>,
