@@ -23,6 +23,8 @@ pub struct DepthwiseConv {
     weight: Array,
     /// Tap j of every channel, `[C]` float32 (exact: from bf16/f16/f32).
     taps: Vec<Array>,
+    /// The same taps as one `[C, K]` float32 array (the kernel's).
+    tap_matrix: Array,
 }
 
 impl DepthwiseConv {
@@ -34,12 +36,13 @@ impl DepthwiseConv {
         let taps = (0..s[1])
             .map(|j| slice(&weight, &[0, j, 0], &[s[0], j + 1, 1])?.reshape(&[s[0]])?.as_dtype(Dtype::Float32))
             .collect::<Result<_>>()?;
-        Ok(Self { weight, taps })
+        let tap_matrix = weight.reshape(&[s[0], s[1]])?.as_dtype(Dtype::Float32)?;
+        Ok(Self { weight, taps, tap_matrix })
     }
 
     /// Arrays to evaluate with the weights at load.
     pub fn params(&self) -> Vec<Array> {
-        std::iter::once(self.weight.clone()).chain(self.taps.iter().cloned()).collect()
+        [self.weight.clone(), self.tap_matrix.clone()].into_iter().chain(self.taps.iter().cloned()).collect()
     }
 
     /// `window` `[B, K-1+L, C]` → `[B, L, C]` in the window's dtype.
@@ -59,6 +62,23 @@ impl DepthwiseConv {
             return self.fused(&F, |a| Ok(vec![silu_ops(&tap_sum(a)?)?]), window);
         }
         compiled::silu(&self.forward(window)?)
+    }
+
+    /// `silu(forward(window))` split by channel into three groups of
+    /// `(heads, dim)`, each `[B, L, heads, dim]`: on a GPU one kernel of
+    /// our own (`depthwise_conv_kernel`), else the ops.
+    pub fn forward_silu_heads(&self, window: &Array, groups: [(i32, i32); 3]) -> Result<[Array; 3]> {
+        if fused_here() {
+            if let Some(heads) = crate::depthwise_conv_kernel::silu_heads(window, &self.tap_matrix, groups)? {
+                return Ok(heads);
+            }
+        }
+        let conv = self.forward_silu(window)?;
+        let (b, l) = (conv.shape()[0], conv.shape()[1]);
+        let first = groups[0].0 * groups[0].1;
+        let parts = conv.split_at_indices(&[first, first + groups[1].0 * groups[1].1], -1)?;
+        let heads = |i: usize| parts[i].reshape(&[b, l, groups[i].0, groups[i].1]);
+        Ok([heads(0)?, heads(1)?, heads(2)?])
     }
 
     /// The GPU path: shifted windows (free views) and taps into `body`.

@@ -15,6 +15,9 @@ pub mod bucketed_attention;
 pub mod checkpoint;
 pub mod compiled;
 pub mod config;
+#[cfg(test)]
+mod conv_kernels_on_host;
+pub mod conv_window;
 pub mod cuda_capture;
 pub mod cuda_kernel;
 pub mod cuda_source;
@@ -22,6 +25,7 @@ pub mod decode_attention;
 #[cfg(test)]
 mod decode_attention_on_host;
 pub mod depthwise_conv;
+pub mod depthwise_conv_kernel;
 pub mod fused_layers;
 pub mod gated_attention;
 pub mod gemv;

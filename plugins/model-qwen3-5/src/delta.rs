@@ -146,13 +146,8 @@ impl DeltaNet {
         };
         // The layout ignores `values`; it returns the window as both.
         let window = into_array(boundary(cache.update_and_fetch(into_tensor(qkv.clone()), into_tensor(qkv)))?.keys);
-        let conv = self.conv.forward_silu(&window)?;
-        let kd = g.key_dim() as i32;
-        let parts = conv.split_at_indices(&[kd, 2 * kd], -1)?;
-        let heads = |t: &Array, h: usize, d: usize| t.reshape(&[b, s, h as i32, d as i32]);
-        let q = heads(&parts[0], g.k_heads, g.k_dim)?;
-        let k = heads(&parts[1], g.k_heads, g.k_dim)?;
-        let v = heads(&parts[2], g.v_heads, g.v_dim)?;
+        let (kh, vh) = ((g.k_heads as i32, g.k_dim as i32), (g.v_heads as i32, g.v_dim as i32));
+        let [q, k, v] = self.conv.forward_silu_heads(&window, [kh, kh, vh])?;
         let state = match boundary(cache.get_slot(SSM_SLOT))? {
             ROption::RSome(t) => into_array(t),
             ROption::RNone => zeros(&[b, g.v_heads as i32, g.v_dim as i32, g.k_dim as i32], Dtype::Float32)?,

@@ -1,7 +1,7 @@
 //! The state itself: fixed-size slots per row, as mlx-lm's `ArraysCache`
 //! keeps them, plus the row operations and the snapshot of a round.
 
-use model_kit::ops::{slice, zeros};
+use model_kit::ops::{on_gpu, slice, zeros};
 use model_kit::{error, Array, Dtype, Result};
 use plugin_sdk::mlx_rs;
 
@@ -80,6 +80,14 @@ impl State {
             Some(a) => a.clone(),
             None => zeros(&[b, keep, c], inputs.dtype())?,
         };
+        if self.replay.is_none() && on_gpu() {
+            // One kernel for the window and its tail (`conv_window`).
+            if let Some((window, tail)) = model_kit::conv_window::step(&stored, inputs)? {
+                self.slots[0] = Some(tail);
+                self.advance(l);
+                return Ok(window);
+            }
+        }
         let window = mlx_rs::ops::concatenate(&[stored, inputs.clone()], 1)?;
         if let Some(counts) = self.replay.clone() {
             // Consumed only by an update that could replay it.
@@ -89,12 +97,18 @@ impl State {
         }
         let total = keep + l;
         self.slots[0] = Some(slice(&window, &[0, total - keep, 0], &[b, total, c])?.contiguous()?);
+        self.advance(l);
+        Ok(window)
+    }
+
+    /// Every row past an update of `l` columns: its padding columns are
+    /// consumed first and not counted.
+    fn advance(&mut self, l: i32) {
         for (o, p) in self.offsets.iter_mut().zip(self.pads.iter_mut()) {
             let padding = (*p).min(l as u64);
             *p -= padding;
             *o += l as u64 - padding;
         }
-        Ok(window)
     }
 
     /// A replay's update (`window` = stored inputs, then the new columns):
