@@ -6,6 +6,7 @@
 //! full-attention cache layout.
 
 use crate::attention::{attend, positions, Mask};
+use crate::compiled::{self, Compiled};
 use crate::fused_layers;
 use crate::layers::{Linear, LoadCtx, RmsNorm};
 use crate::rope::Rope;
@@ -13,6 +14,7 @@ use crate::{Array, Result};
 use mlx_rs::ops;
 use plugin_api::CacheBox;
 use serde_json::Value;
+use std::sync::OnceLock;
 
 /// The geometry config.json implies.
 pub struct GatedAttentionShape<'a> {
@@ -80,14 +82,22 @@ impl GatedAttention {
     fn gated(&self, qg: &Array, k: &Array, v: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
         let (b, l) = (qg.shape()[0], qg.shape()[1]);
         let qg = qg.reshape(&[b, l, self.heads, -1])?.split_equal(2, -1)?;
-        let gate = qg[1].reshape(&[b, l, -1])?;
         let q = self.q_norm.forward(&qg[0])?.transpose_axes(&[0, 2, 1, 3])?;
         let k = self.k_norm.forward(&k.reshape(&[b, l, self.kv_heads, -1])?)?.transpose_axes(&[0, 2, 1, 3])?;
         let v = v.reshape(&[b, l, self.kv_heads, -1])?.transpose_axes(&[0, 2, 1, 3])?;
         let pos = positions(cache)?;
         let q = self.rope.apply(&q, &pos)?;
         let k = self.rope.apply(&k, &pos)?;
-        let out = attend(cache, &q, k, v, self.scale, mask)?.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        out.multiply(ops::sigmoid(&gate)?)
+        let out = attend(cache, &q, k, v, self.scale, mask)?.transpose_axes(&[0, 2, 1, 3])?;
+        gate_output(&out, &qg[1])?.reshape(&[b, l, -1])
     }
+}
+
+/// `out * sigmoid(gate)` over `[B, L, heads, D]` views as they come (the
+/// attention's transposed output, the gate's half of each query head): one
+/// fused kernel with the ops' roundings, where the ops are a copy of the
+/// gate, the sigmoid and the product.
+fn gate_output(out: &Array, gate: &Array) -> Result<Array> {
+    static F: OnceLock<Compiled> = OnceLock::new();
+    compiled::cached(&F, |x| Ok(vec![x[0].multiply(ops::sigmoid(&x[1])?)?]))?.call1(&[out, gate])
 }
