@@ -3,12 +3,14 @@
 //! q_proj yields the queries and a gate side by side per head, q/k RMSNorms
 //! over the head, RoPE on the first `rope_dims` of each head, and the
 //! attention output scaled by `sigmoid(gate)` before o_proj. K/V live in a
-//! full-attention cache layout.
+//! full-attention cache layout. On a GPU the norms and the rotation are one
+//! kernel (`qk_norm_rope`).
 
 use crate::attention::{attend, positions, Mask};
 use crate::compiled::{self, Compiled};
 use crate::fused_layers;
 use crate::layers::{Linear, LoadCtx, RmsNorm};
+use crate::qk_norm_rope;
 use crate::rope::Rope;
 use crate::{Array, Result};
 use mlx_rs::ops;
@@ -82,12 +84,17 @@ impl GatedAttention {
     fn gated(&self, qg: &Array, k: &Array, v: &Array, mask: &Mask, cache: &mut CacheBox) -> Result<Array> {
         let (b, l) = (qg.shape()[0], qg.shape()[1]);
         let qg = qg.reshape(&[b, l, self.heads, -1])?.split_equal(2, -1)?;
-        let q = self.q_norm.forward(&qg[0])?.transpose_axes(&[0, 2, 1, 3])?;
-        let k = self.k_norm.forward(&k.reshape(&[b, l, self.kv_heads, -1])?)?.transpose_axes(&[0, 2, 1, 3])?;
+        let k = k.reshape(&[b, l, self.kv_heads, -1])?;
         let v = v.reshape(&[b, l, self.kv_heads, -1])?.transpose_axes(&[0, 2, 1, 3])?;
         let pos = positions(cache)?;
-        let q = self.rope.apply(&q, &pos)?;
-        let k = self.rope.apply(&k, &pos)?;
+        let (q, k) = match qk_norm_rope::fused_heads(&qg[0], &k, (&self.q_norm, &self.k_norm), &self.rope, &pos)? {
+            Some(qk) => qk,
+            None => {
+                let q = self.q_norm.forward(&qg[0])?.transpose_axes(&[0, 2, 1, 3])?;
+                let k = self.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?;
+                (self.rope.apply(&q, &pos)?, self.rope.apply(&k, &pos)?)
+            }
+        };
         let out = attend(cache, &q, k, v, self.scale, mask)?.transpose_axes(&[0, 2, 1, 3])?;
         gate_output(&out, &qg[1])?.reshape(&[b, l, -1])
     }

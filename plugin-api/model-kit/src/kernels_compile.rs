@@ -246,3 +246,35 @@ fn the_short_conv_kernels_compile_for_the_h200() {
     assert_eq!(kernels(&recorded), ["conv_window", "depthwise_conv_silu_heads"]);
     assert_compiles(&recorded);
 }
+
+/// The same kernel at Qwen3.5's gated attention (16 query heads of 256,
+/// each the first half of a query-and-gate head, over 2 K/V heads; the
+/// rotation over the first 64 dims) for a decode step and a verify.
+#[test]
+fn the_partial_qk_norm_rope_kernel_compiles_for_the_h200() {
+    let recorded = launches(|| -> Result<()> {
+        let norm = RmsNorm::new(zeros(&[256], Dtype::Bfloat16)?, 1e-6);
+        let rope = Rope::new(64, 10_000_000.0, false, None)?;
+        for l in [1, 3] {
+            let qg = zeros(&[1, l, 16, 512], Dtype::Bfloat16)?.split_equal(2, -1)?;
+            let k = zeros(&[1, l, 2, 256], Dtype::Bfloat16)?;
+            let out = qk_norm_rope::fused_heads(&qg[0], &k, (&norm, &norm), &rope, &Position::Offset(9))?;
+            let (q, k) = out.expect("the fused route takes it");
+            assert_eq!((q.shape(), k.shape()), (&[1, 16, l, 256][..], &[1, 2, l, 256][..]));
+        }
+        // The benchmarks' 8B-scale hybrid: heads of 128, 32 dims rotated.
+        let (norm128, rope32) = (RmsNorm::new(zeros(&[128], Dtype::Bfloat16)?, 1e-6), Rope::new(32, 1e7, false, None)?);
+        let qg = zeros(&[1, 1, 16, 256], Dtype::Bfloat16)?.split_equal(2, -1)?;
+        let k = zeros(&[1, 1, 2, 128], Dtype::Bfloat16)?;
+        let out = qk_norm_rope::fused_heads(&qg[0], &k, (&norm128, &norm128), &rope32, &Position::Offset(9))?;
+        assert!(out.is_some(), "32 rotated dims");
+        let traditional = Rope::new(64, 10_000_000.0, true, None)?;
+        let k = zeros(&[1, 1, 2, 256], Dtype::Bfloat16)?;
+        let q = zeros(&[1, 1, 16, 256], Dtype::Bfloat16)?;
+        assert!(qk_norm_rope::fused_heads(&q, &k, (&norm, &norm), &traditional, &Position::Offset(0))?.is_none());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(kernels(&recorded), ["qk_norm_rope"]);
+    assert_compiles(&recorded);
+}

@@ -47,6 +47,8 @@ pub mod moe;
 mod on_host;
 pub mod ops;
 pub mod qk_norm_rope;
+#[cfg(test)]
+mod qk_norm_rope_on_host;
 pub mod rope;
 pub mod routes;
 pub mod shape;

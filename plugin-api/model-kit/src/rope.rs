@@ -15,6 +15,8 @@ pub enum Position {
 /// A rotation's constants: the base (or per-pair `freqs`) and the
 /// position scale.
 pub(crate) struct PlainRope<'a> {
+    /// The rotated dims, the first of each head.
+    pub dims: i32,
     pub base: Option<f32>,
     pub scale: f32,
     pub freqs: Option<&'a Array>,
@@ -86,10 +88,12 @@ impl Rope {
 
     /// Explicit frequencies (Llama-3, proportional): an array a loader
     /// evaluates with the weights.
-    /// What a fused kernel needs of a rotation over all of `head_dim` in
-    /// the non-traditional (half-split) layout; `None` for any other.
+    /// What a fused kernel needs of a rotation over the first dims of a
+    /// `head_dim` head (all of it, or part) in the non-traditional
+    /// (half-split) layout; `None` for any other.
     pub(crate) fn plain_parts(&self, head_dim: i32) -> Option<PlainRope<'_>> {
-        (!self.traditional && self.dims == head_dim).then_some(PlainRope {
+        (!self.traditional && self.dims <= head_dim).then_some(PlainRope {
+            dims: self.dims,
             base: self.base,
             scale: self.scale,
             freqs: self.freqs.as_ref(),
