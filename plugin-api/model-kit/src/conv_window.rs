@@ -5,7 +5,7 @@
 //! concatenate's two copies, then the contiguous copy of the window's
 //! tail) and four graph nodes, in every linear-attention layer of every
 //! decode step, where the host's time per node bounds a step
-//! (docs/benchmarks.md, "The recurrent conv in two kernels").
+//! (docs/benchmarks.md, "The hybrid's layers in fewer kernels").
 
 use crate::cuda_kernel::{cached, Cached, CudaKernel, Launch, Template};
 use crate::{Array, Result};

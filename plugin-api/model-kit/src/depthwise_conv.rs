@@ -6,13 +6,15 @@
 //! builds a graph for every new input shape, about 140 ms each on the H200
 //! (docs/benchmarks.md). Every new prompt length, batch size, speculative
 //! verify width and replay width is a new shape. On a GPU the conv is
-//! therefore the K shifted windows times their taps, summed in float32 and
-//! rounded once, in one fused kernel (shapeless: no per-shape setup), with
-//! the SiLU in the same kernel. On the CPU it stays MLX's conv1d, as mlx-lm
+//! therefore the K taps times the window summed in float32 and rounded
+//! once, in a CUDA kernel of ours that reads the window in place
+//! (`depthwise_conv_kernel`; shapeless: no per-shape setup), then MLX's
+//! compiled SiLU. On the CPU it stays MLX's conv1d, as mlx-lm
 //! computes it (greedy parity there is exact and tested). The model option
 //! `conv=mlx` keeps MLX's conv1d on a GPU too (`routes`).
 
 use crate::compiled::{self, silu_ops, Compiled};
+use crate::depthwise_conv_kernel;
 use crate::ops::slice;
 use crate::{error, Array, Dtype, Result};
 use mlx_rs::ops;
@@ -48,6 +50,9 @@ impl DepthwiseConv {
     /// `window` `[B, K-1+L, C]` → `[B, L, C]` in the window's dtype.
     pub fn forward(&self, window: &Array) -> Result<Array> {
         if fused_here() {
+            if let Some(out) = depthwise_conv_kernel::conv(window, &self.tap_matrix)? {
+                return Ok(out);
+            }
             static F: OnceLock<Compiled> = OnceLock::new();
             return self.fused(&F, |a| Ok(vec![tap_sum(a)?]), window);
         }
@@ -55,9 +60,13 @@ impl DepthwiseConv {
         ops::conv1d(window, &self.weight, 1, 0, 1, c)
     }
 
-    /// `silu(forward(window))`, one kernel on a GPU.
+    /// `silu(forward(window))`: on a GPU our conv kernel, then MLX's
+    /// compiled SiLU on its output (the roundings of the compiled route).
     pub fn forward_silu(&self, window: &Array) -> Result<Array> {
         if fused_here() {
+            if let Some(out) = depthwise_conv_kernel::conv(window, &self.tap_matrix)? {
+                return compiled::silu(&out);
+            }
             static F: OnceLock<Compiled> = OnceLock::new();
             return self.fused(&F, |a| Ok(vec![silu_ops(&tap_sum(a)?)?]), window);
         }
@@ -65,14 +74,9 @@ impl DepthwiseConv {
     }
 
     /// `silu(forward(window))` split by channel into three groups of
-    /// `(heads, dim)`, each `[B, L, heads, dim]`: on a GPU one kernel of
-    /// our own (`depthwise_conv_kernel`), else the ops.
+    /// `(heads, dim)`, each `[B, L, heads, dim]` (a linear-attention
+    /// layer's q, k and v).
     pub fn forward_silu_heads(&self, window: &Array, groups: [(i32, i32); 3]) -> Result<[Array; 3]> {
-        if fused_here() {
-            if let Some(heads) = crate::depthwise_conv_kernel::silu_heads(window, &self.tap_matrix, groups)? {
-                return Ok(heads);
-            }
-        }
         let conv = self.forward_silu(window)?;
         let (b, l) = (conv.shape()[0], conv.shape()[1]);
         let first = groups[0].0 * groups[0].1;

@@ -217,33 +217,28 @@ fn launch_shapes_the_device_refuses_fail_the_check() {
     }
 }
 
-/// The short conv's kernels at Qwen3.5's 8B-scale DeltaNet (q and k of 16
-/// heads of 128, v of 32; a window of 3) for a decode step, a verify and
-/// a prompt, in bf16 and float32.
+/// The short conv's kernels at Qwen3.5's 8B-scale DeltaNet (8192 channels,
+/// a window of 3) for a decode step, a verify and a prompt, in bf16 and
+/// float32.
 #[test]
 fn the_short_conv_kernels_compile_for_the_h200() {
-    let (k, c) = (4, 2 * 16 * 128 + 32 * 128);
+    let (k, c) = (4, 8192);
     let recorded = launches(|| -> Result<()> {
         for dtype in [Dtype::Bfloat16, Dtype::Float32] {
             for (b, l) in [(1, 1), (2, 3), (1, 512)] {
                 let stored = zeros(&[b, k - 1, c], dtype)?;
                 let (window, state) = crate::conv_window::step(&stored, &zeros(&[b, l, c], dtype)?)?.expect("taken");
                 assert_eq!((window.shape(), state.shape()), (&[b, k - 1 + l, c][..], &[b, k - 1, c][..]));
-                let taps = zeros(&[c, k], Dtype::Float32)?;
-                let heads =
-                    crate::depthwise_conv_kernel::silu_heads(&window, &taps, [(16, 128), (16, 128), (32, 128)])?;
-                let [q, _, v] = heads.expect("taken");
-                assert_eq!((q.shape(), v.shape()), (&[b, l, 16, 128][..], &[b, l, 32, 128][..]));
+                let out = crate::depthwise_conv_kernel::conv(&window, &zeros(&[c, k], Dtype::Float32)?)?;
+                assert_eq!(out.expect("taken").shape(), [b, l, c]);
             }
         }
-        let taps = zeros(&[c, k], Dtype::Float32)?;
-        let window = zeros(&[1, k, c], Dtype::Bfloat16)?;
-        let short = crate::depthwise_conv_kernel::silu_heads(&window, &taps, [(16, 128), (16, 128), (16, 128)])?;
-        assert!(short.is_none(), "groups that do not cover the channels");
+        let short = zeros(&[1, k - 1, c], Dtype::Bfloat16)?;
+        assert!(crate::depthwise_conv_kernel::conv(&short, &zeros(&[c, k], Dtype::Float32)?)?.is_none());
         Ok(())
     })
     .unwrap();
-    assert_eq!(kernels(&recorded), ["conv_window", "depthwise_conv_silu_heads"]);
+    assert_eq!(kernels(&recorded), ["conv_window", "depthwise_conv"]);
     assert_compiles(&recorded);
 }
 
