@@ -15,8 +15,8 @@ use crate::layers::RmsNorm;
 use crate::rope::{Position, Rope};
 use crate::{ops, routes, Array, Dtype, Result};
 
-/// One warp per (row, token, head) of `q` / `k` (`[B, L, heads, D]`, read
-/// strided); lane `i` holds dims `lane + 32 i`, so the rotation's partner
+/// One warp per (row, token, head) of `q` / `k` (`[B, L, heads, D]`, or
+/// `[B, L, heads * D]` where `FLAT`, read strided); lane `i` holds dims `lane + 32 i`, so the rotation's partner
 /// of dim `d < R / 2`, `d + R / 2`, is the same lane's element `i + R /
 /// 64` (or, where `R` is 32, lane `d + 16`'s first). `FREQS` (0 or 1) is
 /// prepended. Template constants: `HQ`, `HK` heads, `D` the head dim (a
@@ -35,10 +35,12 @@ pub(crate) const SOURCE: &str = r#"
     const int b = bl / L, l = bl % L;
     const bool is_q = head < HQ;
     const int h = is_q ? head : head - HQ;
+    // FLAT: `[B, L, heads * D]`, head h at dims h * D; else `[B, L, heads, D]`.
+    const size_t step = is_q ? q_strides[FLAT ? 2 : 3] : k_strides[FLAT ? 2 : 3];
+    const size_t head_step = FLAT ? (size_t)D * step : (size_t)(is_q ? q_strides[2] : k_strides[2]);
     const __nv_bfloat16* src = is_q
-        ? q + (size_t)b * q_strides[0] + (size_t)l * q_strides[1] + (size_t)h * q_strides[2]
-        : k + (size_t)b * k_strides[0] + (size_t)l * k_strides[1] + (size_t)h * k_strides[2];
-    const size_t step = is_q ? q_strides[3] : k_strides[3];
+        ? q + (size_t)b * q_strides[0] + (size_t)l * q_strides[1] + h * head_step
+        : k + (size_t)b * k_strides[0] + (size_t)l * k_strides[1] + h * head_step;
     const __nv_bfloat16* w = is_q ? gq : gk;
     __nv_bfloat16* dst = is_q ? qo + (((size_t)b * HQ + h) * L + l) * D : ko + (((size_t)b * HK + h) * L + l) * D;
     float x[E];
@@ -112,13 +114,11 @@ pub fn fused(
     heads: (i32, i32),
 ) -> Result<Option<(Array, Array)>> {
     let (qs, ks) = (q.shape(), k.shape());
-    let shaped = qs.len() == 3 && ks.len() == 3 && qs[2] % heads.0 == 0 && ks[2] % heads.1 == 0;
-    if !shaped || !routes::current().fused_gemv || !ops::on_gpu() {
+    let (&[b, l, qw], &[_, _, kw]) = (qs, ks) else { return Ok(None) };
+    if qw % heads.0 != 0 || ks != [b, l, heads.1 * (qw / heads.0)] || kw % heads.1 != 0 {
         return Ok(None);
     }
-    let q = q.reshape(&[qs[0], qs[1], heads.0, qs[2] / heads.0])?;
-    let k = k.reshape(&[ks[0], ks[1], heads.1, ks[2] / heads.1])?;
-    fused_heads(&q, &k, norms, rope, pos)
+    launch(q, k, Heads { b, l, q: heads.0, k: heads.1, d: qw / heads.0, flat: true }, norms, rope, pos)
 }
 
 /// The same from `q [B, L, heads, D]` and `k [B, L, kv_heads, D]`, views
@@ -135,6 +135,31 @@ pub fn fused_heads(
 ) -> Result<Option<(Array, Array)>> {
     let (qs, ks) = (q.shape(), k.shape());
     let (&[b, l, hq, d], &[_, _, hk, _]) = (qs, ks) else { return Ok(None) };
+    if ks != [b, l, hk, d] {
+        return Ok(None);
+    }
+    launch(q, k, Heads { b, l, q: hq, k: hk, d, flat: false }, norms, rope, pos)
+}
+
+/// Rows, tokens, query and K/V heads, head dim; whether the heads are
+/// flattened into the last axis.
+struct Heads {
+    b: i32,
+    l: i32,
+    q: i32,
+    k: i32,
+    d: i32,
+    flat: bool,
+}
+
+fn launch(
+    q: &Array,
+    k: &Array,
+    Heads { b, l, q: hq, k: hk, d, flat }: Heads,
+    norms: (&RmsNorm, &RmsNorm),
+    rope: &Rope,
+    pos: &Position,
+) -> Result<Option<(Array, Array)>> {
     let Some(r) = rope.plain_parts(d) else { return Ok(None) };
     let (gq, eps_q) = norms.0.parts();
     let (gk, eps_k) = norms.1.parts();
@@ -144,7 +169,6 @@ pub fn fused_heads(
         || gq.dtype() != Dtype::Bfloat16
         || gk.dtype() != Dtype::Bfloat16
         || eps_q != eps_k
-        || ks != [b, l, hk, d]
         || d % 64 != 0
         || d > 256
         || (r.dims % 64 != 0 && r.dims != 32)
@@ -174,6 +198,7 @@ pub fn fused_heads(
                 Template::Int("HK", hk),
                 Template::Int("D", d),
                 Template::Int("R", r.dims),
+                Template::Bool("FLAT", flat),
                 Template::Int("EPS_BITS", eps_q.to_bits() as i32),
                 Template::Int("SCALE_BITS", r.scale.to_bits() as i32),
                 Template::Int("LOG2BASE_BITS", r.base.map_or(0.0, f32::log2).to_bits() as i32),

@@ -29,7 +29,7 @@ static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 SHIMS
 
-template <int HQ, int HK, int D, int R, int EPS_BITS, int SCALE_BITS, int LOG2BASE_BITS>
+template <int HQ, int HK, int D, int R, bool FLAT, int EPS_BITS, int SCALE_BITS, int LOG2BASE_BITS>
 void kern(Dim blockIdx, Dim blockDim, Dim threadIdx, const __nv_bfloat16* q, Shape q_shape, Strides q_strides,
           const __nv_bfloat16* k, Strides k_strides, const __nv_bfloat16* gq, const __nv_bfloat16* gk,
           const int* offset, Shape offset_shape, __nv_bfloat16* qo, __nv_bfloat16* ko) {
@@ -40,8 +40,9 @@ BODY
 constexpr int bits(float f) { return std::bit_cast<int>(f); }
 
 // q is the first half of each head of a [B, L, HQ, 2 D] projection (the
-// gate the second half) when GATED, else [B, L, HQ, D]; k is [B, L, HK, D].
-template <int HQ, int HK, int D, int R, bool GATED>
+// gate the second half) when GATED, else [B, L, HQ, D]; k is [B, L, HK, D];
+// FLAT passes them as [B, L, heads * D] (not with GATED).
+template <int HQ, int HK, int D, int R, bool GATED, bool FLAT = false>
 int check(int B, int L, int off) {
     constexpr float EPS = 1e-6f, BASE = 10000.0f;
     constexpr int QW = GATED ? 2 * D : D;
@@ -50,11 +51,14 @@ int check(int B, int L, int off) {
     for (size_t i = 0; i < q.size(); ++i) q[i] = __float2bfloat16((float)((int)(i * 37 % 101) - 50) / 25.0f);
     for (size_t i = 0; i < k.size(); ++i) k[i] = __float2bfloat16((float)((int)(i * 53 % 89) - 44) / 22.0f);
     for (int i = 0; i < D; ++i) gq[i] = __float2bfloat16(0.5f + (i % 7) / 8.0f), gk[i] = __float2bfloat16(1.5f - (i % 5) / 8.0f);
-    const Strides qs{{(int64_t)L * HQ * QW, (int64_t)HQ * QW, QW, 1}}, ks{{(int64_t)L * HK * D, (int64_t)HK * D, D, 1}};
+    const Strides qs = FLAT ? Strides{{(int64_t)L * HQ * D, (int64_t)HQ * D, 1, 0}}
+                            : Strides{{(int64_t)L * HQ * QW, (int64_t)HQ * QW, QW, 1}};
+    const Strides ks = FLAT ? Strides{{(int64_t)L * HK * D, (int64_t)HK * D, 1, 0}}
+                            : Strides{{(int64_t)L * HK * D, (int64_t)HK * D, D, 1}};
     const int offs[1] = {off};
     const int warps = B * L * (HQ + HK), blocks = (warps + 3) / 4;
     run_blocks(blocks, 4, [&](Dim blk, Dim t) {
-        kern<HQ, HK, D, R, bits(EPS), bits(1.0f), bits(13.287712379549449f)>(
+        kern<HQ, HK, D, R, FLAT, bits(EPS), bits(1.0f), bits(13.287712379549449f)>(
             blk, Dim{128}, t, q.data(), Shape{{B, L, HQ, D}}, qs, k.data(), ks, gq.data(), gk.data(), offs,
             Shape{{1, 0, 0, 0}}, qo.data(), ko.data());
     });
@@ -92,6 +96,7 @@ int check(int B, int L, int off) {
 int main() {
     int bad = 0;
     bad += check<3, 2, 128, 128, false>(2, 2, 5);
+    bad += check<3, 2, 128, 128, false, true>(2, 2, 5);
     bad += check<2, 1, 256, 64, true>(1, 3, 300);
     bad += check<1, 1, 64, 64, false>(1, 1, 17);
     bad += check<2, 1, 128, 32, true>(2, 2, 40);
