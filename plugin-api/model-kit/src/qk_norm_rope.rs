@@ -57,16 +57,22 @@ pub(crate) const SOURCE: &str = r#"
         x[i] = __bfloat162float(__float2bfloat16(__bfloat162float(w[lane + 32 * i]) * y));
     }
     const float p = __int_as_float(SCALE_BITS) * (float)(offset[offset_shape[0] > 1 ? b : 0] + l);
-    #pragma unroll
-    for (int i = 0; i < P; ++i) {
-        const int d = lane + 32 * i;
+    // The rotation of dim d < HALF and its partner d + HALF: cos, sin.
+    const auto turn = [&](int d, float& c, float& sn) {
 #if FREQS
         const float inv_freq = 1.0f / freqs[d];
 #else
         const float inv_freq = exp2(-((float)d / (float)HALF) * __int_as_float(LOG2BASE_BITS));
 #endif
         const float theta = p * inv_freq;
-        const float c = cos(theta), sn = sin(theta);
+        c = cos(theta);
+        sn = sin(theta);
+    };
+    #pragma unroll
+    for (int i = 0; i < P; ++i) {
+        const int d = lane + 32 * i;
+        float c, sn;
+        turn(d, c, sn);
         const float x1 = x[i], x2 = x[i + P];
         dst[d] = __float2bfloat16(x1 * c - x2 * sn);
         dst[d + HALF] = __float2bfloat16(x1 * sn + x2 * c);
@@ -74,14 +80,8 @@ pub(crate) const SOURCE: &str = r#"
     if constexpr (R == 32) {
         // The partner of dim d < 16 is lane d + 16's first element.
         const float other = __shfl_xor_sync(0xffffffff, x[0], 16);
-        const int d = lane & 15;
-#if FREQS
-        const float inv_freq = 1.0f / freqs[d];
-#else
-        const float inv_freq = exp2(-((float)d / (float)HALF) * __int_as_float(LOG2BASE_BITS));
-#endif
-        const float theta = p * inv_freq;
-        const float c = cos(theta), sn = sin(theta);
+        float c, sn;
+        turn(lane & 15, c, sn);
         dst[lane] = __float2bfloat16(lane < 16 ? x[0] * c - other * sn : other * sn + x[0] * c);
     }
     constexpr int ROTATED = R == 32 ? 1 : 2 * P;
