@@ -17,6 +17,7 @@ mod fim;
 mod foundation;
 mod fuzz;
 mod grammar_failures;
+mod graph_dump;
 mod http;
 mod import_cycles;
 mod isolation;

@@ -21,6 +21,7 @@ pub mod drafting;
 pub mod embed;
 pub mod engine;
 pub mod error;
+mod graph_dump;
 pub mod histogram;
 pub mod hold;
 mod idle;

@@ -114,6 +114,7 @@ pub(super) fn queue_verify(
         }
     };
     let built = Instant::now();
+    crate::graph_dump::dump("verify", &out);
     mlx_rs::transforms::async_eval([&out])?;
     let launch_ms = built.elapsed().as_secs_f64() * 1e3;
     Ok((Round { input, unread, k, lps, out, rejection, built, launch_ms }, states))
