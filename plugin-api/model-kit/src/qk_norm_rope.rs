@@ -16,9 +16,10 @@ use crate::rope::{Position, Rope};
 use crate::{ops, routes, Array, Dtype, Result};
 
 /// One warp per (row, token, head) of `q` / `k` (`[B, L, heads, D]`, or
-/// `[B, L, heads * D]` where `FLAT`, read strided); lane `i` holds dims `lane + 32 i`, so the rotation's partner
-/// of dim `d < R / 2`, `d + R / 2`, is the same lane's element `i + R /
-/// 64` (or, where `R` is 32, lane `d + 16`'s first). `FREQS` (0 or 1) is
+/// `[B, L, heads * D]` where `FLAT`, read strided); lane `i` holds dims
+/// `lane + 32 i`, so the rotation's partner of dim `d < R / 2`, `d + R /
+/// 2`, is the same lane's element `i + R / 64` (or, where `R` is 32, lane
+/// `d + 16`'s first). `FREQS` (0 or 1) is
 /// prepended. Template constants: `HQ`, `HK` heads, `D` the head dim (a
 /// multiple of 64, at most 256) and `R` the rotated dims (32 or a multiple
 /// of 64, at most `D`), `EPS_BITS`, `SCALE_BITS`, `LOG2BASE_BITS`.
@@ -114,8 +115,8 @@ pub fn fused(
     heads: (i32, i32),
 ) -> Result<Option<(Array, Array)>> {
     let (qs, ks) = (q.shape(), k.shape());
-    let (&[b, l, qw], &[_, _, kw]) = (qs, ks) else { return Ok(None) };
-    if qw % heads.0 != 0 || ks != [b, l, heads.1 * (qw / heads.0)] || kw % heads.1 != 0 {
+    let (&[b, l, qw], &[_, _, _]) = (qs, ks) else { return Ok(None) };
+    if qw % heads.0 != 0 || ks != [b, l, heads.1 * (qw / heads.0)] {
         return Ok(None);
     }
     launch(q, k, Heads { b, l, q: heads.0, k: heads.1, d: qw / heads.0, flat: true }, norms, rope, pos)

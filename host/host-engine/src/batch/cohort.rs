@@ -122,15 +122,22 @@ fn pads_of(rows: &[&[u32]]) -> Vec<usize> {
 /// computing at (`seeded_start`; the first member with a head speaks for
 /// it), or None when it starts empty.
 pub fn start_column<'h>(members: impl Iterator<Item = (&'h [u32], Seed)>) -> Option<usize> {
-    let mut rows: Vec<(&[u32], Seed)> = Vec::new();
-    for (head, seed) in members {
-        if !rows.iter().any(|(h, _)| *h == head) {
-            rows.push((head, seed));
+    let (heads, seeds): (Vec<&[u32]>, Vec<Seed>) = members.unzip();
+    let (rows, row_of) = distinct(heads.into_iter());
+    seeded_start(&pads_of(&rows), &first_per_row(&row_of, seeds))
+}
+
+/// Of `items` (one per member, in member order), each row's first: the
+/// member that brought the row's head (`distinct` numbers rows in the
+/// order first met).
+fn first_per_row<T>(row_of: &[usize], items: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut firsts = Vec::new();
+    for (m, item) in items.into_iter().enumerate() {
+        if row_of[m] == firsts.len() {
+            firsts.push(item);
         }
     }
-    let heads: Vec<&[u32]> = rows.iter().map(|(h, _)| *h).collect();
-    let seeds: Vec<Seed> = rows.iter().map(|(_, s)| *s).collect();
-    seeded_start(&pads_of(&heads), &seeds)
+    firsts
 }
 
 /// A member's seed: its cached tokens, and whether all its caches trim.
@@ -151,12 +158,7 @@ impl Cohort {
         let width = heads.iter().map(Vec::len).max().unwrap_or(0);
         if let Some(start) = start {
             // The first member with each head brings its cached tokens.
-            let mut seeds: Vec<Member> = Vec::with_capacity(heads.len());
-            for (m, member) in members.into_iter().enumerate() {
-                if row_of[m] == seeds.len() {
-                    seeds.push(member);
-                }
-            }
+            let mut seeds = first_per_row(&row_of, members);
             let caches = merge_seeds(engine, &mut seeds, &pads, start)?;
             let seeded = pads.iter().map(|p| start - p).collect();
             return Ok(Some(Self { caches, heads, row_of, pads, done: start, width, seeded }));

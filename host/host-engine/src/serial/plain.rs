@@ -92,8 +92,8 @@ fn step(
     }
     let lp = Sampler::logprobs(&logits)?;
     let y = sampler.sample(&lp)?;
-    let t1 = Instant::now();
     crate::graph_dump::dump("step", &y);
+    let t1 = Instant::now();
     mlx_rs::transforms::async_eval([&y])?;
     tracing::trace!(
         target: "host_engine::step",

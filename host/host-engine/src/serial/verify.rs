@@ -113,8 +113,8 @@ pub(super) fn queue_verify(
             (mlx_rs::ops::concatenate(&draws, 0)?.as_dtype(mlx_rs::Dtype::Uint32)?, false)
         }
     };
-    let built = Instant::now();
     crate::graph_dump::dump("verify", &out);
+    let built = Instant::now();
     mlx_rs::transforms::async_eval([&out])?;
     let launch_ms = built.elapsed().as_secs_f64() * 1e3;
     Ok((Round { input, unread, k, lps, out, rejection, built, launch_ms }, states))
