@@ -1,8 +1,9 @@
 //! The HTTP server as clients meet it: a corpus of bad requests (each a
 //! 4xx OpenAI-shaped JSON error, and the server keeps serving), a client
 //! that vanishes mid-stream, the queue's 503 (a request's choices queued
-//! together), API keys, the config file,
-//! and the official `openai` Python SDK against a live server.
+//! together), several prompts and `echo` in one completion request, API
+//! keys, the config file, and the official `openai` Python SDK against a
+//! live server.
 
 use it::{model, python, run_ok, Scratch, Server};
 use serde_json::{json, Value};
@@ -194,11 +195,33 @@ fn forty_bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         ("completion missing prompt", "POST", p, j(json!({"max_tokens": 4})), 400, "`prompt` is required"),
         ("completion empty prompt", "POST", p, j(json!({"prompt": ""})), 400, "empty"),
         ("completion prompt wrong type", "POST", p, j(json!({"prompt": {"a": 1}})), 400, "prompt"),
-        ("completion two prompts", "POST", p, j(json!({"prompt": ["a", "b"]})), 400, "several prompts"),
+        (
+            "completion prompts x n past the group",
+            "POST",
+            p,
+            j(json!({"prompt": ["a", "b"], "n": 65})),
+            400,
+            "at most 128",
+        ),
         ("completion bad token id", "POST", p, j(json!({"prompt": [1, -4]})), 400, "token ids"),
         ("completion token outside vocab", "POST", p, j(json!({"prompt": [1, 99999999]})), 400, "vocabulary"),
         ("completion prompt too long", "POST", p, j(json!({"prompt": long_prompt})), 400, "maximum context length"),
-        ("completion echo", "POST", p, j(json!({"prompt": "a", "echo": true})), 400, "echo"),
+        (
+            "completion echo with logprobs",
+            "POST",
+            p,
+            j(json!({"prompt": "a", "echo": true, "logprobs": 1})),
+            400,
+            "echo",
+        ),
+        (
+            "completion echo with suffix",
+            "POST",
+            p,
+            j(json!({"prompt": "a", "echo": true, "suffix": "b"})),
+            400,
+            "suffix",
+        ),
         ("completion logprobs too many", "POST", p, j(json!({"prompt": "a", "logprobs": 9})), 400, "logprobs"),
         ("body over the limit", "POST", p, big.into_bytes(), 413, "limit"),
         ("unknown endpoint", "POST", "/v1/nothing", j(json!({})), 404, "no such endpoint"),
@@ -302,6 +325,66 @@ fn a_request_with_more_choices_than_the_queue_goes_in_whole() {
         assert!(choices.iter().all(|c| c["finish_reason"].is_string()), "{choices:?}");
     });
     assert_good(&s);
+}
+
+/// Greedy text and usage of one completion request.
+fn completion(s: &Server, body: Value) -> Value {
+    let r = s.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+#[test]
+fn several_prompts_in_one_completion_answer_as_separate_requests_and_echo_leads_each_text() {
+    let s = Server::start(&model("tiny/tiny-llama-f32"), &[]);
+    let greedy = |prompt: Value, extra: Value| {
+        let mut b = json!({"prompt": prompt, "max_tokens": 5, "temperature": 0});
+        for (k, x) in extra.as_object().unwrap() {
+            b[k] = x.clone();
+        }
+        completion(&s, b)
+    };
+    let texts = ["Once upon a time", "The cat sat"];
+    let alone: Vec<Value> = texts.iter().map(|t| greedy(json!(t), json!({}))).collect();
+    let text = |v: &Value, i: usize| v["choices"][i]["text"].as_str().unwrap().to_owned();
+    // Each prompt's `n` choices follow one another, in the prompts' order;
+    // usage counts each prompt once and every choice's tokens.
+    let both = greedy(json!(texts), json!({"n": 2}));
+    let choices = both["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4, "{both}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i, "{both}");
+        assert_eq!(c["text"].as_str().unwrap(), text(&alone[i / 2], 0), "choice {i}: {both}");
+    }
+    let sum = |k: &str| alone.iter().map(|v| v["usage"][k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(both["usage"]["prompt_tokens"], sum("prompt_tokens"), "{both}");
+    assert_eq!(both["usage"]["completion_tokens"], 2 * sum("completion_tokens"), "{both}");
+    // Token-id prompts, several of them.
+    let ids = [json!([1, 2, 3, 4]), json!([9, 8, 7])];
+    let ids_alone: Vec<String> = ids.iter().map(|p| text(&greedy(p.clone(), json!({})), 0)).collect();
+    let ids_both = greedy(json!(ids), json!({}));
+    assert_eq!([text(&ids_both, 0), text(&ids_both, 1)], [ids_alone[0].clone(), ids_alone[1].clone()], "{ids_both}");
+    // `echo`: the prompt as sent, then the same completion, whole or streamed.
+    let echoed = greedy(json!(texts), json!({"echo": true}));
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(text(&echoed, i), format!("{t}{}", text(&alone[i], 0)), "{echoed}");
+    }
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": texts[0], "max_tokens": 5, "temperature": 0, "echo": true, "stream": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let streamed: String = r
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok()?["choices"][0]["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(streamed, format!("{}{}", texts[0], text(&alone[0], 0)));
+    // Echoed ids come back as their text, ahead of the completion.
+    let echoed_ids = text(&greedy(ids[0].clone(), json!({"echo": true})), 0);
+    assert!(echoed_ids.len() > ids_alone[0].len() && echoed_ids.ends_with(&ids_alone[0]), "{echoed_ids:?}");
 }
 
 #[test]

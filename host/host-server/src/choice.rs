@@ -39,11 +39,42 @@ pub struct ChoiceOut {
     pub offset: usize,
     /// Tokens written inside the reasoning block (its markers included).
     pub reasoning_tokens: usize,
+    /// Completions' `echo`: the prompt's text, released ahead of the first
+    /// generated text (outside the stop-string search, which sees only
+    /// what the model writes).
+    echo: Option<String>,
 }
 
 impl ChoiceOut {
     pub fn new(index: usize, asm: Assembler, split: Option<Splitter>, tools: Option<ToolCallParser>) -> Self {
-        Self { index, asm, split, tools, toks: Vec::new(), calls: Vec::new(), offset: 0, reasoning_tokens: 0 }
+        Self {
+            index,
+            asm,
+            split,
+            tools,
+            toks: Vec::new(),
+            calls: Vec::new(),
+            offset: 0,
+            reasoning_tokens: 0,
+            echo: None,
+        }
+    }
+
+    /// Releases `prompt` first, as completions' `echo` asks.
+    pub fn echoing(mut self, prompt: String) -> Self {
+        self.echo = Some(prompt);
+        self
+    }
+
+    /// The echoed prompt, once, ahead of `text`.
+    fn after_echo(&mut self, text: String) -> String {
+        match self.echo.take() {
+            Some(mut p) => {
+                p.push_str(&text);
+                p
+            }
+            None => text,
+        }
     }
 
     /// A stop string matched: nothing more is released.
@@ -59,6 +90,7 @@ impl ChoiceOut {
     /// Adds one token; returns what can be released now.
     pub fn push(&mut self, t: &TokenOut) -> Vec<Piece> {
         let text = self.asm.push(t.id);
+        let text = self.after_echo(text);
         if !self.asm.stopped {
             self.toks.push(t.clone());
         }
@@ -73,6 +105,7 @@ impl ChoiceOut {
     /// Releases everything held at the end of generation.
     pub fn finish(&mut self) -> Vec<Piece> {
         let text = self.asm.finish();
+        let text = self.after_echo(text);
         self.shape(text, true)
     }
 

@@ -31,20 +31,27 @@ pub struct Ctx {
     /// Report logprobs with this many alternatives.
     pub logprobs: Option<usize>,
     pub include_usage: bool,
+    /// Choices per prompt (`n`): a completion may carry several prompts,
+    /// each answered by `n` consecutive choices.
+    pub per_prompt: usize,
 }
 
 impl Ctx {
-    /// Usage over every choice: the prompt once, the completions summed;
-    /// the first choice's cached tokens and speculation report.
+    /// Usage over every choice: each prompt once (its first choice's
+    /// prompt and cached tokens), the completions summed; the first
+    /// choice's speculation report. `prompts`: each choice's prompt length.
     /// `reasoning`: the tokens every choice wrote inside its reasoning block.
-    fn usage(&self, prompt: usize, results: &[&host_engine::GenerateResult], reasoning: usize) -> Value {
+    fn usage(&self, prompts: &[usize], results: &[&host_engine::GenerateResult], reasoning: usize) -> Value {
+        let step = self.per_prompt.max(1);
+        let prompt: usize = prompts.iter().step_by(step).sum();
+        let cached: usize = results.iter().step_by(step).map(|r| r.cached_tokens).sum();
         let completion: usize = results.iter().map(|r| r.tokens.len()).sum();
         let first = results.first();
         let mut u = json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": { "cached_tokens": first.map_or(0, |r| r.cached_tokens) },
+            "prompt_tokens_details": { "cached_tokens": cached },
             "completion_tokens_details": { "reasoning_tokens": reasoning },
         });
         if let Some(sp) = first.and_then(|r| r.speculation.as_ref()) {
@@ -144,7 +151,7 @@ fn call_json(c: &Call) -> Value {
 
 /// Waits for every choice and returns one JSON body.
 pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Response, ApiError> {
-    let prompt_tokens = runs.first().map_or(0, |(r, _)| r.prompt_tokens);
+    let prompt_tokens: Vec<usize> = runs.iter().map(|(r, _)| r.prompt_tokens).collect();
     let mut choices = Vec::with_capacity(runs.len());
     let mut results = Vec::with_capacity(runs.len());
     let mut reasoning_tokens = 0;
@@ -209,7 +216,7 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
         "created": ctx.created,
         "model": ctx.st.cfg.model_id,
         "choices": choices,
-        "usage": ctx.usage(prompt_tokens, &results.iter().collect::<Vec<_>>(), reasoning_tokens),
+        "usage": ctx.usage(&prompt_tokens, &results.iter().collect::<Vec<_>>(), reasoning_tokens),
     });
     Ok(axum::Json(body).into_response())
 }
@@ -352,9 +359,9 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
             let err = ApiError::internal("the engine dropped the request");
             let _ = tx.send(Ok(sse(&err.body()))).await;
         } else if ctx.include_usage {
-            let prompt = choices.first().map_or(0, |(r, _)| r.prompt_tokens);
+            let prompts: Vec<usize> = choices.iter().map(|(r, _)| r.prompt_tokens).collect();
             let mut u = json!({ "id": ctx.id, "object": ctx.object(true), "created": ctx.created, "model": ctx.st.cfg.model_id, "choices": [] });
-            u["usage"] = ctx.usage(prompt, &done, reasoning_tokens);
+            u["usage"] = ctx.usage(&prompts, &done, reasoning_tokens);
             let _ = tx.send(Ok(sse(&u))).await;
         }
         let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;

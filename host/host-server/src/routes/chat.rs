@@ -66,8 +66,15 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
             (run, choice_out(i, text.clone(), common.stop.clone(), syntax, &tools.tools, thinking.as_ref()))
         })
         .collect();
-    let ctx =
-        Ctx { st: st.clone(), api: Api::Chat, id, created: unix_now(), logprobs, include_usage: common.include_usage };
+    let ctx = Ctx {
+        st: st.clone(),
+        api: Api::Chat,
+        id,
+        created: unix_now(),
+        logprobs,
+        include_usage: common.include_usage,
+        per_prompt: common.n,
+    };
     if common.stream {
         Ok(respond::stream(ctx, runs))
     } else {

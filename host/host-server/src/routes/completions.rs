@@ -1,5 +1,6 @@
-//! `POST /v1/completions`: raw text (or token ids) in, text out; with
-//! `suffix`, fill-in-the-middle for tokenizers that have its markers.
+//! `POST /v1/completions`: raw text (or token ids) in, text out, for one
+//! prompt or several; `echo` puts the prompt ahead of each choice's text;
+//! with `suffix`, fill-in-the-middle for tokenizers that have its markers.
 
 use super::{json_object, top_count};
 use crate::assemble::Assembler;
@@ -10,7 +11,7 @@ use crate::gen;
 use crate::respond::{self, Api, Ctx};
 use crate::state::{unix_now, AppState};
 use crate::structured;
-use crate::wire::{Common, Fields};
+use crate::wire::{Common, Fields, MAX_N};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
@@ -23,9 +24,14 @@ enum Prompt {
     Ids(Vec<u32>),
 }
 
-/// `prompt`: a string, a one-element array of strings, or token ids.
-fn prompt_input(v: Option<&Value>) -> Result<Prompt, ApiError> {
+/// `prompt`: a string, token ids, or an array of strings or of token-id
+/// arrays (several prompts, each answered by `n` consecutive choices).
+fn prompt_inputs(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
+    const KINDS: &str = "`prompt` must be a string, token ids, or an array of strings or of token-id arrays";
     let ids = |a: &Vec<Value>| -> Result<Prompt, ApiError> {
+        if a.is_empty() {
+            return Err(ApiError::param("prompt", "a prompt of token ids must not be empty"));
+        }
         a.iter()
             .map(|x| {
                 x.as_u64().filter(|n| *n < u32::MAX as u64).map(|n| n as u32).ok_or_else(|| {
@@ -37,22 +43,17 @@ fn prompt_input(v: Option<&Value>) -> Result<Prompt, ApiError> {
     };
     match v {
         None => Err(ApiError::param("prompt", "`prompt` is required")),
-        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::String(s)) => Ok(vec![Prompt::Text(s.clone())]),
         Some(Value::Array(a)) if a.is_empty() => Err(ApiError::param("prompt", "`prompt` must not be empty")),
-        Some(Value::Array(a)) if a.iter().all(Value::is_number) => ids(a),
-        Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
-            Value::String(s) => Ok(Prompt::Text(s.clone())),
-            Value::Array(inner) => ids(inner),
-            _ => Err(ApiError::param("prompt", "`prompt` must be a string, an array of strings, or token ids")),
-        },
-        Some(Value::Array(a)) if a.iter().all(|x| x.is_string() || x.is_array()) => {
-            Err(ApiError::unsupported("prompt", "several prompts in one request are not supported (send one)"))
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => Ok(vec![ids(a)?]),
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+            Ok(a.iter().filter_map(Value::as_str).map(|s| Prompt::Text(s.to_owned())).collect())
         }
-        Some(Value::Array(_)) => Err(ApiError::param(
-            "prompt",
-            "`prompt` must be a string, an array of strings, or token ids (an array mixes kinds)",
-        )),
-        Some(_) => Err(ApiError::param("prompt", "`prompt` must be a string, an array of strings, or token ids")),
+        Some(Value::Array(a)) if a.iter().all(Value::is_array) => {
+            a.iter().filter_map(Value::as_array).map(ids).collect()
+        }
+        Some(Value::Array(_)) => Err(ApiError::param("prompt", format!("{KINDS} (this array mixes kinds)"))),
+        Some(_) => Err(ApiError::param("prompt", KINDS)),
     }
 }
 
@@ -61,10 +62,22 @@ fn text_side(st: &AppState) -> Result<&TextSide, ApiError> {
 }
 
 /// The prompt's token ids: text through the tokenizer as a plain prompt.
-fn prompt_ids(st: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+fn prompt_ids(st: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
     match prompt {
-        Prompt::Ids(ids) => Ok(ids),
-        Prompt::Text(s) => text_side(st)?.encode_prompt(&s).map_err(|e| ApiError::param("prompt", e.to_string())),
+        Prompt::Ids(ids) => Ok(ids.clone()),
+        Prompt::Text(s) => text_side(st)?.encode_prompt(s).map_err(|e| ApiError::param("prompt", e.to_string())),
+    }
+}
+
+/// `echo`'s text: the prompt as sent, token ids decoded with their special
+/// tokens written out.
+fn echo_text(st: &AppState, prompt: &Prompt) -> Result<String, ApiError> {
+    match prompt {
+        Prompt::Text(s) => Ok(s.clone()),
+        Prompt::Ids(ids) => text_side(st)?
+            .tokenizer
+            .decode(ids, false)
+            .map_err(|e| ApiError::param("prompt", format!("the prompt's token ids do not decode: {e}"))),
     }
 }
 
@@ -72,13 +85,13 @@ fn prompt_ids(st: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
 /// the text after it, arranged with the tokenizer's FIM markers (each part
 /// encoded without added special tokens; BOS first when the tokenizer asks
 /// for one).
-fn infill(st: &AppState, prompt: Prompt, suffix: &str) -> Result<Vec<u32>, ApiError> {
+fn infill(st: &AppState, prompt: &Prompt, suffix: &str) -> Result<Vec<u32>, ApiError> {
     let fim = FimTokens::find(&st.tools.added_tokens).ok_or_else(|| ApiError::unsupported("suffix", fim::NEEDS))?;
     let text = text_side(st)?;
     let encode = |s: &str, param: &str| text.encode_rendered(s).map_err(|e| ApiError::param(param, e.to_string()));
     let prefix = match prompt {
-        Prompt::Ids(ids) => ids,
-        Prompt::Text(s) => encode(&s, "prompt")?,
+        Prompt::Ids(ids) => ids.clone(),
+        Prompt::Text(s) => encode(s, "prompt")?,
     };
     let bos = if text.add_bos { text.bos_token.as_deref().and_then(|t| text.tokenizer.token_to_id(t)) } else { None };
     Ok(fim.arrange(bos, &prefix, &encode(suffix, "suffix")?))
@@ -87,28 +100,62 @@ fn infill(st: &AppState, prompt: Prompt, suffix: &str) -> Result<Vec<u32>, ApiEr
 pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let obj = json_object(&body)?;
     let f = Fields(&obj);
-    if f.boolean("echo")? {
-        return Err(ApiError::unsupported("echo", "`echo` is not supported yet"));
-    }
-    let input = prompt_input(f.value("prompt"))?;
-    let prompt = match f.value("suffix") {
-        None => prompt_ids(&st, input)?,
-        Some(Value::String(s)) if s.is_empty() => prompt_ids(&st, input)?,
-        Some(Value::String(s)) => infill(&st, input, s)?,
+    let inputs = prompt_inputs(f.value("prompt"))?;
+    let suffix = match f.value("suffix") {
+        None => None,
+        Some(Value::String(s)) if s.is_empty() => None,
+        Some(Value::String(s)) => Some(s.as_str()),
         Some(_) => return Err(ApiError::param("suffix", "`suffix` must be a string")),
     };
     let common = Common::parse(&f, "max_tokens")?;
     let logprobs = top_count(f.value("logprobs"), 5, "logprobs")?;
+    let echo = f.boolean("echo")?;
+    if echo && suffix.is_some() {
+        return Err(ApiError::param("echo", "`echo` cannot be used with `suffix`"));
+    }
+    if echo && logprobs.is_some() {
+        return Err(ApiError::unsupported(
+            "echo",
+            "`echo` with `logprobs` needs the prompt's logprobs, which are not computed",
+        ));
+    }
+    if inputs.len() * common.n > MAX_N as usize {
+        return Err(ApiError::param(
+            "prompt",
+            format!("{} prompts x n = {} choices; one request makes at most {MAX_N}", inputs.len(), common.n),
+        ));
+    }
     let grammar = structured::requested(&f)?;
-    // The context checks name chat's `messages`; here the prompt is `prompt`.
-    let reqs = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref(), None)
-        .map_err(|e| e.renamed("messages", "prompt"))?;
     let text = st.text.clone().ok_or_else(|| ApiError::invalid("this model has no tokenizer to decode its output"))?;
+    let mut reqs = Vec::with_capacity(inputs.len() * common.n);
+    let mut echoes = Vec::with_capacity(reqs.capacity());
+    for input in &inputs {
+        let prompt = match suffix {
+            None => prompt_ids(&st, input)?,
+            Some(s) => infill(&st, input, s)?,
+        };
+        // The context checks name chat's `messages`; here the prompt is `prompt`.
+        let group = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref(), None)
+            .map_err(|e| e.renamed("messages", "prompt"))?;
+        let shown = if echo { Some(echo_text(&st, input)?) } else { None };
+        echoes.extend(std::iter::repeat_n(shown, group.len()));
+        reqs.extend(group);
+    }
     let id = st.next_id("cmpl");
     let runs = gen::submit_all(&st, &id, reqs)?
         .into_iter()
+        .zip(echoes)
         .enumerate()
-        .map(|(i, run)| (run, ChoiceOut::new(i, Assembler::new(text.clone(), common.stop.clone()), None, None)))
+        .map(|(i, (run, shown))| {
+            let out = ChoiceOut::new(i, Assembler::new(text.clone(), common.stop.clone()), None, None);
+            (
+                run,
+                match shown {
+                    Some(p) => out.echoing(p),
+                    None => out,
+                },
+            )
+        })
         .collect();
     let ctx = Ctx {
         st: st.clone(),
@@ -117,6 +164,7 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         created: unix_now(),
         logprobs,
         include_usage: common.include_usage,
+        per_prompt: common.n,
     };
     if common.stream {
         Ok(respond::stream(ctx, runs))
