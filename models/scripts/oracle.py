@@ -11,6 +11,8 @@ greedy sampler (argmax of the log-probabilities), the way `mlx_lm.generate
 `tokens` has exactly --max-tokens entries. The raw logits of each step are
 captured with a pass-through logits processor (which changes nothing else);
 `step_logprobs_top` holds the log-probabilities the sampler actually argmaxed.
+`prompt_logprobs` scores each prompt token under the tokens before it, from
+the same full forward that gives `prompt_last_logits`.
 
 With --kv-bits, generate_step quantizes the K/V as `mlx_lm.generate --kv-bits`
 does (`maybe_quantize_kv_cache`: a KVCache becomes a QuantizedKVCache once a
@@ -135,8 +137,17 @@ def main():
     }
 
     # One full forward over the prompt with a fresh cache.
-    logits = model(mx.array([ids]), cache=make_prompt_cache(model))[0, -1]
+    all_logits = model(mx.array([ids]), cache=make_prompt_cache(model))[0]
+    logits = all_logits[-1]
     result["prompt_last_logits"] = np.array(logits.astype(mx.float32)).tolist()
+    # Each prompt token's log-probability under the tokens before it (row i
+    # scores token i + 1; the first token has none), logits - logsumexp in
+    # the model dtype as mlx-lm's sampler computes them, with the top 5.
+    lp = all_logits - mx.logsumexp(all_logits, axis=-1, keepdims=True)
+    result["prompt_logprobs"] = [None] + [
+        {"id": t, "logprob": float(lp[i, t].astype(mx.float32).item()), **top(lp[i], "logprobs")}
+        for i, t in enumerate(ids[1:])
+    ]
 
     if not args.logits_only:
         if args.stop_at_eos:

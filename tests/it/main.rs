@@ -33,6 +33,7 @@ mod parity_hybrid;
 mod parity_moe;
 mod plugins;
 mod prefix_cache;
+mod prompt_scoring;
 mod reasoning;
 mod responses;
 mod sampling_oracle;

@@ -441,9 +441,10 @@ fn serve_tp2_exits_when_a_rank_dies() {
     assert!(std::net::TcpStream::connect(("127.0.0.1", s.port)).is_err(), "rank 0 still serves");
 }
 
-/// Embeddings under `--tp 2`: rank 0 broadcasts the inputs, every rank
-/// runs its part of the forward, and rank 0's vectors equal `--tp 1`'s
-/// (float32; the split sums add in another order). Generation goes on.
+/// Embeddings and prompt scoring under `--tp 2`: rank 0 broadcasts the
+/// inputs, every rank runs its part of the forward, and rank 0's vectors
+/// and prompt logprobs equal `--tp 1`'s (float32; the split sums add in
+/// another order). Generation goes on.
 #[test]
 fn serve_tp2_embeds_as_tp1() {
     let scratch = Scratch::new("tp-embed");
@@ -466,7 +467,17 @@ fn serve_tp2_embeds_as_tp1() {
             .map(|d| d["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
             .collect()
     };
-    let one = vectors(&it::Server::start(&folder, &["--batch", "1"]));
+    // Prompt scoring (`echo` with `logprobs`) crosses the ranks the same way.
+    let scored = |s: &it::Server| -> Vec<f64> {
+        let body = serde_json::json!({ "prompt": "the quick brown fox jumps", "echo": true, "logprobs": 2, "max_tokens": 1, "temperature": 0 });
+        let r = s.post("/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let lps = r.json()["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().clone();
+        lps.iter().skip(1).map(|x| x.as_f64().unwrap()).collect()
+    };
+    let tp1 = it::Server::start(&folder, &["--batch", "1"]);
+    let (one, one_scored) = (vectors(&tp1), scored(&tp1));
+    drop(tp1);
     let s = it::Server::start(&folder, &["--tp", "2"]);
     let two = vectors(&s);
     assert_eq!(two.len(), 2);
@@ -475,6 +486,10 @@ fn serve_tp2_embeds_as_tp1() {
         let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
         assert!(worst < 1e-4, "--tp 2 embeddings differ from --tp 1 by {worst}");
     }
+    let two_scored = scored(&s);
+    assert!(one_scored.len() > 3 && one_scored.len() == two_scored.len(), "{one_scored:?} vs {two_scored:?}");
+    let worst = one_scored.iter().zip(&two_scored).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    assert!(worst < 1e-3, "--tp 2 prompt logprobs differ from --tp 1 by {worst}");
     let r = s.post("/v1/completions", &completion("hello there"));
     assert_eq!(r.status, 200, "{}", r.text());
 }

@@ -1,58 +1,22 @@
 //! Embeddings: inputs run through the model in padded batches, their final
 //! (normed) hidden states pooled as the folder declares (`pooling`), then
-//! L2-normalised when its pipeline ends with Normalize. An [`EmbedJob`]
-//! travels through the worker's queue like a generation job, so the model
-//! only ever runs on the engine thread; it runs whole as soon as it is taken
-//! (between batch iterations or serial jobs) and holds no caches after.
+//! L2-normalised when its pipeline ends with Normalize. Reached through a
+//! whole-input job (`input_job.rs`), which has checked the inputs.
 
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::pooling::PoolingMode;
-use crate::stats::Stats;
 use crate::tensors::token_array_rows;
 use mlx_rs::Array;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Most inputs one forward carries (more would only widen the matmuls of a
 /// batch of short inputs; the token bound below is what limits memory).
 const MAX_ROWS: usize = 64;
 
-/// What an embedding job hands back: one vector per input, in input order.
-pub type Embeddings = Result<Vec<Vec<f32>>, EngineError>;
-
-pub struct EmbedJob {
-    /// Token ids per input (each non-empty, within the vocabulary).
-    pub inputs: Vec<Vec<u32>>,
-    /// Called once, on the engine thread, with the vectors or the error.
-    pub on_done: Box<dyn FnOnce(Embeddings) + Send>,
-}
-
-/// Runs `job` now, on the engine thread.
-pub(crate) fn run(engine: &Engine, job: EmbedJob, stats: &Stats, shutdown: &AtomicBool) {
-    stats.queued.fetch_sub(1, Ordering::SeqCst);
-    let result = if shutdown.load(Ordering::SeqCst) {
-        Err(EngineError::InvalidRequest("the server is shutting down".into()))
-    } else {
-        engine.embed(&job.inputs)
-    };
-    (job.on_done)(result);
-}
-
 impl Engine {
     /// One vector per input, in input order.
-    pub fn embed(&self, inputs: &[Vec<u32>]) -> Embeddings {
+    pub fn embed(&self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EngineError> {
         let pooling = self.pooling().clone().map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
-        let vocab = self.model().plan.vocab_size;
-        for ids in inputs {
-            if ids.is_empty() {
-                return Err(EngineError::InvalidRequest("an input is empty".into()));
-            }
-            if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
-                return Err(EngineError::InvalidRequest(format!(
-                    "token id {bad} is outside the vocabulary (size {vocab})"
-                )));
-            }
-        }
         let mut out = vec![Vec::new(); inputs.len()];
         for group in batches(inputs, self.prefill_step()) {
             let rows: Vec<&[u32]> = group.iter().map(|&i| inputs[i].as_slice()).collect();

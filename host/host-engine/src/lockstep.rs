@@ -10,7 +10,7 @@
 //!
 //! - each look at the queue: the job taken (the request, its grammar by its
 //!   source, and its plan; a sampled request without a seed gets one here,
-//!   so every rank draws alike; or an embedding job's inputs), "empty", or
+//!   so every rank draws alike; or a whole-input job's inputs and task), "empty", or
 //!   the queue's end; once the server shuts down, rank 0 refuses new work
 //!   before broadcasting it, so the scheduler's own shutdown checks read a
 //!   flag that never rises under `--tp` (`Scheduler::own_shutdown`);
@@ -35,12 +35,13 @@
 //! A broadcast that fails (a rank is gone) ends the process: the launcher
 //! reports it and stops the others. So does a batched step that fails,
 //! since one rank's failure would leave the others waiting in a collective.
-//! An embedding job is broadcast as its inputs and runs on every rank (each
-//! rank's forward holds its part of the model); rank 0 answers it.
+//! A whole-input job (embeddings, prompt scoring) is broadcast as its inputs
+//! and task and runs on every rank (each rank's forward holds its part of
+//! the model); rank 0 answers it.
 
-use crate::embed::EmbedJob;
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::input_job::InputJob;
 use crate::isolate::wire::{WireJob, WireRequest};
 use crate::job::{Event, Flow, Job};
 use crate::plan::Mechanism;
@@ -234,10 +235,10 @@ pub(crate) fn follow_intake(lock: &Arc<Lockstep>, engine: &Engine, waiting: bool
         if msg.get("empty").is_some() && !waiting {
             return Intake::Empty;
         }
-        if let Some(inputs) = msg.get("embed") {
-            let inputs = serde_json::from_value(inputs.clone())
-                .unwrap_or_else(|e| fatal(&format!("an embedding job I cannot read ({e})")));
-            return Intake::Work(Work::Embed(EmbedJob { inputs, on_done: Box::new(|_| {}) }));
+        if let Some(job) = msg.get("inputs") {
+            let (inputs, task) = serde_json::from_value(job.clone())
+                .unwrap_or_else(|e| fatal(&format!("a whole-input job I cannot read ({e})")));
+            return Intake::Work(Work::Inputs(InputJob { inputs, task, on_done: Box::new(|_| {}) }));
         }
         match msg.get("job").map(|j| rebuild(engine, j, lock)) {
             Some(Ok(job)) => return Intake::Work(Work::Generate(Box::new(job))),
@@ -253,14 +254,14 @@ pub(crate) fn follow_intake(lock: &Arc<Lockstep>, engine: &Engine, waiting: bool
 fn announce(lock: &Lockstep, work: Work, stats: &Stats, shutdown: &AtomicBool) -> Option<Work> {
     let closing = shutdown.load(Ordering::SeqCst);
     let mut job = match work {
-        Work::Embed(e) if closing => {
+        Work::Inputs(e) if closing => {
             stats.queued.fetch_sub(1, Ordering::SeqCst);
             (e.on_done)(Err(EngineError::InvalidRequest("the server is shutting down".into())));
             return None;
         }
-        Work::Embed(e) => {
-            lock.share(Some(&json!({ "embed": e.inputs })));
-            return Some(Work::Embed(e));
+        Work::Inputs(e) => {
+            lock.share(Some(&json!({ "inputs": (&e.inputs, e.task) })));
+            return Some(Work::Inputs(e));
         }
         Work::Generate(job) => *job,
     };

@@ -327,8 +327,15 @@ fn model_slice(a: &Array, start: i32, stop: i32) -> R<Array> {
 
 /// The `k` most likely (id, logprob) of a `[1, V]` row, best first.
 pub fn top_logprobs(logprobs: &Array, k: usize) -> R<Vec<(u32, f32)>> {
+    Ok(top_logprobs_rows(logprobs, k)?.into_iter().next().unwrap_or_default())
+}
+
+/// The `k` most likely (id, logprob) of each row of `[N, V]` logprobs,
+/// best first (ties: the lower id first).
+pub fn top_logprobs_rows(logprobs: &Array, k: usize) -> R<Vec<Vec<(u32, f32)>>> {
+    let n = logprobs.shape()[0] as usize;
     if k == 0 {
-        return Ok(Vec::new());
+        return Ok(vec![Vec::new(); n]);
     }
     let v = logprobs.shape()[1] as usize;
     let k = k.min(v);
@@ -337,10 +344,14 @@ pub fn top_logprobs(logprobs: &Array, k: usize) -> R<Vec<(u32, f32)>> {
     let vals = take_along_axis(logprobs, &idx, -1)?.as_dtype(mlx_rs::Dtype::Float32)?;
     let idx = idx.as_dtype(mlx_rs::Dtype::Int32)?;
     mlx_rs::transforms::eval([&idx, &vals])?;
-    let mut out: Vec<(u32, f32)> =
-        idx.as_slice::<i32>().iter().zip(vals.as_slice::<f32>()).map(|(&i, &x)| (i as u32, x)).collect();
-    out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    Ok(out)
+    let rows = idx.as_slice::<i32>().chunks(k).zip(vals.as_slice::<f32>().chunks(k));
+    Ok(rows
+        .map(|(ids, lps)| {
+            let mut out: Vec<(u32, f32)> = ids.iter().zip(lps).map(|(&i, &x)| (i as u32, x)).collect();
+            out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            out
+        })
+        .collect())
 }
 
 #[cfg(test)]

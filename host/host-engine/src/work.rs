@@ -1,15 +1,15 @@
-//! What the engine's queue carries (generation jobs and embedding jobs),
+//! What the engine's queue carries (generation jobs and whole-input jobs),
 //! and why a submission is refused.
 
-use crate::embed::EmbedJob;
+use crate::input_job::InputJob;
 use crate::job::Job;
 
 /// What the queue carries.
 pub enum Work {
-    /// (Boxed: a job with its plan is large, an embedding job small.)
+    /// (Boxed: a job with its plan is large, a whole-input job small.)
     Generate(Box<Job>),
     /// Runs whole when the engine takes it (between batch iterations).
-    Embed(EmbedJob),
+    Inputs(InputJob),
 }
 
 #[derive(Debug)]

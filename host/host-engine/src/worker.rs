@@ -10,10 +10,10 @@
 
 use crate::admission::{Budget, MemoryModel};
 use crate::batch::Scheduler;
-use crate::embed::EmbedJob;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::hold::Hold;
+use crate::input_job::InputJob;
 use crate::isolate::{EngineHealth, Remote, Supervisor};
 use crate::job::{Event, Job};
 use crate::queue::{Inbox, Outbox, Refused};
@@ -192,12 +192,12 @@ impl Worker {
         self.send(jobs.into_iter().map(|j| Work::Generate(Box::new(j))).collect())
     }
 
-    /// Queues an embedding job (same queue, same 503 when it is full).
-    pub fn embed(&self, job: EmbedJob) -> Result<(), SubmitError> {
+    /// Queues a whole-input job (same queue, same 503 when it is full).
+    pub fn inputs(&self, job: InputJob) -> Result<(), SubmitError> {
         if let Backend::Isolated { remote, .. } = &self.backend {
-            return remote.embed(job);
+            return remote.inputs(job);
         }
-        self.send(vec![Work::Embed(job)])
+        self.send(vec![Work::Inputs(job)])
     }
 
     fn send(&self, work: Vec<Work>) -> Result<(), SubmitError> {
@@ -269,8 +269,8 @@ fn run_serially(engine: Engine, rx: Inbox<Work>, stats: Arc<Stats>, shutdown: Ar
         hold.checkpoint();
         let mut job = match work {
             Work::Generate(job) => *job,
-            Work::Embed(e) => {
-                crate::embed::run(&engine, e, &stats, &shutdown);
+            Work::Inputs(e) => {
+                crate::input_job::run(&engine, e, &stats, &shutdown);
                 continue;
             }
         };

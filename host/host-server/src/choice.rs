@@ -39,10 +39,18 @@ pub struct ChoiceOut {
     pub offset: usize,
     /// Tokens written inside the reasoning block (its markers included).
     pub reasoning_tokens: usize,
-    /// Completions' `echo`: the prompt's text, released ahead of the first
-    /// generated text (outside the stop-string search, which sees only
-    /// what the model writes).
-    echo: Option<String>,
+    /// Completions' `echo`: what the response puts ahead of the generated
+    /// text (outside the stop-string search, which sees only what the model
+    /// writes).
+    pub echo: Option<Echo>,
+}
+
+/// The prompt as `echo` shows it: its text, and, with `logprobs`, each of
+/// its tokens scored (the first without a logprob).
+#[derive(Debug, Clone)]
+pub struct Echo {
+    pub text: String,
+    pub scores: Vec<TokenOut>,
 }
 
 impl ChoiceOut {
@@ -60,21 +68,10 @@ impl ChoiceOut {
         }
     }
 
-    /// Releases `prompt` first, as completions' `echo` asks.
-    pub fn echoing(mut self, prompt: String) -> Self {
-        self.echo = Some(prompt);
+    /// Shows `echo` ahead of the generated text, as completions' `echo` asks.
+    pub fn echoing(mut self, echo: Echo) -> Self {
+        self.echo = Some(echo);
         self
-    }
-
-    /// The echoed prompt, once, ahead of `text`.
-    fn after_echo(&mut self, text: String) -> String {
-        match self.echo.take() {
-            Some(mut p) => {
-                p.push_str(&text);
-                p
-            }
-            None => text,
-        }
     }
 
     /// A stop string matched: nothing more is released.
@@ -90,7 +87,6 @@ impl ChoiceOut {
     /// Adds one token; returns what can be released now.
     pub fn push(&mut self, t: &TokenOut) -> Vec<Piece> {
         let text = self.asm.push(t.id);
-        let text = self.after_echo(text);
         if !self.asm.stopped {
             self.toks.push(t.clone());
         }
@@ -105,7 +101,6 @@ impl ChoiceOut {
     /// Releases everything held at the end of generation.
     pub fn finish(&mut self) -> Vec<Piece> {
         let text = self.asm.finish();
-        let text = self.after_echo(text);
         self.shape(text, true)
     }
 

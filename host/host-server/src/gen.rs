@@ -8,7 +8,7 @@ use crate::structured::{self, Requested};
 use crate::wire::Common;
 use host_engine::constraint::ReasoningGate;
 use host_engine::work::SubmitError;
-use host_engine::{Event, Job};
+use host_engine::{EngineError, Event, InputJob, InputOut, InputTask, Job};
 use host_engine::{Flow, GenerateRequest, SamplingParams};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -180,4 +180,29 @@ fn job(st: &AppState, id: &str, req: GenerateRequest) -> (Job, Running) {
     });
     let running = Running { events: rx, stop, prompt_tokens, started: std::time::Instant::now() };
     (Job { request: req, plan, on_event }, running)
+}
+
+/// Runs a whole-input job (embeddings, prompt scoring) on the engine thread
+/// and waits for it. `what` names the task in an internal error.
+pub async fn run_inputs(
+    st: &AppState,
+    inputs: Vec<Vec<u32>>,
+    task: InputTask,
+    what: &str,
+) -> Result<InputOut, ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let on_done = Box::new(move |r| {
+        let _ = tx.send(r);
+    });
+    st.worker.inputs(InputJob { inputs, task, on_done }).map_err(|e| match e {
+        SubmitError::Full => ApiError::busy(),
+        SubmitError::Closed => ApiError::internal("the engine has stopped"),
+        SubmitError::Restarting => ApiError::restarting(),
+    })?;
+    match rx.await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(EngineError::InvalidRequest(m))) => Err(ApiError::invalid(m)),
+        Ok(Err(e)) => Err(ApiError::internal(format!("{what} failed: {e}"))),
+        Err(_) => Err(ApiError::internal("the engine dropped the request")),
+    }
 }

@@ -156,7 +156,8 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
     let mut results = Vec::with_capacity(runs.len());
     let mut reasoning_tokens = 0;
     for (mut run, mut c) in runs {
-        let mut text = String::new();
+        let echo = c.echo.take();
+        let mut text = echo.as_ref().map(|e| e.text.clone()).unwrap_or_default();
         let mut reasoning: Option<String> = None;
         let mut first_ms = None;
         let mut take = |pieces: Vec<Piece>, text: &mut String| {
@@ -190,7 +191,8 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
         let finish = finish_reason(&c, result.finish);
         log_done(&ctx.id, &run, result.tokens.len(), first_ms, finish);
         let mut offset = 0;
-        let toks = std::mem::take(&mut c.toks);
+        let mut toks = echo.map(|e| e.scores).unwrap_or_default();
+        toks.append(&mut c.toks);
         let logprobs = ctx.logprobs_value(&toks, &mut offset);
         choices.push(match ctx.api {
             Api::Chat => {
@@ -286,6 +288,17 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
             }
             out
         };
+        // Completions' `echo`: the prompt (and its tokens' logprobs) first.
+        for (i, (_, c)) in choices.iter_mut().enumerate() {
+            if let Some(e) = c.echo.take() {
+                let mut offset = c.offset;
+                let lp = ctx.logprobs_value(&e.scores, &mut offset);
+                c.offset = offset;
+                if tx.send(Ok(sse(&chunk(text_delta(i, e.text, lp))))).await.is_err() {
+                    return;
+                }
+            }
+        }
         if ctx.api == Api::Chat {
             for (i, _) in choices.iter().enumerate() {
                 let first = chunk(

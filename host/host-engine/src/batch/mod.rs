@@ -124,12 +124,12 @@ impl Scheduler<'_> {
         }
     }
 
-    /// A generation job joins (or waits); an embedding job runs now, between
+    /// A generation job joins (or waits); a whole-input job runs now, between
     /// iterations, beside the rows it leaves untouched.
     fn receive(&mut self, work: Work) {
         match work {
             Work::Generate(job) => self.admit(*job),
-            Work::Embed(e) => crate::embed::run(self.engine, e, &self.stats, self.own_shutdown()),
+            Work::Inputs(e) => crate::input_job::run(self.engine, e, &self.stats, self.own_shutdown()),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! When the socket closes (the API process went away), the engine stops.
 
 use super::wire::{read_message, write_message, FailedBy, FromEngine, Hello, Refusal, ToEngine, WireEvent, WireJob};
-use crate::embed::EmbedJob;
+use crate::input_job::InputJob;
 use crate::job::{Event, Flow, Job};
 use crate::tokenizer::TextSide;
 use crate::work::SubmitError;
@@ -74,18 +74,18 @@ pub fn serve(stream: UnixStream, hello: Hello, mut worker: Worker, text: Option<
                 let refused = submit(&worker, jobs, text.as_deref(), &out, &cancelled);
                 let _ = out.send(FromEngine::Submitted { seq, refused });
             }
-            ToEngine::Embed { id, inputs } => {
+            ToEngine::Inputs { id, inputs, task } => {
                 let done = out.clone();
-                let on_done = Box::new(move |r: crate::embed::Embeddings| {
+                let on_done = Box::new(move |r: crate::input_job::InputResult| {
                     let result = r.map_err(|e| (e.to_string(), FailedBy::of(&e)));
-                    let _ = done.send(FromEngine::Embedded { id, result });
+                    let _ = done.send(FromEngine::InputsDone { id, result });
                 });
-                if let Err(e) = worker.embed(EmbedJob { inputs, on_done }) {
+                if let Err(e) = worker.inputs(InputJob { inputs, task, on_done }) {
                     let message = match e {
                         SubmitError::Full => "the request queue is full; retry shortly",
                         _ => "the engine has stopped",
                     };
-                    let _ = out.send(FromEngine::Embedded { id, result: Err((message.into(), FailedBy::Engine)) });
+                    let _ = out.send(FromEngine::InputsDone { id, result: Err((message.into(), FailedBy::Engine)) });
                 }
             }
             ToEngine::Cancel { id } => {

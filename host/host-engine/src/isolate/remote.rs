@@ -4,8 +4,8 @@
 //! clear error and the next child (started by the supervisor) takes new work.
 
 use super::wire::{write_message, FromEngine, Refusal, ToEngine, WireEvent, WireJob, WireRequest};
-use crate::embed::EmbedJob;
 use crate::error::EngineError;
+use crate::input_job::InputJob;
 use crate::job::{Event, Flow, Job};
 use crate::stats::Stats;
 use crate::work::SubmitError;
@@ -35,7 +35,7 @@ enum Answer {
     EngineDied,
 }
 
-type EmbedDone = Box<dyn FnOnce(crate::embed::Embeddings) + Send>;
+type InputsDone = Box<dyn FnOnce(crate::input_job::InputResult) + Send>;
 
 struct Slot {
     on_event: Box<dyn FnMut(Event) -> Flow + Send>,
@@ -66,7 +66,7 @@ pub struct Mirror {
 pub struct Remote {
     conn: Mutex<Option<BufWriter<UnixStream>>>,
     jobs: Mutex<HashMap<u64, Slot>>,
-    embeds: Mutex<HashMap<u64, EmbedDone>>,
+    inputs: Mutex<HashMap<u64, InputsDone>>,
     answers: Mutex<HashMap<u64, Sender<Answer>>>,
     next: AtomicU64,
     pub stats: Arc<Stats>,
@@ -91,7 +91,7 @@ impl Remote {
         Self {
             conn: Mutex::new(None),
             jobs: Mutex::default(),
-            embeds: Mutex::default(),
+            inputs: Mutex::default(),
             answers: Mutex::default(),
             next: AtomicU64::new(1),
             stats,
@@ -177,8 +177,8 @@ impl Remote {
             };
             (s.on_event)(Event::Failed(EngineError::Reported(why)));
         }
-        let embeds: Vec<_> = lock(&self.embeds).drain().map(|(_, f)| f).collect();
-        for f in embeds {
+        let inputs: Vec<_> = lock(&self.inputs).drain().map(|(_, f)| f).collect();
+        for f in inputs {
             f(Err(EngineError::Reported(why.to_owned())));
         }
         let mut m = lock(&self.mirror);
@@ -241,11 +241,11 @@ impl Remote {
         }
     }
 
-    pub fn embed(&self, job: EmbedJob) -> Result<(), SubmitError> {
+    pub fn inputs(&self, job: InputJob) -> Result<(), SubmitError> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.embeds).insert(id, job.on_done);
-        self.send(&ToEngine::Embed { id, inputs: job.inputs }).inspect_err(|_| {
-            lock(&self.embeds).remove(&id);
+        lock(&self.inputs).insert(id, job.on_done);
+        self.send(&ToEngine::Inputs { id, inputs: job.inputs, task: job.task }).inspect_err(|_| {
+            lock(&self.inputs).remove(&id);
         })
     }
 
@@ -293,8 +293,8 @@ impl Remote {
                 }
             }
             FromEngine::Event { id, event } => self.event(id, event),
-            FromEngine::Embedded { id, result } => {
-                if let Some(f) = lock(&self.embeds).remove(&id) {
+            FromEngine::InputsDone { id, result } => {
+                if let Some(f) = lock(&self.inputs).remove(&id) {
                     f(result.map_err(|(m, kind)| kind.error(m)));
                 }
             }

@@ -5,6 +5,7 @@
 
 use crate::admission::{Budget, MemoryModel};
 use crate::constraint::ConstraintSource;
+use crate::input_job::{InputOut, InputTask};
 use crate::job::{GenerateResult, TokenOut};
 use crate::plan::{Planner, ResolvedExecution};
 use crate::pooling::{Pooling, PoolingError};
@@ -112,9 +113,11 @@ pub enum ToEngine {
         seq: u64,
         jobs: Vec<WireJob>,
     },
-    Embed {
+    /// A whole-input job; answered by `InputsDone`.
+    Inputs {
         id: u64,
         inputs: Vec<Vec<u32>>,
+        task: InputTask,
     },
     /// The caller stopped listening to this job.
     Cancel {
@@ -191,9 +194,9 @@ pub enum FromEngine {
         id: u64,
         event: WireEvent,
     },
-    Embedded {
+    InputsDone {
         id: u64,
-        result: Result<Vec<Vec<f32>>, (String, FailedBy)>,
+        result: Result<InputOut, (String, FailedBy)>,
     },
     /// The engine's counters: pushed when they change (`seq` None), or
     /// as the answer to `ToEngine::Stats`.

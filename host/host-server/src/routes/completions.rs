@@ -4,7 +4,7 @@
 
 use super::{json_object, top_count};
 use crate::assemble::Assembler;
-use crate::choice::ChoiceOut;
+use crate::choice::{ChoiceOut, Echo};
 use crate::error::ApiError;
 use crate::fim::{self, FimTokens};
 use crate::gen;
@@ -16,6 +16,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
 use host_engine::tokenizer::TextSide;
+use host_engine::{InputOut, InputTask};
 use serde_json::Value;
 
 /// `prompt` as the client sent it.
@@ -97,6 +98,28 @@ fn infill(st: &AppState, prompt: &Prompt, suffix: &str) -> Result<Vec<u32>, ApiE
     Ok(fim.arrange(bos, &prefix, &encode(suffix, "suffix")?))
 }
 
+/// What `echo` shows of each prompt: its text, and with `logprobs` its
+/// tokens scored by the model (one whole-input job for every prompt).
+async fn echoes(
+    st: &AppState,
+    inputs: &[Prompt],
+    prompts: Vec<Vec<u32>>,
+    logprobs: Option<usize>,
+) -> Result<Vec<Option<Echo>>, ApiError> {
+    let mut scores = match logprobs {
+        Some(top) => match gen::run_inputs(st, prompts, InputTask::Score { top }, "prompt scoring").await? {
+            InputOut::Scores(s) => s,
+            InputOut::Vectors(_) => return Err(ApiError::internal("the engine answered a scoring job with vectors")),
+        },
+        None => vec![Vec::new(); inputs.len()],
+    };
+    inputs
+        .iter()
+        .zip(scores.iter_mut())
+        .map(|(input, scores)| Ok(Some(Echo { text: echo_text(st, input)?, scores: std::mem::take(scores) })))
+        .collect()
+}
+
 pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let obj = json_object(&body)?;
     let f = Fields(&obj);
@@ -113,12 +136,6 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     if echo && suffix.is_some() {
         return Err(ApiError::param("echo", "`echo` cannot be used with `suffix`"));
     }
-    if echo && logprobs.is_some() {
-        return Err(ApiError::unsupported(
-            "echo",
-            "`echo` with `logprobs` needs the prompt's logprobs, which are not computed",
-        ));
-    }
     if inputs.len() * common.n > MAX_N as usize {
         return Err(ApiError::param(
             "prompt",
@@ -128,30 +145,32 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     let grammar = structured::requested(&f)?;
     let text = st.text.clone().ok_or_else(|| ApiError::invalid("this model has no tokenizer to decode its output"))?;
     let mut reqs = Vec::with_capacity(inputs.len() * common.n);
-    let mut echoes = Vec::with_capacity(reqs.capacity());
+    let mut prompts = Vec::with_capacity(inputs.len());
     for input in &inputs {
         let prompt = match suffix {
             None => prompt_ids(&st, input)?,
             Some(s) => infill(&st, input, s)?,
         };
         // The context checks name chat's `messages`; here the prompt is `prompt`.
-        let group = gen::requests(&st, &common, prompt, logprobs, grammar.as_ref(), None)
-            .map_err(|e| e.renamed("messages", "prompt"))?;
-        let shown = if echo { Some(echo_text(&st, input)?) } else { None };
-        echoes.extend(std::iter::repeat_n(shown, group.len()));
-        reqs.extend(group);
+        reqs.extend(
+            gen::requests(&st, &common, prompt.clone(), logprobs, grammar.as_ref(), None)
+                .map_err(|e| e.renamed("messages", "prompt"))?,
+        );
+        prompts.push(prompt);
     }
+    let echoes = if echo { echoes(&st, &inputs, prompts, logprobs).await? } else { vec![None; inputs.len()] };
+    let echoes = echoes.into_iter().flat_map(|e| std::iter::repeat_n(e, common.n));
     let id = st.next_id("cmpl");
     let runs = gen::submit_all(&st, &id, reqs)?
         .into_iter()
         .zip(echoes)
         .enumerate()
-        .map(|(i, (run, shown))| {
+        .map(|(i, (run, echo))| {
             let out = ChoiceOut::new(i, Assembler::new(text.clone(), common.stop.clone()), None, None);
             (
                 run,
-                match shown {
-                    Some(p) => out.echoing(p),
+                match echo {
+                    Some(e) => out.echoing(e),
                     None => out,
                 },
             )

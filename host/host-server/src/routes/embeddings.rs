@@ -10,8 +10,7 @@ use crate::wire::Fields;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use host_engine::work::SubmitError;
-use host_engine::{EmbedJob, EngineError};
+use host_engine::{InputOut, InputTask};
 use serde_json::{json, Value};
 
 pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -88,19 +87,8 @@ fn tokenize(st: &AppState, inputs: &[Input]) -> Result<Vec<Vec<u32>>, ApiError> 
 
 /// Runs the inputs on the engine thread and waits for their vectors.
 async fn embed(st: &AppState, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, ApiError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let on_done = Box::new(move |r| {
-        let _ = tx.send(r);
-    });
-    st.worker.embed(EmbedJob { inputs, on_done }).map_err(|e| match e {
-        SubmitError::Full => ApiError::busy(),
-        SubmitError::Closed => ApiError::internal("the engine has stopped"),
-        SubmitError::Restarting => ApiError::restarting(),
-    })?;
-    match rx.await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(EngineError::InvalidRequest(m))) => Err(ApiError::invalid(m)),
-        Ok(Err(e)) => Err(ApiError::internal(format!("embedding failed: {e}"))),
-        Err(_) => Err(ApiError::internal("the engine dropped the request")),
+    match crate::gen::run_inputs(st, inputs, InputTask::Embed, "embedding").await? {
+        InputOut::Vectors(v) => Ok(v),
+        InputOut::Scores(_) => Err(ApiError::internal("the engine answered an embedding job with scores")),
     }
 }
