@@ -102,3 +102,45 @@ fn prompt_logprobs_from_an_isolated_engine_equal_the_in_process_ones() {
     let there = scored(&Server::start(&model("tiny/tiny-llama-f32"), &["--isolate"]), &ids, false);
     assert_eq!(there, here);
 }
+
+/// `echo` with `max_tokens: 0` (what older harnesses send): the prompt
+/// shown and scored, nothing generated, whole or streamed.
+#[test]
+fn echo_with_max_tokens_zero_scores_the_prompt_and_generates_nothing() {
+    let s = Server::start(&model("tiny/tiny-llama-f32"), &[]);
+    let ids: Vec<u32> = (0..20u32).map(|i| 10 + (i * 131) % 40000).collect();
+    let with_one = scored(&s, &ids, false);
+    for stream in [false, true] {
+        let body = json!({"prompt": [ids.clone(), ids.clone()], "echo": true, "logprobs": 3, "max_tokens": 0, "stream": stream,
+            "stream_options": {"include_usage": true}});
+        let r = s.post("/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let bodies: Vec<Value> = if stream {
+            r.text()
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter(|d| *d != "[DONE]")
+                .map(|d| serde_json::from_str(d).unwrap())
+                .collect()
+        } else {
+            vec![r.json()]
+        };
+        let choices: Vec<&Value> = bodies.iter().flat_map(|b| b["choices"].as_array().unwrap()).collect();
+        assert_eq!(choices.len(), 2, "{bodies:?}");
+        for c in choices {
+            assert_eq!(c["finish_reason"], "length");
+            let lp = &c["logprobs"];
+            assert_eq!(lp["tokens"].as_array().unwrap().len(), ids.len());
+            assert_eq!(
+                lp["token_logprobs"].as_array().unwrap()[..],
+                with_one["token_logprobs"].as_array().unwrap()[..ids.len()]
+            );
+        }
+        let usage = &bodies.last().unwrap()["usage"];
+        assert_eq!(
+            (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64()),
+            (Some(2 * ids.len() as u64), Some(0)),
+            "{usage}"
+        );
+    }
+}

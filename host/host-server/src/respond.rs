@@ -3,7 +3,7 @@
 //! share the per-choice output (detokenizing, stop strings, tool calls) and
 //! the usage and logprobs formats.
 
-use crate::choice::{Call, ChoiceOut, Piece};
+use crate::choice::{Call, ChoiceOut, Echo, Piece};
 use crate::error::ApiError;
 use crate::gen::Running;
 use crate::keepalive::{self, Next, Quiet};
@@ -221,6 +221,53 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
         "usage": ctx.usage(&prompt_tokens, &results.iter().collect::<Vec<_>>(), reasoning_tokens),
     });
     Ok(axum::Json(body).into_response())
+}
+
+/// Completions' `echo` with `max_tokens: 0`: each prompt shown (and
+/// scored), nothing generated, `finish_reason` "length"; whole, or as one
+/// chunk per choice. `prompt_tokens`: the prompts' lengths summed.
+pub fn echo_only(ctx: Ctx, echoes: Vec<Echo>, prompt_tokens: usize, stream: bool) -> Response {
+    let choices: Vec<Value> = echoes
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let lp = ctx.logprobs_value(&e.scores, &mut 0);
+            json!({ "index": i, "text": e.text, "logprobs": lp, "finish_reason": "length" })
+        })
+        .collect();
+    let usage = json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 0,
+        "total_tokens": prompt_tokens,
+        "prompt_tokens_details": { "cached_tokens": 0 },
+        "completion_tokens_details": { "reasoning_tokens": 0 },
+    });
+    let head = |choices: Vec<Value>| json!({ "id": ctx.id, "object": ctx.object(stream), "created": ctx.created, "model": ctx.st.cfg.model_id, "choices": choices });
+    if !stream {
+        let mut body = head(choices);
+        body["usage"] = usage;
+        return axum::Json(body).into_response();
+    }
+    let mut events = Vec::with_capacity(choices.len() + 2);
+    for c in choices {
+        let mut chunk = head(vec![c]);
+        if ctx.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        events.push(sse(&chunk));
+    }
+    if ctx.include_usage {
+        let mut last = head(Vec::new());
+        last["usage"] = usage;
+        events.push(sse(&last));
+    }
+    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    let body = Body::from_stream(tokio_stream::iter(events.into_iter().map(Ok::<_, Infallible>)));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .unwrap_or_else(|_| ApiError::internal("building the stream").into_response())
 }
 
 fn sse(v: &Value) -> Bytes {

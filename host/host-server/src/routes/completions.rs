@@ -144,6 +144,10 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
     }
     let grammar = structured::requested(&f)?;
     let text = st.text.clone().ok_or_else(|| ApiError::invalid("this model has no tokenizer to decode its output"))?;
+    // `echo` with `max_tokens: 0` only shows (and scores) the prompts; each
+    // is checked as a one-token completion would be.
+    let echo_only = echo && common.max_tokens == Some(0);
+    let checked = if echo_only { Common { max_tokens: Some(1), ..common.clone() } } else { common.clone() };
     let mut reqs = Vec::with_capacity(inputs.len() * common.n);
     let mut prompts = Vec::with_capacity(inputs.len());
     for input in &inputs {
@@ -153,15 +157,27 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         };
         // The context checks name chat's `messages`; here the prompt is `prompt`.
         reqs.extend(
-            gen::requests(&st, &common, prompt.clone(), logprobs, grammar.as_ref(), None)
+            gen::requests(&st, &checked, prompt.clone(), logprobs, grammar.as_ref(), None)
                 .map_err(|e| e.renamed("messages", "prompt"))?,
         );
         prompts.push(prompt);
     }
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let echoes = if echo { echoes(&st, &inputs, prompts, logprobs).await? } else { vec![None; inputs.len()] };
     let echoes = echoes.into_iter().flat_map(|e| std::iter::repeat_n(e, common.n));
-    let id = st.next_id("cmpl");
-    let runs = gen::submit_all(&st, &id, reqs)?
+    let ctx = Ctx {
+        st: st.clone(),
+        api: Api::Completion,
+        id: st.next_id("cmpl"),
+        created: unix_now(),
+        logprobs,
+        include_usage: common.include_usage,
+        per_prompt: common.n,
+    };
+    if echo_only {
+        return Ok(respond::echo_only(ctx, echoes.flatten().collect(), prompt_tokens, common.stream));
+    }
+    let runs = gen::submit_all(&st, &ctx.id, reqs)?
         .into_iter()
         .zip(echoes)
         .enumerate()
@@ -176,15 +192,6 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
             )
         })
         .collect();
-    let ctx = Ctx {
-        st: st.clone(),
-        api: Api::Completion,
-        id,
-        created: unix_now(),
-        logprobs,
-        include_usage: common.include_usage,
-        per_prompt: common.n,
-    };
     if common.stream {
         Ok(respond::stream(ctx, runs))
     } else {
