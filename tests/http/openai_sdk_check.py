@@ -80,6 +80,17 @@ for e in content:
 clp = client.completions.create(model=model, prompt="The", temperature=0, max_tokens=3, logprobs=2)
 check(len(clp.choices[0].logprobs.token_logprobs) == clp.usage.completion_tokens, "completions logprobs per token")
 
+# Several prompts and echo, as evaluation harnesses send them: a
+# loglikelihood is the prompt's slice of token_logprobs.
+two = client.completions.create(model=model, prompt=["The", "Once upon"], temperature=0, max_tokens=3)
+alone = [client.completions.create(model=model, prompt=p, temperature=0, max_tokens=3).choices[0].text for p in ("The", "Once upon")]
+check([c.text for c in two.choices] == alone and [c.index for c in two.choices] == [0, 1], "several prompts answer as one each")
+ev = client.completions.create(model=model, prompt="Once upon a time", temperature=0, max_tokens=1, logprobs=1, echo=True)
+elp = ev.choices[0].logprobs
+check(ev.choices[0].text.startswith("Once upon a time"), "echo leads with the prompt")
+check(elp.token_logprobs[0] is None and all(x <= 0 for x in elp.token_logprobs[1:]), "echo scores the prompt's tokens")
+check(len(elp.tokens) == ev.usage.prompt_tokens + ev.usage.completion_tokens, "one entry per prompt and generated token")
+
 # Errors surface as the SDK's typed exceptions.
 try:
     client.chat.completions.create(model=model, messages=MSG, n=0)
