@@ -11,8 +11,8 @@ greedy sampler (argmax of the log-probabilities), the way `mlx_lm.generate
 `tokens` has exactly --max-tokens entries. The raw logits of each step are
 captured with a pass-through logits processor (which changes nothing else);
 `step_logprobs_top` holds the log-probabilities the sampler actually argmaxed.
-`prompt_logprobs` scores each prompt token under the tokens before it, from
-the same full forward that gives `prompt_last_logits`.
+With --prompt-logprobs, `prompt_logprobs` scores each prompt token under the
+tokens before it, from the same full forward that gives `prompt_last_logits`.
 
 With --kv-bits, generate_step quantizes the K/V as `mlx_lm.generate --kv-bits`
 does (`maybe_quantize_kv_cache`: a KVCache becomes a QuantizedKVCache once a
@@ -81,6 +81,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--stop-at-eos", action="store_true")
     ap.add_argument("--logits-only", action="store_true", help="skip generation")
+    ap.add_argument("--prompt-logprobs", action="store_true", help="score every prompt token (prompt_logprobs)")
     ap.add_argument("--kv-bits", type=int, help="quantize the K/V (mlx-lm kv_bits)")
     ap.add_argument("--kv-group-size", type=int, default=64)
     ap.add_argument("--quantized-kv-start", type=int, default=0)
@@ -140,14 +141,16 @@ def main():
     all_logits = model(mx.array([ids]), cache=make_prompt_cache(model))[0]
     logits = all_logits[-1]
     result["prompt_last_logits"] = np.array(logits.astype(mx.float32)).tolist()
-    # Each prompt token's log-probability under the tokens before it (row i
+    # --prompt-logprobs: each prompt token's log-probability under the tokens before it (row i
     # scores token i + 1; the first token has none), logits - logsumexp in
     # the model dtype as mlx-lm's sampler computes them, with the top 5.
-    lp = all_logits - mx.logsumexp(all_logits, axis=-1, keepdims=True)
-    result["prompt_logprobs"] = [None] + [
-        {"id": t, "logprob": float(lp[i, t].astype(mx.float32).item()), **top(lp[i], "logprobs")}
-        for i, t in enumerate(ids[1:])
-    ]
+    if args.prompt_logprobs:
+        lp = all_logits - mx.logsumexp(all_logits, axis=-1, keepdims=True)
+        rows = np.array(lp.astype(mx.float32))
+        result["prompt_logprobs"] = [None] + [
+            {"id": t, "logprob": float(rows[i, t]), **top(lp[i], "logprobs")}
+            for i, t in enumerate(ids[1:])
+        ]
 
     if not args.logits_only:
         if args.stop_at_eos:

@@ -19,7 +19,8 @@ fn close(a: f64, b: f64) -> bool {
 /// then the one generated token).
 fn check_against_oracle(name: &str, ids: &[u32], ours: &Value) {
     let arg = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    let reference = oracle(&model(&format!("tiny/{name}")), &["--prompt-ids", &arg, "--logits-only"]);
+    let reference =
+        oracle(&model(&format!("tiny/{name}")), &["--prompt-ids", &arg, "--logits-only", "--prompt-logprobs"]);
     let want = reference["prompt_logprobs"].as_array().unwrap();
     let got = ours["token_logprobs"].as_array().unwrap();
     assert_eq!(got.len(), ids.len() + 1, "{name}: the prompt's tokens and the generated one");
