@@ -146,12 +146,17 @@ pub fn submit_all(st: &AppState, id: &str, reqs: Vec<GenerateRequest>) -> Result
         return Err(ApiError::invalid(why));
     }
     let (jobs, runs): (Vec<Job>, Vec<Running>) = reqs.into_iter().map(|req| job(st, id, req)).unzip();
-    st.worker.submit_all(jobs).map_err(|e| match e {
+    st.worker.submit_all(jobs).map_err(refused)?;
+    Ok(runs)
+}
+
+/// Why the worker queued nothing, as the API says it (503s and 500s).
+fn refused(e: SubmitError) -> ApiError {
+    match e {
         SubmitError::Full => ApiError::busy(),
         SubmitError::Closed => ApiError::internal("the engine has stopped"),
         SubmitError::Restarting => ApiError::restarting(),
-    })?;
-    Ok(runs)
+    }
 }
 
 /// A job for the engine and the handler's end of it.
@@ -194,11 +199,7 @@ pub async fn run_inputs(
     let on_done = Box::new(move |r| {
         let _ = tx.send(r);
     });
-    st.worker.inputs(InputJob { inputs, task, on_done }).map_err(|e| match e {
-        SubmitError::Full => ApiError::busy(),
-        SubmitError::Closed => ApiError::internal("the engine has stopped"),
-        SubmitError::Restarting => ApiError::restarting(),
-    })?;
+    st.worker.inputs(InputJob { inputs, task, on_done }).map_err(refused)?;
     match rx.await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(EngineError::InvalidRequest(m))) => Err(ApiError::invalid(m)),

@@ -9,7 +9,6 @@ use crate::gen::Running;
 use crate::keepalive::{self, Next, Quiet};
 use crate::state::{AppState, ServerStats};
 use axum::body::{Body, Bytes};
-use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use host_engine::Event;
 use host_engine::{Finish, TokenOut};
@@ -225,8 +224,8 @@ pub async fn complete(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Result<Respo
 
 /// Completions' `echo` with `max_tokens: 0`: each prompt shown (and
 /// scored), nothing generated, `finish_reason` "length"; whole, or as one
-/// chunk per choice. `prompt_tokens`: the prompts' lengths summed.
-pub fn echo_only(ctx: Ctx, echoes: Vec<Echo>, prompt_tokens: usize, stream: bool) -> Response {
+/// chunk per choice. `prompts`: each choice's prompt length.
+pub fn echo_only(ctx: Ctx, echoes: Vec<Echo>, prompts: &[usize], stream: bool) -> Response {
     let choices: Vec<Value> = echoes
         .into_iter()
         .enumerate()
@@ -235,13 +234,7 @@ pub fn echo_only(ctx: Ctx, echoes: Vec<Echo>, prompt_tokens: usize, stream: bool
             json!({ "index": i, "text": e.text, "logprobs": lp, "finish_reason": "length" })
         })
         .collect();
-    let usage = json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": 0,
-        "total_tokens": prompt_tokens,
-        "prompt_tokens_details": { "cached_tokens": 0 },
-        "completion_tokens_details": { "reasoning_tokens": 0 },
-    });
+    let usage = ctx.usage(prompts, &[], 0);
     let head = |choices: Vec<Value>| json!({ "id": ctx.id, "object": ctx.object(stream), "created": ctx.created, "model": ctx.st.cfg.model_id, "choices": choices });
     if !stream {
         let mut body = head(choices);
@@ -262,12 +255,7 @@ pub fn echo_only(ctx: Ctx, echoes: Vec<Echo>, prompt_tokens: usize, stream: bool
         events.push(sse(&last));
     }
     events.push(Bytes::from_static(b"data: [DONE]\n\n"));
-    let body = Body::from_stream(tokio_stream::iter(events.into_iter().map(Ok::<_, Infallible>)));
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(body)
-        .unwrap_or_else(|_| ApiError::internal("building the stream").into_response())
+    crate::sse::response(Body::from_stream(tokio_stream::iter(events.into_iter().map(Ok::<_, Infallible>))))
 }
 
 fn sse(v: &Value) -> Bytes {
@@ -278,7 +266,7 @@ fn sse(v: &Value) -> Bytes {
 /// client goes away the body is dropped, the pump's send fails, it drops
 /// the event receivers, and the engine stops the jobs at their next step.
 pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(64);
+    let (tx, response) = crate::sse::open();
     // Every choice's events into one channel, tagged with the choice.
     let (merged_tx, mut merged) = tokio::sync::mpsc::unbounded_channel::<(usize, Event)>();
     let mut choices = Vec::with_capacity(runs.len());
@@ -338,9 +326,7 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
         // Completions' `echo`: the prompt (and its tokens' logprobs) first.
         for (i, (_, c)) in choices.iter_mut().enumerate() {
             if let Some(e) = c.echo.take() {
-                let mut offset = c.offset;
-                let lp = ctx.logprobs_value(&e.scores, &mut offset);
-                c.offset = offset;
+                let lp = ctx.logprobs_value(&e.scores, &mut c.offset);
                 if tx.send(Ok(sse(&chunk(text_delta(i, e.text, lp))))).await.is_err() {
                     return;
                 }
@@ -426,11 +412,7 @@ pub fn stream(ctx: Ctx, runs: Vec<(Running, ChoiceOut)>) -> Response {
         }
         let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
     });
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)))
-        .unwrap_or_else(|_| ApiError::internal("building the stream").into_response())
+    response
 }
 
 /// Moves one choice's events into the merged channel until its job ends or

@@ -21,10 +21,14 @@ pub fn event(name: &str, data: &Value) -> Bytes {
 /// A channel for a stream's events and the response that sends them.
 pub fn open() -> (Events, Response) {
     let (tx, rx): (Events, Receiver<_>) = channel(64);
-    let resp = Response::builder()
+    (tx, response(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))))
+}
+
+/// An event-stream response with `body` (events already known, or a channel's).
+pub fn response(body: Body) -> Response {
+    Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)))
-        .unwrap_or_else(|_| ApiError::internal("building the stream").into_response());
-    (tx, resp)
+        .body(body)
+        .unwrap_or_else(|_| ApiError::internal("building the stream").into_response())
 }

@@ -105,7 +105,7 @@ async fn echoes(
     inputs: &[Prompt],
     prompts: Vec<Vec<u32>>,
     logprobs: Option<usize>,
-) -> Result<Vec<Option<Echo>>, ApiError> {
+) -> Result<Vec<Echo>, ApiError> {
     let mut scores = match logprobs {
         Some(top) => match gen::run_inputs(st, prompts, InputTask::Score { top }, "prompt scoring").await? {
             InputOut::Scores(s) => s,
@@ -116,7 +116,7 @@ async fn echoes(
     inputs
         .iter()
         .zip(scores.iter_mut())
-        .map(|(input, scores)| Ok(Some(Echo { text: echo_text(st, input)?, scores: std::mem::take(scores) })))
+        .map(|(input, scores)| Ok(Echo { text: echo_text(st, input)?, scores: std::mem::take(scores) }))
         .collect()
 }
 
@@ -162,8 +162,13 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         );
         prompts.push(prompt);
     }
-    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let echoes = if echo { echoes(&st, &inputs, prompts, logprobs).await? } else { vec![None; inputs.len()] };
+    // Per choice: its prompt's length and what `echo` shows of it.
+    let lengths: Vec<usize> = prompts.iter().flat_map(|p| std::iter::repeat_n(p.len(), common.n)).collect();
+    let echoes: Vec<Option<Echo>> = if echo {
+        echoes(&st, &inputs, prompts, logprobs).await?.into_iter().map(Some).collect()
+    } else {
+        vec![None; inputs.len()]
+    };
     let echoes = echoes.into_iter().flat_map(|e| std::iter::repeat_n(e, common.n));
     let ctx = Ctx {
         st: st.clone(),
@@ -175,7 +180,7 @@ pub async fn handler(State(st): State<AppState>, body: Bytes) -> Result<Response
         per_prompt: common.n,
     };
     if echo_only {
-        return Ok(respond::echo_only(ctx, echoes.flatten().collect(), prompt_tokens, common.stream));
+        return Ok(respond::echo_only(ctx, echoes.flatten().collect(), &lengths, common.stream));
     }
     let runs = gen::submit_all(&st, &ctx.id, reqs)?
         .into_iter()
