@@ -43,12 +43,6 @@ fn encode(folder: &std::path::Path, text: &str) -> Vec<u32> {
     serde_json::from_str(out.trim()).unwrap()
 }
 
-fn complete(s: &Server, body: Value) -> Value {
-    let r = s.post("/v1/completions", &body);
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
-}
-
 #[test]
 fn suffix_arranges_prefix_suffix_middle_with_the_tokenizers_fim_tokens() {
     let scratch = Scratch::new("fim");
@@ -67,17 +61,17 @@ fn suffix_arranges_prefix_suffix_middle_with_the_tokenizers_fim_tokens() {
         b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         b
     };
-    let fim = complete(&s, with(json!({ "prompt": prefix, "suffix": suffix })));
-    let by_ids = complete(&s, with(json!({ "prompt": want })));
+    let fim = s.post_ok("/v1/completions", &with(json!({ "prompt": prefix, "suffix": suffix })));
+    let by_ids = s.post_ok("/v1/completions", &with(json!({ "prompt": want })));
     assert_eq!(fim["usage"]["prompt_tokens"], want.len(), "{fim}");
     assert_eq!(fim["choices"][0]["text"], by_ids["choices"][0]["text"]);
     assert_eq!(fim["choices"][0]["logprobs"], by_ids["choices"][0]["logprobs"], "not the same prompt tokens");
     // A token-id prompt is the prefix as it is.
     let ids_prefix = encode(&folder, prefix);
-    let fim_ids = complete(&s, with(json!({ "prompt": ids_prefix, "suffix": suffix })));
+    let fim_ids = s.post_ok("/v1/completions", &with(json!({ "prompt": ids_prefix, "suffix": suffix })));
     assert_eq!(fim_ids["choices"][0]["logprobs"], by_ids["choices"][0]["logprobs"]);
     // An empty suffix is no suffix: a plain completion.
-    let plain = complete(&s, with(json!({ "prompt": prefix, "suffix": "" })));
+    let plain = s.post_ok("/v1/completions", &with(json!({ "prompt": prefix, "suffix": "" })));
     assert_eq!(plain["usage"]["prompt_tokens"], encode(&folder, prefix).len());
 }
 

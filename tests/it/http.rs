@@ -327,13 +327,6 @@ fn a_request_with_more_choices_than_the_queue_goes_in_whole() {
     assert_good(&s);
 }
 
-/// Greedy text and usage of one completion request.
-fn completion(s: &Server, body: Value) -> Value {
-    let r = s.post("/v1/completions", &body);
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
-}
-
 #[test]
 fn several_prompts_in_one_completion_answer_as_separate_requests_and_echo_leads_each_text() {
     let s = Server::start(&model("tiny/tiny-llama-f32"), &[]);
@@ -342,7 +335,7 @@ fn several_prompts_in_one_completion_answer_as_separate_requests_and_echo_leads_
         for (k, x) in extra.as_object().unwrap() {
             b[k] = x.clone();
         }
-        completion(&s, b)
+        s.post_ok("/v1/completions", &b)
     };
     let texts = ["Once upon a time", "The cat sat"];
     let alone: Vec<Value> = texts.iter().map(|t| greedy(json!(t), json!({}))).collect();

@@ -256,6 +256,13 @@ impl Server {
         self.request("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
     }
 
+    /// POSTs JSON that must be answered 200; returns the answer's JSON.
+    pub fn post_ok(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let r = self.post(path, body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    }
+
     /// Starts a streamed POST, reads until `events` SSE `data:` lines came,
     /// and goes away; then waits until the server cancelled the job, and
     /// returns how many tokens it had made.
